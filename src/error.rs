@@ -1,0 +1,58 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+/// A `Result` whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when taking, extending or releasing a lease.
+///
+/// "The lock is held" is not an error: acquisition answers it with `None` (or
+/// [`Attempt::Held`](crate::Attempt::Held)), and `release`/`extend` answer `false` when the lease
+/// had already run out.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis answered with an error or the connection failed.
+    #[error("redis command failed: {0}")]
+    Backend(#[from] redis::RedisError),
+
+    /// A lock name was empty or longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
+    #[error("lock names must be 1 to 1024 bytes long, this one is {len} bytes")]
+    InvalidName {
+        /// The length of the rejected name, in bytes.
+        len: usize,
+    },
+
+    /// A namespace given to [`Lock::try_new`](crate::Lock::try_new) or
+    /// [`RwLock::try_new`](crate::RwLock::try_new) is not usable in a key.
+    #[error("lock namespace {namespace:?} is invalid: {reason}")]
+    InvalidNamespace {
+        /// The rejected namespace.
+        namespace: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A TTL given to [`Lock::try_new`](crate::Lock::try_new) or
+    /// [`RwLock::try_new`](crate::RwLock::try_new) is shorter than 1 ms or too long for Redis.
+    #[error("lock TTL must be at least 1 ms and fit in a signed 64-bit millisecond count, got {ttl:?}")]
+    InvalidTtl {
+        /// The rejected TTL.
+        ttl: Duration,
+    },
+
+    /// The store did not answer within its deadline
+    /// ([`RedisStore::timeout`](crate::RedisStore::timeout)); Redis is slow or unreachable.
+    #[error("the lock store did not answer within {0:?}; check that Redis is reachable")]
+    Timeout(Duration),
+
+    /// The store answered with something this crate does not understand, such as a key that
+    /// another program overwrote with a value of the wrong type.
+    #[error("the lock store answered unexpectedly: {0}")]
+    UnexpectedReply(String),
+
+    /// An error from a third-party [`Backend`](crate::Backend).
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}

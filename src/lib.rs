@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod error;
+mod lock;
+mod store;
+mod token;
+
+pub use crate::error::{Error, Result};
+pub use crate::lock::{Lock, LockName, MAX_NAME_LEN, MAX_NAMESPACE_LEN, RwLock};
+pub use crate::store::{
+    Acquisition, Backend, BoxFuture, KeyRole, LockRef, MemoryStore, Mode, RedisStore, Store, Token,
+};
+pub use crate::token::{Attempt, LockToken, ReadToken};

@@ -1,0 +1,385 @@
+//! Lock definitions ([`Lock`], [`RwLock`]) and the names they lock ([`LockName`]).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::store::{Mode, Store};
+use crate::token::{Attempt, Held, LockToken, ReadToken};
+use crate::{Error, Result};
+
+/// The longest lock name, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The longest namespace, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 128;
+
+/// What a lock definition is made of, shared by [`Lock`] and [`RwLock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spec {
+    pub(crate) namespace: &'static str,
+    pub(crate) ttl: Duration,
+    pub(crate) fenced: bool,
+}
+
+/// Why a definition is invalid; `const` so that [`Lock::new`] fails at compile time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Invalid {
+    EmptyNamespace,
+    LongNamespace,
+    NamespaceChar,
+    Ttl,
+}
+
+impl Invalid {
+    const fn reason(self) -> &'static str {
+        match self {
+            Invalid::EmptyNamespace => "it is empty",
+            Invalid::LongNamespace => "it is longer than 128 bytes",
+            Invalid::NamespaceChar => "only printable ASCII without ':', '{', '}' or space is allowed",
+            Invalid::Ttl => "the TTL must be at least 1 ms",
+        }
+    }
+}
+
+impl Spec {
+    const fn check(namespace: &'static str, ttl: Duration) -> Result<Spec, Invalid> {
+        let bytes = namespace.as_bytes();
+        if bytes.is_empty() {
+            return Err(Invalid::EmptyNamespace);
+        }
+        if bytes.len() > MAX_NAMESPACE_LEN {
+            return Err(Invalid::LongNamespace);
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            // ':' separates key parts and braces would move the cluster hash tag.
+            if !matches!(bytes[i], b'!'..=b'~') || matches!(bytes[i], b':' | b'{' | b'}') {
+                return Err(Invalid::NamespaceChar);
+            }
+            i += 1;
+        }
+        // Redis counts in whole milliseconds and stores them in an i64.
+        let millis = ttl.as_millis();
+        if millis == 0 || millis > i64::MAX as u128 {
+            return Err(Invalid::Ttl);
+        }
+        Ok(Spec {
+            namespace,
+            ttl: Duration::from_millis(millis as u64),
+            fenced: false,
+        })
+    }
+
+    const fn new(namespace: &'static str, ttl: Duration) -> Spec {
+        match Spec::check(namespace, ttl) {
+            Ok(spec) => spec,
+            Err(Invalid::EmptyNamespace) => panic!("tower-lease: a lock namespace must not be empty"),
+            Err(Invalid::LongNamespace) => {
+                panic!("tower-lease: a lock namespace must be at most 128 bytes")
+            }
+            Err(Invalid::NamespaceChar) => panic!(
+                "tower-lease: a lock namespace may only hold printable ASCII without ':', '{{', '}}' or space"
+            ),
+            Err(Invalid::Ttl) => panic!("tower-lease: a lock TTL must be at least 1 ms"),
+        }
+    }
+
+    fn try_new(namespace: &'static str, ttl: Duration) -> Result<Spec> {
+        Spec::check(namespace, ttl).map_err(|invalid| match invalid {
+            Invalid::Ttl => Error::InvalidTtl { ttl },
+            other => Error::InvalidNamespace {
+                namespace: namespace.to_owned(),
+                reason: other.reason(),
+            },
+        })
+    }
+
+    async fn acquire<N>(self, store: &Store, mode: Mode, name: &N) -> Result<Attempt<Held>>
+    where
+        N: LockName + ?Sized,
+    {
+        Held::acquire(store.clone(), self, mode, name.lock_name()).await
+    }
+}
+
+macro_rules! definition {
+    ($(#[$doc:meta])* $ty:ident) => {
+        $(#[$doc])*
+        pub struct $ty<N: ?Sized> {
+            spec: Spec,
+            name: PhantomData<fn(&N)>,
+        }
+
+        impl<N: ?Sized> $ty<N> {
+            /// Defines a lock in `namespace` whose leases last `ttl` unless extended.
+            ///
+            /// The TTL is counted in whole milliseconds (rounded down).
+            ///
+            /// # Panics
+            ///
+            /// If `namespace` is empty, longer than 128 bytes, or holds anything but printable
+            /// ASCII without `:`, `{`, `}` and space, or if `ttl` is shorter than 1 ms. In a
+            /// `const` item this is a compile error. Use `try_new` for values read at run time.
+            pub const fn new(namespace: &'static str, ttl: Duration) -> Self {
+                Self { spec: Spec::new(namespace, ttl), name: PhantomData }
+            }
+
+            /// Like `new`, but answers [`Error::InvalidNamespace`] or [`Error::InvalidTtl`]
+            /// instead of panicking, for definitions built from configuration.
+            pub fn try_new(namespace: &'static str, ttl: Duration) -> Result<Self> {
+                Ok(Self { spec: Spec::try_new(namespace, ttl)?, name: PhantomData })
+            }
+
+            /// Makes every exclusive acquisition take the next value of a per-name counter,
+            /// available as `fence()` on the token: a *fencing token* the protected resource can
+            /// check to refuse writes from a holder whose lease has already run out.
+            pub const fn fenced(self) -> Self {
+                Self { spec: Spec { fenced: true, ..self.spec }, name: PhantomData }
+            }
+
+            /// How long a lease lasts unless extended.
+            pub const fn ttl(&self) -> Duration {
+                self.spec.ttl
+            }
+
+            /// The namespace this lock's names live in.
+            pub const fn namespace(&self) -> &'static str {
+                self.spec.namespace
+            }
+
+            /// Whether acquisitions take fencing tokens; see [`fenced`](Self::fenced).
+            pub const fn is_fenced(&self) -> bool {
+                self.spec.fenced
+            }
+
+            pub(crate) const fn spec(&self) -> Spec {
+                self.spec
+            }
+        }
+
+        impl<N: ?Sized> Clone for $ty<N> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<N: ?Sized> Copy for $ty<N> {}
+
+        impl<N: ?Sized> fmt::Debug for $ty<N> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("namespace", &self.spec.namespace)
+                    .field("ttl", &self.spec.ttl)
+                    .field("fenced", &self.spec.fenced)
+                    .finish()
+            }
+        }
+
+        impl<N: ?Sized> PartialEq for $ty<N> {
+            fn eq(&self, other: &Self) -> bool {
+                self.spec == other.spec
+            }
+        }
+
+        impl<N: ?Sized> Eq for $ty<N> {}
+    };
+}
+
+definition! {
+    /// A lock with at most one holder per name.
+    ///
+    /// A definition is a `const`: namespace, TTL and whether it is [fenced](Self::fenced).
+    /// The name type `N` is what callers lock on, encoded by [`LockName`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{Lock, Store};
+    ///
+    /// const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(30));
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lease::Error> {
+    /// let store = Store::memory();
+    /// let token = INVOICES.try_lock(&store, &42).await?.expect("nobody else holds it");
+    /// assert!(INVOICES.try_lock(&store, &42).await?.is_none());
+    /// assert!(token.release().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A bad definition does not compile:
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use tower_lease::Lock;
+    ///
+    /// const BAD: Lock<str> = Lock::new("with:colon", Duration::from_secs(1));
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use tower_lease::Lock;
+    ///
+    /// const BAD: Lock<str> = Lock::new("jobs", Duration::ZERO);
+    /// ```
+    Lock
+}
+
+definition! {
+    /// A readers–writer lock: per name, one writer or any number of readers, each reader holding
+    /// a lease of its own.
+    ///
+    /// Writers can starve while readers keep overlapping: a writer is refused as long as any
+    /// reader lease is live.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{RwLock, Store};
+    ///
+    /// const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lease::Error> {
+    /// let store = Store::memory();
+    /// let a = CATALOG.try_read(&store, "shop-1").await?.unwrap();
+    /// let b = CATALOG.try_read(&store, "shop-1").await?.unwrap();
+    /// assert!(CATALOG.try_write(&store, "shop-1").await?.is_none());
+    /// a.release().await?;
+    /// b.release().await?;
+    /// assert!(CATALOG.try_write(&store, "shop-1").await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    RwLock
+}
+
+impl<N: LockName + ?Sized> Lock<N> {
+    /// Takes the lease on `name` if nobody holds it, in one round trip.
+    ///
+    /// Answers `None` when it is held. Errors only when the name is invalid or the store fails.
+    pub async fn try_lock(&self, store: &Store, name: &N) -> Result<Option<LockToken<Self>>> {
+        Ok(self.attempt(store, name).await?.acquired())
+    }
+
+    /// Like [`try_lock`](Self::try_lock), but when the lock is held it also says how long the
+    /// holder's lease has left.
+    pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Exclusive, name).await?;
+        Ok(attempt.map(LockToken::new))
+    }
+}
+
+impl<N: LockName + ?Sized> RwLock<N> {
+    /// Takes a shared (reader) lease on `name` unless a writer holds it.
+    pub async fn try_read(&self, store: &Store, name: &N) -> Result<Option<ReadToken<Self>>> {
+        Ok(self.attempt_read(store, name).await?.acquired())
+    }
+
+    /// Takes the exclusive (writer) lease on `name` unless a writer or any live reader holds it.
+    pub async fn try_write(&self, store: &Store, name: &N) -> Result<Option<LockToken<Self>>> {
+        Ok(self.attempt_write(store, name).await?.acquired())
+    }
+
+    /// Like [`try_read`](Self::try_read), also answering how long the writer's lease has left.
+    pub async fn attempt_read(&self, store: &Store, name: &N) -> Result<Attempt<ReadToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Read, name).await?;
+        Ok(attempt.map(ReadToken::new))
+    }
+
+    /// Like [`try_write`](Self::try_write), also answering how long until the blocking leases
+    /// (the writer's, or the last live reader's) end.
+    pub async fn attempt_write(
+        &self,
+        store: &Store,
+        name: &N,
+    ) -> Result<Attempt<LockToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Write, name).await?;
+        Ok(attempt.map(LockToken::new))
+    }
+}
+
+/// A type whose values name locks: it encodes itself as 1 to [`MAX_NAME_LEN`] bytes.
+///
+/// Names are binary-safe: any bytes are allowed, including `:`, braces, NUL and non-UTF-8.
+/// Integers are encoded as their decimal digits, so `Lock<u64>` and `Lock<str>` with the same
+/// namespace share the name `42`.
+pub trait LockName {
+    /// The bytes of this name.
+    fn lock_name(&self) -> Cow<'_, [u8]>;
+}
+
+impl LockName for str {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
+impl LockName for [u8] {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl<const LEN: usize> LockName for [u8; LEN] {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl LockName for String {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
+impl LockName for Vec<u8> {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl LockName for bytes::Bytes {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl<T: LockName + ?Sized> LockName for &T {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        (**self).lock_name()
+    }
+}
+
+impl<T: LockName + ?Sized> LockName for Box<T> {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        (**self).lock_name()
+    }
+}
+
+impl<T: LockName + ?Sized> LockName for std::sync::Arc<T> {
+    fn lock_name(&self) -> Cow<'_, [u8]> {
+        (**self).lock_name()
+    }
+}
+
+macro_rules! integer_names {
+    ($($int:ty)*) => {$(
+        impl LockName for $int {
+            fn lock_name(&self) -> Cow<'_, [u8]> {
+                Cow::Owned(self.to_string().into_bytes())
+            }
+        }
+    )*};
+}
+
+integer_names!(u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize);
+
+/// Checks the length rule every name must satisfy.
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName { len: name.len() });
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! Leases in this process's memory, with the same semantics as the Redis scripts.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
+use crate::Result;
+
+/// A [`Backend`] that keeps leases in a map in this process; use it through
+/// [`Store::memory`](crate::Store::memory).
+///
+/// Expired leases are dropped when their name is next touched, and a sweep every so many calls
+/// (as many as there are locks) drops the rest, so abandoned names do not pile up. Fence counters
+/// are kept for good, as in Redis. Time is [`tokio::time::Instant`]: under
+/// `tokio::time::pause` leases expire as the paused clock advances.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    namespaces: HashMap<Box<str>, Namespace>,
+    calls_since_sweep: usize,
+}
+
+#[derive(Debug, Default)]
+struct Namespace {
+    locks: HashMap<Box<[u8]>, Lease>,
+    rwlocks: HashMap<Box<[u8]>, Shared>,
+    lock_fences: HashMap<Box<[u8]>, u64>,
+    rwlock_fences: HashMap<Box<[u8]>, u64>,
+}
+
+#[derive(Debug)]
+struct Lease {
+    token: Token,
+    ends: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    writer: Option<Lease>,
+    readers: HashMap<Token, Instant>,
+}
+
+impl Lease {
+    fn live(&self, now: Instant) -> bool {
+        self.ends > now
+    }
+}
+
+impl Shared {
+    fn forget_expired(&mut self, now: Instant) {
+        self.readers.retain(|_, ends| *ends > now);
+        if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
+            self.writer = None;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this mutex cannot leave a map half-updated: every update is a
+        // single insert or remove, so the state is still consistent.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn acquire_now(&self, lock: LockRef<'_>, mode: Mode, token: &Token) -> Acquisition {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.sweep_sometimes(now);
+        let ns = state.namespace(lock.namespace);
+        let ends = now + lock.ttl;
+        match mode {
+            Mode::Exclusive => {
+                if let Some(lease) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
+                    return Acquisition::Held { retry_after: lease.ends - now };
+                }
+                let lease = Lease { token: token.clone(), ends };
+                ns.locks.insert(lock.name.into(), lease);
+                Acquisition::Acquired {
+                    fence: lock.fenced.then(|| next_fence(&mut ns.lock_fences, lock.name)),
+                }
+            }
+            Mode::Read => {
+                let shared = ns.rwlocks.entry(lock.name.into()).or_default();
+                shared.forget_expired(now);
+                if let Some(writer) = &shared.writer {
+                    return Acquisition::Held { retry_after: writer.ends - now };
+                }
+                shared.readers.insert(token.clone(), ends);
+                let fence = lock
+                    .fenced
+                    .then(|| ns.rwlock_fences.get(lock.name).copied().unwrap_or(0));
+                Acquisition::Acquired { fence }
+            }
+            Mode::Write => {
+                let shared = ns.rwlocks.entry(lock.name.into()).or_default();
+                shared.forget_expired(now);
+                let blocked_until = shared
+                    .writer
+                    .as_ref()
+                    .map(|w| w.ends)
+                    .or_else(|| shared.readers.values().max().copied());
+                if let Some(until) = blocked_until {
+                    return Acquisition::Held { retry_after: until - now };
+                }
+                shared.writer = Some(Lease { token: token.clone(), ends });
+                Acquisition::Acquired {
+                    fence: lock.fenced.then(|| next_fence(&mut ns.rwlock_fences, lock.name)),
+                }
+            }
+        }
+    }
+
+    /// Extends (`extend`) or releases the lease held with `token`; `false` if it is not held.
+    fn update_now(&self, lock: LockRef<'_>, mode: Mode, token: &Token, extend: bool) -> bool {
+        let now = Instant::now();
+        let new_end = now + lock.ttl;
+        let mut state = self.lock();
+        state.sweep_sometimes(now);
+        let Some(ns) = state.namespaces.get_mut(lock.namespace) else {
+            return false;
+        };
+        match mode {
+            Mode::Exclusive => {
+                let Some(lease) = ns.locks.get_mut(lock.name) else {
+                    return false;
+                };
+                if !lease.live(now) {
+                    ns.locks.remove(lock.name);
+                    return false;
+                }
+                if lease.token != *token {
+                    return false;
+                }
+                if extend {
+                    lease.ends = new_end;
+                } else {
+                    ns.locks.remove(lock.name);
+                }
+                true
+            }
+            Mode::Read | Mode::Write => {
+                let Some(shared) = ns.rwlocks.get_mut(lock.name) else {
+                    return false;
+                };
+                shared.forget_expired(now);
+                let done = if mode == Mode::Read {
+                    match shared.readers.get_mut(token) {
+                        Some(ends) if extend => {
+                            *ends = new_end;
+                            true
+                        }
+                        Some(_) => shared.readers.remove(token).is_some(),
+                        None => false,
+                    }
+                } else {
+                    match &mut shared.writer {
+                        Some(writer) if writer.token == *token => {
+                            if extend {
+                                writer.ends = new_end;
+                            } else {
+                                shared.writer = None;
+                            }
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if shared.is_empty() {
+                    ns.rwlocks.remove(lock.name);
+                }
+                done
+            }
+        }
+    }
+}
+
+fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
+    let counter = match fences.get_mut(name) {
+        Some(counter) => counter,
+        None => fences.entry(name.into()).or_insert(0),
+    };
+    *counter += 1;
+    *counter
+}
+
+impl State {
+    fn namespace(&mut self, namespace: &str) -> &mut Namespace {
+        if !self.namespaces.contains_key(namespace) {
+            self.namespaces.insert(namespace.into(), Namespace::default());
+        }
+        self.namespaces.get_mut(namespace).expect("inserted above")
+    }
+
+    /// Drops expired leases once per as many calls as there are names, so the sweep costs O(1)
+    /// per call on average.
+    fn sweep_sometimes(&mut self, now: Instant) {
+        self.calls_since_sweep += 1;
+        let names: usize = self
+            .namespaces
+            .values()
+            .map(|ns| ns.locks.len() + ns.rwlocks.len())
+            .sum();
+        if self.calls_since_sweep < names.max(64) {
+            return;
+        }
+        self.calls_since_sweep = 0;
+        for ns in self.namespaces.values_mut() {
+            ns.locks.retain(|_, lease| lease.live(now));
+            ns.rwlocks.retain(|_, shared| {
+                shared.forget_expired(now);
+                !shared.is_empty()
+            });
+        }
+    }
+}
+
+impl Backend for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<Acquisition>> {
+        Box::pin(async move { Ok(self.acquire_now(lock, mode, token)) })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.update_now(lock, mode, token, true)) })
+    }
+
+    fn release<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.update_now(lock, mode, token, false)) })
+    }
+}

@@ -1,0 +1,177 @@
+//! Where leases live: the [`Store`] handle and the [`Backend`] trait behind it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Result;
+
+mod memory;
+mod redis;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::{KeyRole, RedisStore};
+
+/// A boxed, `Send` future, as [`Backend`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A cheap, cloneable handle on a lease store.
+///
+/// ```
+/// # async fn connect(client: redis::Client) -> redis::RedisResult<()> {
+/// use tower_lease::{RedisStore, Store};
+///
+/// let conn = redis::aio::ConnectionManager::new(client).await?;
+/// let store = Store::redis(conn.clone());
+///
+/// // With options:
+/// let store: Store = RedisStore::new(conn)
+///     .prefix("billing-locks")
+///     .timeout(std::time::Duration::from_millis(250))
+///     .into();
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+}
+
+impl Store {
+    /// A store on Redis with the default options (prefix `tower-lease`, 1 s deadline per call).
+    ///
+    /// Any redis-rs async connection works: `ConnectionManager` (reconnects by itself),
+    /// `MultiplexedConnection`, or with the `cluster` feature the cluster's async connection.
+    pub fn redis<C>(conn: C) -> Self
+    where
+        C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        RedisStore::new(conn).into()
+    }
+
+    /// A store in this process's memory, with the same semantics as Redis.
+    ///
+    /// It only coordinates tasks of one process: use it for tests, for single-replica
+    /// deployments, and to run the examples without Redis. It keeps time with
+    /// [`tokio::time::Instant`], so tests can pause and advance time.
+    pub fn memory() -> Self {
+        Self::from_backend(MemoryStore::new())
+    }
+
+    /// A store on any [`Backend`].
+    pub fn from_backend(backend: impl Backend) -> Self {
+        Self {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// The backend behind this handle.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+/// Which lease a [`Backend`] call is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The one lease of a [`Lock`](crate::Lock).
+    Exclusive,
+    /// A reader's lease of an [`RwLock`](crate::RwLock).
+    Read,
+    /// The writer's lease of an [`RwLock`](crate::RwLock).
+    Write,
+}
+
+/// The lock a [`Backend`] call is about: namespace and name (already validated), TTL and
+/// whether acquisitions are fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockRef<'a> {
+    /// The lock's namespace: printable ASCII without `:`, `{`, `}`.
+    pub namespace: &'a str,
+    /// The lock's name: 1 to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) arbitrary bytes.
+    pub name: &'a [u8],
+    /// How long a lease lasts from acquisition or extension, in whole milliseconds.
+    pub ttl: Duration,
+    /// Whether exclusive and write acquisitions take a fencing token.
+    pub fenced: bool,
+}
+
+/// What an acquisition found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquisition {
+    /// The lease is now held with the caller's token.
+    Acquired {
+        /// For a fenced lock: the next value of the name's counter (for a reader, the current
+        /// one). `None` for an unfenced lock.
+        fence: Option<u64>,
+    },
+    /// Someone else holds it.
+    Held {
+        /// How long the blocking lease has left.
+        retry_after: Duration,
+    },
+}
+
+/// The random secret that identifies one lease. Its `Debug` output does not show it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token([u8; 16]);
+
+impl Token {
+    /// A fresh token of 16 random bytes.
+    pub fn random() -> Self {
+        Token(rand::random())
+    }
+
+    /// The token's bytes, as stored.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// The operations a lease store provides. Object-safe, so a [`Store`] can hold any of them.
+///
+/// Implement it to keep leases somewhere else; [`MemoryStore`] is a short example. Every
+/// implementation must give the semantics of the Redis scripts:
+///
+/// - `acquire` never waits: it takes the lease or answers [`Acquisition::Held`] with the blocking
+///   lease's remaining time. A writer is refused while a writer or any live reader holds; a
+///   reader is refused while a writer holds.
+/// - `extend` and `release` act only when the lease is still held with *this* token and answer
+///   `false` otherwise; `extend` never re-acquires a lease that ran out.
+/// - Fenced exclusive and write acquisitions take the next value of a per-name counter that
+///   never goes backwards.
+pub trait Backend: Send + Sync + 'static {
+    /// Takes the lease named by `lock` in `mode` with `token` if it is free.
+    fn acquire<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<Acquisition>>;
+
+    /// Restarts the lease held with `token` for one TTL; `false` if it is not held any more.
+    fn extend<'a>(&'a self, lock: LockRef<'a>, mode: Mode, token: &'a Token)
+    -> BoxFuture<'a, Result<bool>>;
+
+    /// Ends the lease held with `token`; `false` if it was not held any more.
+    fn release<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>>;
+}

@@ -1,0 +1,242 @@
+//! Leases in Redis: the key layout and the Lua scripts that act on it.
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+
+use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
+use crate::{Error, Result};
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static READ_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/read_acquire.lua")));
+static READ_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/read_extend.lua")));
+static READ_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/read_release.lua")));
+static WRITE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/write_acquire.lua")));
+
+const DEFAULT_PREFIX: &str = "tower-lease";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
+///
+/// Keys, for prefix `P`, namespace `ns` and name `name` (raw bytes):
+///
+/// | lock | key | holds |
+/// |---|---|---|
+/// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's token, `PX ttl` |
+/// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's token, `PX ttl` |
+/// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader tokens scored by lease end (server ms) |
+/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | counter, never expires |
+///
+/// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
+/// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a
+/// key, whatever bytes the name holds, because the suffixes after the last `}` never contain one.
+#[derive(Clone, Debug)]
+pub struct RedisStore<C> {
+    conn: C,
+    prefix: Arc<str>,
+    timeout: Duration,
+}
+
+/// Which of a name's keys [`RedisStore::key`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyRole {
+    /// The holder's key of a [`Lock`](crate::Lock).
+    Lock,
+    /// The fence counter of a [`Lock`](crate::Lock).
+    LockFence,
+    /// The writer's key of an [`RwLock`](crate::RwLock).
+    Writer,
+    /// The reader set of an [`RwLock`](crate::RwLock).
+    Readers,
+    /// The fence counter of an [`RwLock`](crate::RwLock).
+    RwLockFence,
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store on `conn` with the default prefix (`tower-lease`) and deadline (1 s).
+    pub fn new(conn: C) -> Self {
+        Self {
+            conn,
+            prefix: DEFAULT_PREFIX.into(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Puts every key under `prefix` instead of `tower-lease`.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` is empty or holds `{` or `}` (they would move the cluster hash tag).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        assert!(
+            !prefix.is_empty() && !prefix.contains(['{', '}']),
+            "tower-lease: a key prefix must be non-empty and hold no '{{' or '}}', got {prefix:?}"
+        );
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets the deadline of every call (default 1 s). A call that takes longer fails with
+    /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for
+    /// inspecting leases with `redis-cli`.
+    pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
+        let (family, suffix) = match role {
+            KeyRole::Lock => ("lock", ""),
+            KeyRole::LockFence => ("lock", ":fence"),
+            KeyRole::Writer => ("rwlock", ":w"),
+            KeyRole::Readers => ("rwlock", ":r"),
+            KeyRole::RwLockFence => ("rwlock", ":fence"),
+        };
+        let mut key = Vec::with_capacity(
+            self.prefix.len() + family.len() + namespace.len() + name.len() + suffix.len() + 5,
+        );
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.push(b':');
+        key.extend_from_slice(family.as_bytes());
+        key.extend_from_slice(b":{");
+        key.extend_from_slice(namespace.as_bytes());
+        key.push(b':');
+        key.extend_from_slice(name);
+        key.push(b'}');
+        key.extend_from_slice(suffix.as_bytes());
+        key
+    }
+
+    /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced).
+    async fn run(
+        &self,
+        script: &Script,
+        lock: LockRef<'_>,
+        roles: &[KeyRole],
+        fence: Option<KeyRole>,
+        token: &Token,
+        with_ttl: bool,
+    ) -> Result<redis::Value> {
+        let mut invocation = script.prepare_invoke();
+        for role in roles.iter().chain(fence.filter(|_| lock.fenced).as_ref()) {
+            invocation.key(self.key(*role, lock.namespace, lock.name));
+        }
+        invocation.arg(token.as_bytes().as_slice());
+        if with_ttl {
+            invocation.arg(lock.ttl.as_millis() as u64);
+        }
+        let mut conn = self.conn.clone();
+        self.deadline(invocation.invoke_async(&mut conn)).await
+    }
+
+    async fn deadline<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(reply) => Ok(reply?),
+            Err(_elapsed) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+}
+
+fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
+    let (acquired, value): (i64, i64) = redis::from_redis_value(reply)
+        .map_err(|e| Error::UnexpectedReply(e.to_string()))?;
+    Ok(match acquired {
+        1 => Acquisition::Acquired {
+            fence: fenced.then_some(value.max(0) as u64),
+        },
+        // PTTL is -1 for a key someone set without expiry: report "retry soon" rather than never.
+        _ => Acquisition::Held {
+            retry_after: Duration::from_millis(value.max(0) as u64),
+        },
+    })
+}
+
+fn answered_one(reply: redis::Value) -> Result<bool> {
+    let n: i64 =
+        redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
+    Ok(n == 1)
+}
+
+impl<C> Backend for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn acquire<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<Acquisition>> {
+        Box::pin(async move {
+            let reply = match mode {
+                Mode::Exclusive => {
+                    let roles = [KeyRole::Lock];
+                    let fence = Some(KeyRole::LockFence);
+                    self.run(&ACQUIRE, lock, &roles, fence, token, true).await?
+                }
+                Mode::Read | Mode::Write => {
+                    let script = if mode == Mode::Read { &READ_ACQUIRE } else { &WRITE_ACQUIRE };
+                    let roles = [KeyRole::Writer, KeyRole::Readers];
+                    let fence = Some(KeyRole::RwLockFence);
+                    self.run(script, lock, &roles, fence, token, true).await?
+                }
+            };
+            acquisition(reply, lock.fenced)
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let (script, role) = match mode {
+                Mode::Exclusive => (&EXTEND, KeyRole::Lock),
+                Mode::Write => (&EXTEND, KeyRole::Writer),
+                Mode::Read => (&READ_EXTEND, KeyRole::Readers),
+            };
+            answered_one(self.run(script, lock, &[role], None, token, true).await?)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let (script, role) = match mode {
+                Mode::Exclusive => (&RELEASE, KeyRole::Lock),
+                Mode::Write => (&RELEASE, KeyRole::Writer),
+                Mode::Read => (&READ_RELEASE, KeyRole::Readers),
+            };
+            answered_one(self.run(script, lock, &[role], None, token, false).await?)
+        })
+    }
+}
+
+impl<C> From<RedisStore<C>> for crate::Store
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn from(store: RedisStore<C>) -> Self {
+        crate::Store::from_backend(store)
+    }
+}

@@ -1,0 +1,217 @@
+//! Tokens: the proof of holding a lease, and the only way to extend or release it.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::lock::{Spec, check_name};
+use crate::store::{Acquisition, LockRef, Mode, Store, Token};
+use crate::Result;
+
+/// The answer to an acquisition that says how long to wait when the lock is held.
+#[derive(Debug)]
+#[must_use]
+pub enum Attempt<T> {
+    /// The lease was taken.
+    Acquired(T),
+    /// Someone else holds the lock.
+    Held {
+        /// How long until the blocking lease ends, unless its holder extends or releases it.
+        retry_after: Duration,
+    },
+}
+
+impl<T> Attempt<T> {
+    /// The token, if the lease was taken.
+    pub fn acquired(self) -> Option<T> {
+        match self {
+            Attempt::Acquired(token) => Some(token),
+            Attempt::Held { .. } => None,
+        }
+    }
+
+    /// How long until the blocking lease ends, if the lock was held.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Attempt::Acquired(_) => None,
+            Attempt::Held { retry_after } => Some(*retry_after),
+        }
+    }
+
+    /// Maps the token, keeping a `Held` answer as it is.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Attempt<U> {
+        match self {
+            Attempt::Acquired(token) => Attempt::Acquired(f(token)),
+            Attempt::Held { retry_after } => Attempt::Held { retry_after },
+        }
+    }
+}
+
+/// A held lease of any mode: what both token types and the layer are built on.
+pub(crate) struct Held {
+    store: Store,
+    spec: Spec,
+    mode: Mode,
+    name: Box<[u8]>,
+    token: Token,
+    fence: Option<u64>,
+}
+
+impl Held {
+    pub(crate) async fn acquire(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: Cow<'_, [u8]>,
+    ) -> Result<Attempt<Held>> {
+        check_name(&name)?;
+        let token = Token::random();
+        let lock = LockRef {
+            namespace: spec.namespace,
+            name: &name,
+            ttl: spec.ttl,
+            fenced: spec.fenced,
+        };
+        match store.backend().acquire(lock, mode, &token).await? {
+            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Held {
+                store,
+                spec,
+                mode,
+                name: name.into_owned().into_boxed_slice(),
+                token,
+                fence,
+            })),
+            Acquisition::Held { retry_after } => Ok(Attempt::Held { retry_after }),
+        }
+    }
+
+    fn lock_ref(&self) -> LockRef<'_> {
+        LockRef {
+            namespace: self.spec.namespace,
+            name: &self.name,
+            ttl: self.spec.ttl,
+            fenced: self.spec.fenced,
+        }
+    }
+
+    pub(crate) async fn extend(&self) -> Result<bool> {
+        self.store.backend().extend(self.lock_ref(), self.mode, &self.token).await
+    }
+
+    pub(crate) async fn release(&self) -> Result<bool> {
+        self.store.backend().release(self.lock_ref(), self.mode, &self.token).await
+    }
+
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    pub(crate) fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.spec.ttl
+    }
+
+    pub(crate) fn namespace(&self) -> &'static str {
+        self.spec.namespace
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a secret: whoever has it can release the lock.
+        f.debug_struct("Lease")
+            .field("namespace", &self.spec.namespace)
+            .field("name", &String::from_utf8_lossy(&self.name))
+            .field("mode", &self.mode)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! token {
+    ($(#[$doc:meta])* $ty:ident) => {
+        $(#[$doc])*
+        #[must_use = "a lease that is not released blocks others until its TTL runs out"]
+        pub struct $ty<L> {
+            held: Held,
+            lock: PhantomData<fn() -> L>,
+        }
+
+        impl<L> $ty<L> {
+            pub(crate) fn new(held: Held) -> Self {
+                Self { held, lock: PhantomData }
+            }
+
+            /// Gives the lease up so others can take it at once.
+            ///
+            /// Answers `false` when the lease had already run out (someone else may hold the lock
+            /// now, and their lease is left alone).
+            pub async fn release(self) -> Result<bool> {
+                self.held.release().await
+            }
+
+            /// Restarts the lease for one full TTL from now.
+            ///
+            /// Answers `false` when the lease had already run out; it is then *not* taken again.
+            pub async fn extend(&self) -> Result<bool> {
+                self.held.extend().await
+            }
+
+            /// The fencing token of this acquisition, when the lock is
+            /// [fenced](crate::Lock::fenced).
+            pub fn fence(&self) -> Option<u64> {
+                self.held.fence()
+            }
+
+            /// The locked name, as encoded by [`LockName`](crate::LockName).
+            pub fn name(&self) -> &[u8] {
+                self.held.name()
+            }
+
+            /// The namespace of the lock.
+            pub fn namespace(&self) -> &'static str {
+                self.held.namespace()
+            }
+
+            /// How long the lease lasts from an acquisition or extension.
+            pub fn ttl(&self) -> Duration {
+                self.held.ttl()
+            }
+        }
+
+        impl<L> fmt::Debug for $ty<L> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.held, f)
+            }
+        }
+    };
+}
+
+token! {
+    /// Proof of holding an exclusive lease: of a [`Lock`](crate::Lock), or the writer's lease of
+    /// an [`RwLock`](crate::RwLock).
+    ///
+    /// Dropping a token does not talk to the store (it cannot, in a panic or a cancelled future):
+    /// the lock stays held until its TTL runs out. Call [`release`](Self::release) to free it at
+    /// once.
+    LockToken
+}
+
+token! {
+    /// Proof of holding one reader's lease of an [`RwLock`](crate::RwLock).
+    ///
+    /// For a [fenced](crate::RwLock::fenced) lock, [`fence`](Self::fence) is the fencing token of
+    /// the last writer (0 when nobody has written yet): the generation this reader sees.
+    ///
+    /// Dropping a token does not talk to the store: the reader's lease stays until its TTL runs
+    /// out. Call [`release`](Self::release) to free it at once.
+    ReadToken
+}
