@@ -10,6 +10,6 @@ mod token;
 pub use crate::error::{Error, Result};
 pub use crate::lock::{Lock, LockName, MAX_NAME_LEN, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::store::{
-    Acquisition, Backend, BoxFuture, KeyRole, LockRef, MemoryStore, Mode, RedisStore, Store, Token,
+    Acquisition, Backend, BoxFuture, KeyLayout, KeyRole, LockRef, MemoryStore, Mode, RedisStore, Store, Token,
 };
 pub use crate::token::{Attempt, LockToken, ReadToken};

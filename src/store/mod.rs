@@ -12,7 +12,7 @@ mod memory;
 mod redis;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{KeyRole, RedisStore};
+pub use self::redis::{KeyLayout, KeyRole, RedisStore};
 
 /// A boxed, `Send` future, as [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -102,6 +102,21 @@ pub struct LockRef<'a> {
     pub ttl: Duration,
     /// Whether exclusive and write acquisitions take a fencing token.
     pub fenced: bool,
+}
+
+impl<'a> LockRef<'a> {
+    /// Names a lock for a direct [`Backend`] call, as the lock definitions do.
+    ///
+    /// The caller is responsible for what the definitions check: a valid namespace, a name of 1
+    /// to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes and a TTL of at least 1 ms.
+    pub fn new(namespace: &'a str, name: &'a [u8], ttl: Duration, fenced: bool) -> Self {
+        Self {
+            namespace,
+            name,
+            ttl,
+            fenced,
+        }
+    }
 }
 
 /// What an acquisition found.

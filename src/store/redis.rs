@@ -42,62 +42,56 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct RedisStore<C> {
     conn: C,
-    prefix: Arc<str>,
+    layout: KeyLayout,
     timeout: Duration,
 }
 
-/// Which of a name's keys [`RedisStore::key`] builds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KeyRole {
-    /// The holder's key of a [`Lock`](crate::Lock).
-    Lock,
-    /// The fence counter of a [`Lock`](crate::Lock).
-    LockFence,
-    /// The writer's key of an [`RwLock`](crate::RwLock).
-    Writer,
-    /// The reader set of an [`RwLock`](crate::RwLock).
-    Readers,
-    /// The fence counter of an [`RwLock`](crate::RwLock).
-    RwLockFence,
+/// The key layout of a [`RedisStore`]: its prefix, and how keys are built from it.
+///
+/// ```
+/// use tower_lease::{KeyLayout, KeyRole};
+///
+/// let layout = KeyLayout::default();
+/// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");
+/// assert_eq!(layout.key(KeyRole::Readers, "catalog", b"s1"), b"tower-lease:rwlock:{catalog:s1}:r");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: Arc<str>,
 }
 
-impl<C> RedisStore<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// A store on `conn` with the default prefix (`tower-lease`) and deadline (1 s).
-    pub fn new(conn: C) -> Self {
+impl Default for KeyLayout {
+    fn default() -> Self {
         Self {
-            conn,
             prefix: DEFAULT_PREFIX.into(),
-            timeout: DEFAULT_TIMEOUT,
         }
     }
+}
 
-    /// Puts every key under `prefix` instead of `tower-lease`.
+impl KeyLayout {
+    /// A layout that puts every key under `prefix` (the default is `tower-lease`).
     ///
     /// # Panics
     ///
     /// If `prefix` is empty or holds `{` or `}` (they would move the cluster hash tag).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn new(prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
         assert!(
             !prefix.is_empty() && !prefix.contains(['{', '}']),
             "tower-lease: a key prefix must be non-empty and hold no '{{' or '}}', got {prefix:?}"
         );
-        self.prefix = prefix.into();
-        self
+        Self {
+            prefix: prefix.into(),
+        }
     }
 
-    /// Sets the deadline of every call (default 1 s). A call that takes longer fails with
-    /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
+    /// The prefix of every key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
-    /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for
-    /// inspecting leases with `redis-cli`.
+    /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for inspecting
+    /// leases with `redis-cli`.
     pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
         let (family, suffix) = match role {
             KeyRole::Lock => ("lock", ""),
@@ -120,7 +114,68 @@ where
         key.extend_from_slice(suffix.as_bytes());
         key
     }
+}
 
+/// Which of a name's keys [`KeyLayout::key`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyRole {
+    /// The holder's key of a [`Lock`](crate::Lock).
+    Lock,
+    /// The fence counter of a [`Lock`](crate::Lock).
+    LockFence,
+    /// The writer's key of an [`RwLock`](crate::RwLock).
+    Writer,
+    /// The reader set of an [`RwLock`](crate::RwLock).
+    Readers,
+    /// The fence counter of an [`RwLock`](crate::RwLock).
+    RwLockFence,
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store on `conn` with the default prefix (`tower-lease`) and deadline (1 s).
+    pub fn new(conn: C) -> Self {
+        Self {
+            conn,
+            layout: KeyLayout::default(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Puts every key under `prefix` instead of `tower-lease`.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` is empty or holds `{` or `}` (they would move the cluster hash tag).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.layout = KeyLayout::new(prefix);
+        self
+    }
+
+    /// Sets the deadline of every call (default 1 s). A call that takes longer fails with
+    /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The key that holds `role` for `name` in `namespace`; see [`KeyLayout::key`].
+    pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
+        self.layout.key(role, namespace, name)
+    }
+
+    /// The key layout of this store.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced).
     async fn run(
         &self,
