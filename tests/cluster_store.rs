@@ -1,0 +1,208 @@
+//! The store on a real local Redis Cluster (three masters made with `redis-cli --cluster create`):
+//! every script runs on the node that owns its name's slot, multi-key scripts never cross slots,
+//! and scripts load where they are missing.
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use support::cluster::RedisCluster;
+use tower_lease::{KeyLayout, KeyRole, Lock, RwLock, Store};
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
+const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
+const FENCED_DOCS: RwLock<str> = RwLock::new("fenced-docs", Duration::from_secs(5)).fenced();
+
+/// Names whose keys land on every node of the cluster.
+fn names() -> Vec<String> {
+    (0..60).map(|i| format!("name-{i}")).collect()
+}
+
+fn ports_of(
+    cluster: &RedisCluster,
+    role: KeyRole,
+    namespace: &str,
+    names: &[String],
+) -> HashSet<u16> {
+    let keys = KeyLayout::default();
+    names
+        .iter()
+        .map(|n| {
+            cluster
+                .node_for(&keys.key(role, namespace, n.as_bytes()))
+                .port()
+        })
+        .collect()
+}
+
+fn script_flush_everywhere(cluster: &RedisCluster) {
+    for node in cluster.nodes() {
+        let mut conn = node.client().get_connection().unwrap();
+        let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_works_on_names_spread_over_all_nodes() {
+    let cluster = RedisCluster::start();
+    let names = names();
+    assert_eq!(
+        ports_of(&cluster, KeyRole::Lock, "jobs", &names).len(),
+        3,
+        "names cover all nodes"
+    );
+    let store = Store::redis(cluster.connection().await);
+
+    for name in &names {
+        let token = JOBS.try_lock(&store, name).await.unwrap().expect("free");
+        let held = JOBS.attempt(&store, name).await.unwrap();
+        let retry_after = held.retry_after().expect("held by the token above");
+        assert!(retry_after > Duration::from_secs(4) && retry_after <= Duration::from_secs(5));
+        assert!(token.extend().await.unwrap());
+        assert!(token.release().await.unwrap());
+        assert!(
+            JOBS.try_lock(&store, name)
+                .await
+                .unwrap()
+                .expect("free again")
+                .release()
+                .await
+                .unwrap()
+        );
+
+        let first = FENCED.try_lock(&store, name).await.unwrap().unwrap();
+        let one = first.fence().unwrap();
+        assert!(first.release().await.unwrap());
+        let second = FENCED.try_lock(&store, name).await.unwrap().unwrap();
+        assert_eq!(
+            second.fence(),
+            Some(one + 1),
+            "the fence counter shares the slot"
+        );
+        assert!(second.release().await.unwrap());
+
+        let a = DOCS
+            .try_read(&store, name)
+            .await
+            .unwrap()
+            .expect("no writer");
+        let b = DOCS
+            .try_read(&store, name)
+            .await
+            .unwrap()
+            .expect("readers share");
+        assert!(
+            DOCS.try_write(&store, name).await.unwrap().is_none(),
+            "readers block the writer"
+        );
+        assert!(a.extend().await.unwrap());
+        assert!(a.release().await.unwrap());
+        assert!(b.release().await.unwrap());
+        let w = DOCS
+            .try_write(&store, name)
+            .await
+            .unwrap()
+            .expect("no readers left");
+        assert!(
+            DOCS.try_read(&store, name).await.unwrap().is_none(),
+            "the writer blocks readers"
+        );
+        assert!(w.extend().await.unwrap());
+        assert!(w.release().await.unwrap());
+
+        let w = FENCED_DOCS.try_write(&store, name).await.unwrap().unwrap();
+        let generation = w.fence();
+        assert!(w.release().await.unwrap());
+        let r = FENCED_DOCS.try_read(&store, name).await.unwrap().unwrap();
+        assert_eq!(
+            r.fence(),
+            generation,
+            "a reader sees the last writer's generation"
+        );
+        assert!(r.release().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_load_on_the_node_that_owns_the_slot_after_a_flush() {
+    let cluster = RedisCluster::start();
+    let names = names();
+    let store = Store::redis(cluster.connection().await);
+    // Warm: every script is cached on every node it ran on.
+    for name in &names {
+        JOBS.try_lock(&store, name)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        DOCS.try_read(&store, name)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    // Flushed on every node, each `EVALSHA` answers NOSCRIPT and redis-rs loads the script
+    // (`SCRIPT LOAD` goes to every node in cluster mode) before retrying on the slot's node.
+    script_flush_everywhere(&cluster);
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(JOBS.try_lock(&store, name).await.unwrap().expect("free"));
+    }
+    // The fallback really ran: every node saw `SCRIPT LOAD` after the flush.
+    for node in cluster.nodes() {
+        let mut conn = node.client().get_connection().unwrap();
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            stats.contains("cmdstat_script|load:calls="),
+            "node {}: {stats}",
+            node.port()
+        );
+    }
+    script_flush_everywhere(&cluster);
+    for token in held {
+        assert!(token.extend().await.unwrap());
+        assert!(token.release().await.unwrap());
+    }
+    script_flush_everywhere(&cluster);
+    for name in &names {
+        let w = DOCS.try_write(&store, name).await.unwrap().expect("free");
+        assert!(w.release().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_exclude_across_connections_and_keys_land_on_the_owning_node() {
+    let cluster = RedisCluster::start();
+    let a = Store::redis(cluster.connection().await);
+    let b = Store::redis(cluster.connection().await);
+    let names = names();
+    let keys = KeyLayout::default();
+    let mut tokens = Vec::new();
+    for name in &names {
+        tokens.push(JOBS.try_lock(&a, name).await.unwrap().unwrap());
+        assert!(
+            JOBS.try_lock(&b, name).await.unwrap().is_none(),
+            "{name} is held through a"
+        );
+        let key = keys.key(KeyRole::Lock, "jobs", name.as_bytes());
+        let mut node = cluster.node_for(&key).client().get_connection().unwrap();
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut node).unwrap();
+        assert!(
+            pttl > 4000 && pttl <= 5000,
+            "{name}: the key is on its slot's node, PTTL {pttl}"
+        );
+    }
+    for token in tokens {
+        assert!(token.release().await.unwrap());
+    }
+}

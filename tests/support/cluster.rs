@@ -1,0 +1,146 @@
+//! A real local Redis Cluster: three masters on free ports, no replicas, made with
+//! `redis-cli --cluster create`, torn down when the handle drops.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+
+use super::{RedisServer, free_port};
+
+/// Three cluster-enabled `redis-server`s that together serve all 16384 slots.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    dir: PathBuf,
+}
+
+impl RedisCluster {
+    /// Starts three masters, joins them into one cluster and waits until every node reports
+    /// `cluster_state:ok`.
+    pub fn start() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "tower-lease-cluster-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create the cluster's temp dir");
+        let mut cluster = RedisCluster {
+            nodes: Vec::new(),
+            dir,
+        };
+        for i in 0..3 {
+            let config = cluster.dir.join(format!("nodes-{i}.conf"));
+            // The bus port is given explicitly: the default (port + 10000) overflows for ports
+            // above 55535, which the ephemeral range hands out.
+            let bus_port = free_port().to_string();
+            cluster.nodes.push(RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &config.to_string_lossy(),
+                "--cluster-port",
+                &bus_port,
+                "--cluster-node-timeout",
+                "2000",
+            ]));
+        }
+        cluster.create();
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn create(&self) {
+        let addrs: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create (is redis-tools installed?)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let info: Option<String> = node
+                    .client()
+                    .get_connection()
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
+                    .ok();
+                if info.is_some_and(|i| i.contains("cluster_state:ok")) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster node {} did not reach cluster_state:ok within 30 s",
+                    node.port()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The nodes, for tests that talk to one of them directly.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// `redis://127.0.0.1:port/` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// A cluster client seeded with every node.
+    pub fn client(&self) -> ClusterClient {
+        ClusterClient::new(self.urls()).expect("valid cluster urls")
+    }
+
+    /// redis-rs's async cluster connection: what `Store::redis` takes with feature `cluster`.
+    pub async fn connection(&self) -> ClusterConnection {
+        self.client()
+            .get_async_connection()
+            .await
+            .expect("connect to the test cluster")
+    }
+
+    /// The node that serves `key`'s slot: the one that answers `EXISTS key` instead of `MOVED`.
+    pub fn node_for(&self, key: &[u8]) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|node| {
+                let mut conn = node.client().get_connection().expect("connect to a node");
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query::<i64>(&mut conn)
+                    .is_ok()
+            })
+            .expect("some node serves every slot")
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
