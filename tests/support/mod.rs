@@ -4,6 +4,10 @@
 //! test leaves nothing behind), and is killed when its handle drops.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
+pub mod proxy;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -31,7 +35,11 @@ impl RedisServer {
         // a few ports before giving up.
         for _ in 0..10 {
             let port = free_port();
-            let mut server = RedisServer { child: None, port, extra_args: extra_args.clone() };
+            let mut server = RedisServer {
+                child: None,
+                port,
+                extra_args: extra_args.clone(),
+            };
             if server.spawn_and_wait() {
                 return server;
             }
@@ -84,7 +92,11 @@ impl RedisServer {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.spawn_and_wait() {
-            assert!(Instant::now() < deadline, "redis-server did not restart on port {}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
