@@ -31,6 +31,8 @@ pub struct Raw {
 
 enum RawConn {
     Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Fixture {
@@ -45,6 +47,22 @@ impl Fixture {
                 key: Box::new(move |role, ns, name| keys.key(role, ns, name)),
             }),
             _servers: Some(Box::new(server)),
+        }
+    }
+
+    /// A local 3-master Redis Cluster: the suite's names hash to slots on every node.
+    #[cfg(feature = "cluster")]
+    pub async fn cluster() -> Self {
+        let cluster = support::cluster::RedisCluster::start();
+        let conn = cluster.connection().await;
+        let keys = RedisStore::new(conn.clone());
+        Fixture {
+            store: Store::redis(conn.clone()),
+            raw: Some(Raw {
+                conn: RawConn::Cluster(conn),
+                key: Box::new(move |role, ns, name| keys.key(role, ns, name)),
+            }),
+            _servers: Some(Box::new(cluster)),
         }
     }
 
@@ -66,6 +84,8 @@ impl Raw {
     pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let result = match &self.conn {
             RawConn::Single(conn) => cmd.query_async(&mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            RawConn::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
         };
         result.unwrap_or_else(|e| panic!("raw redis command failed: {e}"))
     }
@@ -74,6 +94,8 @@ impl Raw {
     pub fn store_with_prefix(&self, prefix: &str) -> Store {
         match &self.conn {
             RawConn::Single(conn) => RedisStore::new(conn.clone()).prefix(prefix).into(),
+            #[cfg(feature = "cluster")]
+            RawConn::Cluster(conn) => RedisStore::new(conn.clone()).prefix(prefix).into(),
         }
     }
 
@@ -125,6 +147,23 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $rt() {
                     $r::$rt(Fixture::redis().await).await
+                }
+            )*
+        }
+
+        #[cfg(feature = "cluster")]
+        mod on_cluster {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $at() {
+                    $a::$at(Fixture::cluster().await).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rt() {
+                    $r::$rt(Fixture::cluster().await).await
                 }
             )*
         }
