@@ -45,7 +45,9 @@ fn decode(key: &[u8]) -> Option<(String, KeyRole, String, Vec<u8>)> {
 
 /// Redis Cluster's hash tag: the bytes between the first `{` and the next `}`, if not empty.
 fn hash_tag(key: &[u8]) -> &[u8] {
-    let Some(open) = key.iter().position(|&b| b == b'{') else { return key };
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
     match key[open + 1..].iter().position(|&b| b == b'}') {
         Some(0) | None => key,
         Some(len) => &key[open + 1..open + 1 + len],
