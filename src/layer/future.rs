@@ -1,0 +1,245 @@
+//! [`ResponseFuture`]: acquire, run the inner service, release.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tokio_util::sync::WaitForCancellationFutureOwned;
+use tower_service::Service;
+
+use super::body::{Hold, LeaseBody};
+use super::layer::Config;
+use super::lease::{LeaseGuard, LeaseLost};
+use super::problem::Problem;
+use crate::store::BoxFuture;
+use crate::token::{Attempt, Held};
+use crate::{Error, Result};
+
+/// The acquisition in flight, with the instant its command was sent.
+pub(crate) type Acquire = BoxFuture<'static, (Instant, Result<Attempt<Held>>)>;
+
+pin_project! {
+    /// The response future of [`LockService`](super::LockService).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+        config: Arc<Config>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        // Waiting for the store; the readied inner service and the request wait with it.
+        Acquiring {
+            acquire: Acquire,
+            call: Option<(S, Request<B>)>,
+        },
+        // The inner service runs; `guard` is `None` for a request that runs unlocked.
+        Running {
+            #[pin]
+            inner: S::Future,
+            guard: Option<LeaseGuard>,
+            // Set under `LeaseLost::Abort`: resolves when the heartbeat gives the lease up.
+            lost: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+        },
+        // The inner service has answered; waiting for the store to confirm the release.
+        Releasing {
+            release: BoxFuture<'static, ()>,
+            result: Option<Result<S::Response, S::Error>>,
+        },
+        // The layer answers by itself.
+        Respond {
+            problem: Problem,
+            status: StatusCode,
+        },
+        Done,
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn acquiring(
+        acquire: Acquire,
+        config: Arc<Config>,
+        inner: S,
+        req: Request<B>,
+    ) -> Self {
+        Self {
+            state: State::Acquiring {
+                acquire,
+                call: Some((inner, req)),
+            },
+            config,
+        }
+    }
+
+    pub(crate) fn unlocked(inner: S::Future, config: Arc<Config>) -> Self {
+        Self {
+            state: State::Running {
+                inner,
+                guard: None,
+                lost: None,
+            },
+            config,
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<LeaseBody<ResBody>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let this = self.as_mut().project();
+            let config = &**this.config;
+            let namespace = config.spec.namespace;
+            let next = match this.state.project() {
+                StateProj::Acquiring { acquire, call } => {
+                    let (sent_at, attempt) = ready!(acquire.as_mut().poll(cx));
+                    let (mut inner, mut req) = call.take().expect("polled after completion");
+                    match attempt {
+                        // Acquiring → Running, holding the lease.
+                        Ok(Attempt::Acquired(held)) => {
+                            let guard = LeaseGuard::start(held, sent_at, config.heartbeat);
+                            req.extensions_mut().insert(guard.lease());
+                            let lost = (config.on_lease_lost == LeaseLost::Abort)
+                                .then(|| Box::pin(guard.gone()));
+                            State::Running {
+                                inner: inner.call(req),
+                                guard: Some(guard),
+                                lost,
+                            }
+                        }
+                        // Acquiring → Respond: someone else holds it.
+                        Ok(Attempt::Held { retry_after }) => {
+                            tracing::debug!(namespace, ?retry_after, "lock held, request refused");
+                            State::Respond {
+                                problem: Problem::Held { retry_after },
+                                status: config.held_status,
+                            }
+                        }
+                        // Acquiring → Respond: the extractor's name cannot be locked.
+                        Err(Error::InvalidName { len }) => {
+                            tracing::debug!(namespace, len, "invalid lock name, request refused");
+                            State::Respond {
+                                problem: Problem::InvalidName { len },
+                                status: StatusCode::BAD_REQUEST,
+                            }
+                        }
+                        // Acquiring → Running unlocked: the store failed and we fail open.
+                        Err(error) if config.fail_open => {
+                            tracing::warn!(namespace, %error, "lock store failed, running the request unlocked (fail_open)");
+                            State::Running {
+                                inner: inner.call(req),
+                                guard: None,
+                                lost: None,
+                            }
+                        }
+                        // Acquiring → Respond: the store failed and we fail closed.
+                        Err(error) => {
+                            tracing::warn!(namespace, %error, "lock store failed, request refused");
+                            State::Respond {
+                                problem: Problem::Unavailable,
+                                status: StatusCode::SERVICE_UNAVAILABLE,
+                            }
+                        }
+                    }
+                }
+                StateProj::Running { inner, guard, lost } => {
+                    let result = match inner.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            if !lost
+                                .as_mut()
+                                .is_some_and(|lost| lost.as_mut().poll(cx).is_ready())
+                            {
+                                return Poll::Pending;
+                            }
+                            // Running → Respond: dropping the inner future cancels the handler;
+                            // dropping the guard releases in the background.
+                            tracing::warn!(namespace, "lease lost, inner service cancelled");
+                            self.as_mut().project().state.set(State::Respond {
+                                problem: Problem::Lost,
+                                status: StatusCode::SERVICE_UNAVAILABLE,
+                            });
+                            continue;
+                        }
+                    };
+                    let Some(guard) = guard.take() else {
+                        // Running unlocked → Done.
+                        self.as_mut().project().state.set(State::Done);
+                        return Poll::Ready(result.map(|res| res.map(LeaseBody::inner)));
+                    };
+                    // The success rule: a response is only worth passing on if the lease was
+                    // still ours when it was produced, however late the heartbeat runs.
+                    if lost.is_some() && !guard.valid_at(Instant::now()) {
+                        tracing::warn!(
+                            namespace,
+                            "lease ran out before the inner service answered"
+                        );
+                        // Running → Respond; the guard's drop releases in the background.
+                        drop(guard);
+                        State::Respond {
+                            problem: Problem::Lost,
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                        }
+                    } else if config.hold_through_body {
+                        // Running → Done: the body owns the lease from here on.
+                        let abort_on = lost.take();
+                        self.as_mut().project().state.set(State::Done);
+                        return Poll::Ready(result.map(|res| {
+                            res.map(|body| LeaseBody::held(body, Hold { guard, abort_on }))
+                        }));
+                    } else {
+                        // Running → Releasing: give the lease back before the head goes out.
+                        State::Releasing {
+                            release: guard.release(),
+                            result: Some(result),
+                        }
+                    }
+                }
+                StateProj::Releasing { release, result } => {
+                    ready!(release.as_mut().poll(cx));
+                    let result = result.take().expect("polled after completion");
+                    // Releasing → Done.
+                    self.as_mut().project().state.set(State::Done);
+                    return Poll::Ready(result.map(|res| res.map(LeaseBody::inner)));
+                }
+                StateProj::Respond { problem, status } => {
+                    let response = problem.response(*status, namespace);
+                    // Respond → Done.
+                    self.as_mut().project().state.set(State::Done);
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            self.as_mut().project().state.set(next);
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

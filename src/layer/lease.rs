@@ -1,0 +1,309 @@
+//! The [`Lease`] request extension, the heartbeat that keeps a lease alive, and the guard that
+//! owns both.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::store::{BoxFuture, Mode};
+use crate::token::Held;
+
+/// What happens when a lease is lost while the inner service is still working on the request.
+///
+/// A lease is lost when the store says it is no longer ours (it ran out, or someone deleted
+/// it), or when no extension could be confirmed before it would have run out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseLost {
+    /// Drop the inner future (cancelling the handler at its next `.await`) and answer `503`.
+    /// A response that completes after its lease ran out is replaced by `503` as well, and a
+    /// body streamed under [`hold_through_body`](crate::LockLayer::hold_through_body) ends
+    /// with an error.
+    #[default]
+    Abort,
+    /// Keep going: only flag the [`Lease`] ([`is_held`](Lease::is_held) turns `false`,
+    /// [`lost`](Lease::lost) resolves), so the handler can stop at a point of its choosing.
+    Continue,
+}
+
+/// The lease a request holds, put in its extensions by the layer.
+///
+/// ```
+/// use axum::Extension;
+/// use tower_lease::Lease;
+///
+/// async fn finalize(Extension(lease): Extension<Lease>) -> String {
+///     tokio::select! {
+///         // Stop cooperatively when the lease goes away (with `LeaseLost::Continue`; under
+///         // the default policy the layer drops this future by itself).
+///         () = lease.lost() => "lost the lock, nothing written".to_owned(),
+///         () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {
+///             format!("finalized under fence {:?}", lease.fence())
+///         }
+///     }
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Lease {
+    shared: Arc<Shared>,
+}
+
+impl Lease {
+    /// The locked name, as the extractor produced it.
+    pub fn name(&self) -> &[u8] {
+        self.shared.held.name()
+    }
+
+    /// The lock's namespace.
+    pub fn namespace(&self) -> &'static str {
+        self.shared.held.namespace()
+    }
+
+    /// Which lease this is: [`Mode::Exclusive`] under [`LockLayer`](crate::LockLayer),
+    /// [`Mode::Read`] or [`Mode::Write`] under [`RwLockLayer`](crate::RwLockLayer).
+    pub fn mode(&self) -> Mode {
+        self.shared.held.mode()
+    }
+
+    /// The fencing token of this acquisition when the lock is
+    /// [fenced](crate::Lock::fenced): pass it to the resource so it can refuse writes from a
+    /// holder whose lease has run out.
+    pub fn fence(&self) -> Option<u64> {
+        self.shared.held.fence()
+    }
+
+    /// Whether the lease is still held: not lost, not released, and not past the end of its
+    /// last confirmed extension on this process's monotonic clock.
+    pub fn is_held(&self) -> bool {
+        !self.shared.gone.is_cancelled()
+            && !self.shared.released.load(Ordering::Acquire)
+            && Instant::now() < self.shared.valid_until()
+    }
+
+    /// Resolves once the lease is no longer held: lost, or released after the response.
+    ///
+    /// The future owns what it needs, so it can be moved into a spawned task.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.shared.gone.clone().cancelled_owned()
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("namespace", &self.namespace())
+            .field("name", &String::from_utf8_lossy(self.name()))
+            .field("mode", &self.mode())
+            .field("fence", &self.fence())
+            .field("is_held", &self.is_held())
+            .finish()
+    }
+}
+
+/// What the guard, the heartbeat and every [`Lease`] clone share.
+struct Shared {
+    held: Held,
+    /// The end of the lease as last confirmed, minus the drift margin.
+    valid_until: Mutex<Instant>,
+    /// Cancelled when the lease is lost or released.
+    gone: CancellationToken,
+    released: AtomicBool,
+}
+
+impl Shared {
+    fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a confirmed acquire or extend whose command left at `sent_at`.
+    ///
+    /// Counting from before the command was sent, not from when the answer came, means a slow
+    /// round trip shortens our idea of the lease rather than stretching it past the store's.
+    fn confirm(&self, sent_at: Instant) {
+        let ttl = self.held.ttl();
+        // Redlock's allowance for the store's clock running faster than ours.
+        let margin = ttl / 100 + Duration::from_millis(2);
+        let until = sent_at + ttl.saturating_sub(margin);
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+}
+
+/// Owns a held lease: its heartbeat task and its release.
+///
+/// Dropped without [`release`](Self::release) (the client went away, the future or body was
+/// dropped), it stops the heartbeat and spawns the release, so the lock is free in about one
+/// round trip instead of after the TTL.
+pub(crate) struct LeaseGuard {
+    shared: Option<Arc<Shared>>,
+    heartbeat: Option<AbortOnDropHandle<()>>,
+}
+
+/// When and for how long the heartbeat extends a lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heartbeat {
+    pub(crate) every: Duration,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl LeaseGuard {
+    /// Starts the heartbeat for `held`, acquired by a command sent at `sent_at`.
+    ///
+    /// Must be called within a tokio runtime.
+    pub(crate) fn start(held: Held, sent_at: Instant, heartbeat: Heartbeat) -> Self {
+        let shared = Arc::new(Shared {
+            held,
+            valid_until: Mutex::new(sent_at),
+            gone: CancellationToken::new(),
+            released: AtomicBool::new(false),
+        });
+        shared.confirm(sent_at);
+        tracing::debug!(
+            namespace = shared.held.namespace(),
+            mode = ?shared.held.mode(),
+            fence = shared.held.fence(),
+            "lease acquired"
+        );
+        let stop_at = heartbeat.max_hold.map(|d| sent_at + d);
+        let task = tokio::spawn(beat(shared.clone(), sent_at, heartbeat.every, stop_at));
+        LeaseGuard {
+            shared: Some(shared),
+            heartbeat: Some(AbortOnDropHandle::new(task)),
+        }
+    }
+
+    fn shared(&self) -> &Shared {
+        self.shared.as_ref().expect("guard used after release")
+    }
+
+    /// The request extension for this lease.
+    pub(crate) fn lease(&self) -> Lease {
+        Lease {
+            shared: self.shared.clone().expect("guard used after release"),
+        }
+    }
+
+    /// Whether the lease was valid at `at` and has not been declared lost.
+    pub(crate) fn valid_at(&self, at: Instant) -> bool {
+        let shared = self.shared();
+        !shared.gone.is_cancelled() && at < shared.valid_until()
+    }
+
+    /// Resolves when the heartbeat declares the lease lost (or it is released).
+    pub(crate) fn gone(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.shared().gone.clone().cancelled_owned()
+    }
+
+    /// Stops the heartbeat and gives the lease back; the future resolves when the store has
+    /// answered. Failures are logged: the TTL frees the lock anyway.
+    pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
+        // Stop extending first, so no extend races the release.
+        self.heartbeat = None;
+        let shared = self.shared.take().expect("guard released twice");
+        Box::pin(release(shared))
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.heartbeat = None;
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(release(shared));
+            }
+            Err(_) => {
+                shared.gone.cancel();
+                tracing::warn!(
+                    namespace = shared.held.namespace(),
+                    "lease dropped outside a tokio runtime; it stays held until its TTL runs out"
+                );
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard").finish_non_exhaustive()
+    }
+}
+
+async fn release(shared: Arc<Shared>) {
+    shared.released.store(true, Ordering::Release);
+    shared.gone.cancel();
+    let namespace = shared.held.namespace();
+    match shared.held.release().await {
+        Ok(true) => tracing::debug!(namespace, "lease released"),
+        Ok(false) => tracing::debug!(namespace, "lease had already run out at release"),
+        Err(error) => tracing::warn!(
+            namespace,
+            %error,
+            "releasing the lease failed; it stays held until its TTL runs out"
+        ),
+    }
+}
+
+/// The heartbeat: extends the lease every `every` until `stop_at`, and declares it lost when the
+/// store says it is gone or no extend is confirmed before the lease would end.
+async fn beat(
+    shared: Arc<Shared>,
+    acquired_at: Instant,
+    every: Duration,
+    stop_at: Option<Instant>,
+) {
+    let namespace = shared.held.namespace();
+    let mut last_sent = acquired_at;
+    let reason = loop {
+        let next = last_sent + every;
+        let deadline = shared.valid_until();
+        if stop_at.is_some_and(|stop| next >= stop) {
+            // `max_hold` reached: stop extending and let the lease lapse on its own.
+            sleep_until(deadline).await;
+            break "max_hold reached";
+        }
+        sleep_until(next).await;
+        // The deadline is an absolute instant, so a hung store call cannot push it later.
+        let extended = tokio::select! {
+            biased;
+            () = sleep_until(deadline) => Err("no extension confirmed before the lease ran out"),
+            sent_at = extend(&shared.held) => sent_at,
+        };
+        match extended {
+            Ok(sent_at) => {
+                shared.confirm(sent_at);
+                last_sent = sent_at;
+            }
+            Err(reason) => break reason,
+        }
+    };
+    tracing::warn!(namespace, reason, "lease lost");
+    shared.gone.cancel();
+}
+
+/// Extends once, retrying store errors with a short backoff; answers when the confirmed extend
+/// was sent, or why the lease is gone.
+async fn extend(held: &Held) -> Result<Instant, &'static str> {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let sent_at = Instant::now();
+        match held.extend().await {
+            Ok(true) => return Ok(sent_at),
+            Ok(false) => return Err("the store no longer holds the lease"),
+            Err(error) => {
+                tracing::debug!(namespace = held.namespace(), %error, "extending the lease failed, retrying");
+                sleep(backoff).await;
+                backoff = (backoff * 2)
+                    .min(held.ttl() / 10)
+                    .max(Duration::from_millis(1));
+            }
+        }
+    }
+}

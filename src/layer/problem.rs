@@ -1,0 +1,156 @@
+//! The responses the layer makes itself: RFC 9457 `application/problem+json` documents.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::body::LeaseBody;
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Why the layer answered instead of the inner service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Problem {
+    /// Someone else holds the lock; their lease has `retry_after` left.
+    Held { retry_after: Duration },
+    /// The extractor produced a name the store cannot lock (empty or too long).
+    InvalidName { len: usize },
+    /// The store failed or did not answer in time, and the layer fails closed.
+    Unavailable,
+    /// The lease ran out (or was taken away) while the request was being served.
+    Lost,
+}
+
+impl Problem {
+    /// The problem `type` URI: stable identifiers clients can match on. They are not meant to
+    /// be dereferenced, so they name no host.
+    fn type_uri(self) -> &'static str {
+        match self {
+            Problem::Held { .. } => "urn:tower-lease:lock-held",
+            Problem::InvalidName { .. } => "urn:tower-lease:invalid-lock-name",
+            Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
+            Problem::Lost => "urn:tower-lease:lease-lost",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Problem::Held { .. } => "The resource is locked by another request",
+            Problem::InvalidName { .. } => "The request names a resource that cannot be locked",
+            Problem::Unavailable => "The lock service is unavailable",
+            Problem::Lost => "The lock was lost while the request was being served",
+        }
+    }
+
+    fn detail(self, namespace: &str) -> String {
+        match self {
+            Problem::Held { retry_after } => format!(
+                "Another request holds the {namespace} lock for this resource; \
+                 retry in {} s.",
+                retry_after_secs(retry_after)
+            ),
+            Problem::InvalidName { len } => format!(
+                "Lock names in {namespace} must be 1 to {} bytes long, this one is {len} bytes.",
+                crate::MAX_NAME_LEN
+            ),
+            Problem::Unavailable => format!(
+                "The {namespace} lock could not be taken because the lock store failed or \
+                 did not answer in time; retry shortly."
+            ),
+            Problem::Lost => format!(
+                "The {namespace} lease ran out before the request finished, so its outcome \
+                 is unknown; check the resource before retrying."
+            ),
+        }
+    }
+
+    /// The response for this problem with `status`, for a lock in `namespace`.
+    pub(crate) fn response<B>(self, status: StatusCode, namespace: &str) -> Response<LeaseBody<B>> {
+        let mut json = String::with_capacity(256);
+        json.push('{');
+        field(&mut json, "type", self.type_uri());
+        json.push(',');
+        field(&mut json, "title", self.title());
+        let _ = write!(json, ",\"status\":{},", status.as_u16());
+        field(&mut json, "detail", &self.detail(namespace));
+        json.push(',');
+        field(&mut json, "namespace", namespace);
+        json.push('}');
+
+        let mut response = Response::new(LeaseBody::problem(Bytes::from(json)));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        match self {
+            Problem::Held { retry_after } => {
+                headers.insert(
+                    RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(retry_after)),
+                );
+            }
+            // The store is usually back (or failed over) within a second; a client that waits
+            // longer gains nothing.
+            Problem::Unavailable => {
+                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Problem::InvalidName { .. } | Problem::Lost => {}
+        }
+        response
+    }
+}
+
+/// `Retry-After` counts whole seconds: round up so a client that obeys it never retries while
+/// the lease it waits for is still running, and never say 0, which invites a busy loop.
+pub(crate) fn retry_after_secs(retry_after: Duration) -> u64 {
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+fn field(json: &mut String, key: &str, value: &str) {
+    string(json, key);
+    json.push(':');
+    string(json, value);
+}
+
+/// Writes `value` as a JSON string (RFC 8259 §7).
+fn string(json: &mut String, value: &str) {
+    json.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => json.push_str("\\\""),
+            '\\' => json.push_str("\\\\"),
+            '\n' => json.push_str("\\n"),
+            '\r' => json.push_str("\\r"),
+            '\t' => json.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(json, "\\u{:04x}", u32::from(c));
+            }
+            c => json.push(c),
+        }
+    }
+    json.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_one_second() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn strings_are_escaped() {
+        let mut json = String::new();
+        string(&mut json, "a\"b\\c\n\u{1}é");
+        assert_eq!(json, r#""a\"b\\c\n\u0001é""#);
+    }
+}

@@ -1,0 +1,110 @@
+//! [`LockService`]: the one service behind both layers.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::body::LeaseBody;
+use super::extract::{ExtractName, ReadWhen, SafeMethods};
+use super::future::ResponseFuture;
+use super::layer::Config;
+use crate::LockName;
+use crate::store::Mode;
+use crate::token::Held;
+
+/// Which leases a service takes: an exclusive lock is the case where every request writes.
+#[derive(Clone, Debug)]
+pub(crate) enum Access<R> {
+    Exclusive,
+    Shared(R),
+}
+
+/// The middleware [`LockLayer`](crate::LockLayer) and [`RwLockLayer`](crate::RwLockLayer)
+/// make. `R` only matters for the latter.
+#[derive(Clone)]
+pub struct LockService<S, E, R = SafeMethods> {
+    inner: S,
+    config: Arc<Config>,
+    extractor: E,
+    access: Access<R>,
+}
+
+impl<S, E, R> LockService<S, E, R> {
+    pub(crate) fn new(inner: S, config: Arc<Config>, extractor: E, access: Access<R>) -> Self {
+        Self {
+            inner,
+            config,
+            extractor,
+            access,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, E, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    E: ExtractName<ReqBody>,
+    R: ReadWhen<ReqBody>,
+{
+    type Response = Response<LeaseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone may not be ready; the one `poll_ready` readied goes with this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+
+        let Some(name) = self.extractor.extract(&req) else {
+            return ResponseFuture::unlocked(inner.call(req), self.config.clone());
+        };
+        let mode = match &self.access {
+            Access::Exclusive => Mode::Exclusive,
+            Access::Shared(read_when) if read_when.is_read(&req) => Mode::Read,
+            Access::Shared(_) => Mode::Write,
+        };
+        let name = name.lock_name().into_owned();
+        let config = self.config.clone();
+        let acquire = Box::pin(async move {
+            // Taken before the command leaves, so the lease's end is never overestimated.
+            let sent_at = Instant::now();
+            let attempt =
+                Held::acquire(config.store.clone(), config.spec, mode, Cow::Owned(name)).await;
+            (sent_at, attempt)
+        });
+        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req)
+    }
+}
+
+impl<S: fmt::Debug, E, R> fmt::Debug for LockService<S, E, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockService")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
