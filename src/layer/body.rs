@@ -23,7 +23,10 @@ pin_project! {
     ///
     /// Under [`hold_through_body`](crate::LockLayer::hold_through_body) it owns the lease and
     /// releases it when the body ends (end of stream or error) or is dropped.
-    pub struct LeaseBody<B> {
+    pub struct LeaseBody<B>
+    where
+        B: Body,
+    {
         #[pin]
         kind: Kind<B>,
     }
@@ -31,7 +34,10 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B> {
+    enum Kind<B>
+    where
+        B: Body,
+    {
         Inner {
             #[pin]
             body: B,
@@ -42,6 +48,8 @@ pin_project! {
             // `None` once the body has ended and the release has been started.
             hold: Option<Hold>,
             releasing: Option<BoxFuture<'static, ()>>,
+            // The inner body's last frame, returned once the release is done.
+            last: Option<Frame<B::Data>>,
         },
         Problem {
             data: Option<Bytes>,
@@ -56,7 +64,7 @@ pub(crate) struct Hold {
     pub(crate) abort_on: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
-impl<B> LeaseBody<B> {
+impl<B: Body> LeaseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
@@ -69,6 +77,7 @@ impl<B> LeaseBody<B> {
                 body,
                 hold: Some(hold),
                 releasing: None,
+                last: None,
             },
         }
     }
@@ -99,16 +108,17 @@ where
                 Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into()))))
             }
             KindProj::Held {
-                body,
+                mut body,
                 hold,
                 releasing,
-            } => {
+                last,
+            } => loop {
                 if let Some(release) = releasing {
-                    // The inner body has ended: answer end of stream only once the lease is
-                    // given back, so the client's next request finds the lock free.
+                    // Answer the end of the body only once the lease is given back, so the
+                    // client's next request finds the lock free.
                     ready!(release.as_mut().poll(cx));
                     *releasing = None;
-                    return Poll::Ready(None);
+                    return Poll::Ready(last.take().map(Ok));
                 }
                 let Some(held) = hold else {
                     return Poll::Ready(None);
@@ -121,23 +131,22 @@ where
                     *hold = None;
                     return Poll::Ready(Some(Err(Box::new(LeaseLostError(())))));
                 }
-                match ready!(body.poll_frame(cx)) {
-                    Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
+                match ready!(body.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) if !body.is_end_stream() => {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    // The last frame: a server that knows the length may not poll again, and
+                    // the client has the whole response as soon as it is written.
+                    Some(Ok(frame)) => *last = Some(frame),
+                    None => {}
                     Some(Err(error)) => {
                         *hold = None;
-                        Poll::Ready(Some(Err(error.into())))
-                    }
-                    None => {
-                        let guard = hold.take().expect("checked above").guard;
-                        let mut release = guard.release();
-                        if release.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(None);
-                        }
-                        *releasing = Some(release);
-                        Poll::Pending
+                        return Poll::Ready(Some(Err(error.into())));
                     }
                 }
-            }
+                let guard = hold.take().expect("checked above").guard;
+                *releasing = Some(guard.release());
+            },
         }
     }
 
@@ -163,7 +172,7 @@ where
     }
 }
 
-impl<B> fmt::Debug for LeaseBody<B> {
+impl<B: Body> fmt::Debug for LeaseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",

@@ -102,6 +102,7 @@ where
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: http_body::Body,
 {
     type Output = Result<Response<LeaseBody<ResBody>>, S::Error>;
 

@@ -68,7 +68,11 @@ impl Problem {
     }
 
     /// The response for this problem with `status`, for a lock in `namespace`.
-    pub(crate) fn response<B>(self, status: StatusCode, namespace: &str) -> Response<LeaseBody<B>> {
+    pub(crate) fn response<B: http_body::Body>(
+        self,
+        status: StatusCode,
+        namespace: &str,
+    ) -> Response<LeaseBody<B>> {
         let mut json = String::with_capacity(256);
         json.push('{');
         field(&mut json, "type", self.type_uri());

@@ -63,6 +63,7 @@ impl<S, E, R> LockService<S, E, R> {
 impl<S, E, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: http_body::Body,
     E: ExtractName<ReqBody>,
     R: ReadWhen<ReqBody>,
 {
