@@ -54,7 +54,8 @@ pin_project! {
             // Set under `LeaseLost::Abort`: resolves when the heartbeat gives the lease up.
             lost: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
         },
-        // The inner service has answered; waiting for the store to confirm the release.
+        // Waiting for the store to confirm the release, then answering with the inner service's
+        // result, or with 503 when `result` is `None` (the lease was lost).
         Releasing {
             release: BoxFuture<'static, ()>,
             result: Option<Result<S::Response, S::Error>>,
@@ -173,12 +174,13 @@ where
                             {
                                 return Poll::Pending;
                             }
-                            // Running → Respond: dropping the inner future cancels the handler;
-                            // dropping the guard releases in the background.
+                            // Running → Releasing: leaving the state drops the inner future,
+                            // which cancels the handler; then answer 503 once released.
                             tracing::warn!(namespace, "lease lost, inner service cancelled");
-                            self.as_mut().project().state.set(State::Respond {
-                                problem: Problem::Lost,
-                                status: StatusCode::SERVICE_UNAVAILABLE,
+                            let guard = guard.take().expect("`lost` is only set with a guard");
+                            self.as_mut().project().state.set(State::Releasing {
+                                release: guard.release(),
+                                result: None,
                             });
                             continue;
                         }
@@ -195,11 +197,11 @@ where
                             namespace,
                             "lease ran out before the inner service answered"
                         );
-                        // Running → Respond; the guard's drop releases in the background.
-                        drop(guard);
-                        State::Respond {
-                            problem: Problem::Lost,
-                            status: StatusCode::SERVICE_UNAVAILABLE,
+                        // Running → Releasing, answering 503: the lease may still be in
+                        // the store for the drift margin, so give it back first.
+                        State::Releasing {
+                            release: guard.release(),
+                            result: None,
                         }
                     } else if config.hold_through_body {
                         // Running → Done: the body owns the lease from here on.
@@ -218,10 +220,18 @@ where
                 }
                 StateProj::Releasing { release, result } => {
                     ready!(release.as_mut().poll(cx));
-                    let result = result.take().expect("polled after completion");
-                    // Releasing → Done.
-                    self.as_mut().project().state.set(State::Done);
-                    return Poll::Ready(result.map(|res| res.map(LeaseBody::inner)));
+                    match result.take() {
+                        Some(result) => {
+                            // Releasing → Done.
+                            self.as_mut().project().state.set(State::Done);
+                            return Poll::Ready(result.map(|res| res.map(LeaseBody::inner)));
+                        }
+                        // Releasing → Respond.
+                        None => State::Respond {
+                            problem: Problem::Lost,
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                        },
+                    }
                 }
                 StateProj::Respond { problem, status } => {
                     let response = problem.response(*status, namespace);

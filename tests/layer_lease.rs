@@ -1,0 +1,332 @@
+//! The lease while a request runs, over real TCP: the heartbeat keeps a short lease through a
+//! long handler (and a body the client does not read), a lost lease cancels the handler,
+//! `max_hold` ends a stuck one, and a frozen process does not answer 200.
+
+mod common_http;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::post;
+use axum::{Extension, Router};
+use bytes::Bytes;
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tower_lease::{KeyRole, Lease, LeaseLost, Lock, LockLayer, extract};
+
+use common_http::{Env, Http, serve};
+
+const SHORT: Lock<str> = Lock::new("short", Duration::from_millis(300));
+
+on_both_stores!(
+    a_300ms_lease_lasts_through_a_2s_handler,
+    a_300ms_lease_lasts_while_the_client_does_not_read_the_body,
+    max_hold_ends_a_handler_that_never_finishes,
+    a_frozen_process_does_not_answer_200,
+);
+
+mod redis_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_lease_cancels_the_handler() {
+        super::a_lost_lease_cancels_the_handler(super::Env::redis().await).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_lease_is_signalled_under_continue() {
+        super::a_lost_lease_is_signalled_under_continue(super::Env::redis().await).await
+    }
+}
+
+fn layer(env: &Env) -> LockLayer<extract::PathSegment> {
+    LockLayer::new(env.store.clone(), SHORT, extract::path_segment(1))
+}
+
+/// Sets its flag when dropped: tells whether a handler's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Asks replica `addr` for `name` every 50 ms until `done` is set, expecting 409 each time;
+/// answers how many times it asked.
+async fn always_held(addr: std::net::SocketAddr, path: &str, done: &AtomicBool) -> usize {
+    let http = Http::new();
+    let mut asked = 0;
+    while !done.load(Ordering::SeqCst) {
+        let reply = http.post(addr, path).await;
+        if done.load(Ordering::SeqCst) {
+            break;
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::CONFLICT,
+            "after {asked} checks: {reply:?}"
+        );
+        asked += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    asked
+}
+
+async fn a_300ms_lease_lasts_through_a_2s_handler(env: Env) {
+    let started = Arc::new(Notify::new());
+    let app = |started: Arc<Notify>| {
+        Router::new()
+            .route(
+                "/jobs/{id}",
+                post(move || async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    "slow"
+                }),
+            )
+            .route_layer(layer(&env))
+    };
+    let first = serve(app(started.clone())).await;
+    let second = serve(app(Arc::new(Notify::new()))).await;
+
+    let begun = Instant::now();
+    let slow = tokio::spawn(async move { Http::new().post(first, "/jobs/1").await });
+    started.notified().await;
+    let done = Arc::new(AtomicBool::new(false));
+    let checker = {
+        let done = done.clone();
+        tokio::spawn(async move { always_held(second, "/jobs/1", &done).await })
+    };
+    let reply = slow.await.unwrap();
+    done.store(true, Ordering::SeqCst);
+    assert_eq!(
+        (reply.status, reply.text()),
+        (StatusCode::OK, "slow"),
+        "{reply:?}"
+    );
+    assert!(begun.elapsed() >= Duration::from_secs(2));
+    let checks = checker.await.unwrap();
+    assert!(checks >= 10, "only {checks} checks in 2 s");
+    // Released before the response: free at once.
+    assert!(SHORT.try_lock(&env.store, "1").await.unwrap().is_some());
+}
+
+async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
+    // 32 MiB: far more than the socket buffers, so the server blocks writing it and stops
+    // polling the body while the client does not read.
+    const CHUNKS: usize = 512;
+    let app = Router::new()
+        .route(
+            "/export/{id}",
+            post(|| async { Body::new(Chunks { left: CHUNKS }) }),
+        )
+        .route_layer(layer(&env).hold_through_body());
+    let first = serve(app.clone()).await;
+    let second = serve(app).await;
+
+    let mut client = TcpStream::connect(first).await.unwrap();
+    let request =
+        "POST /export/1 HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    client.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    // Two seconds of not reading: the lease must stay held the whole time.
+    let done = AtomicBool::new(false);
+    let checking = always_held(second, "/export/1", &done);
+    let checks = tokio::time::timeout(Duration::from_secs(2), checking).await;
+    assert!(checks.is_err(), "the checker stopped early");
+
+    // Read to the end: the terminating chunk comes only after the release.
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).await.unwrap();
+    assert!(
+        rest.len() > CHUNK * CHUNKS,
+        "body cut short: {} bytes",
+        rest.len()
+    );
+    assert!(rest.ends_with(b"0\r\n\r\n"), "no terminating chunk");
+    assert_eq!(
+        Http::new().post(second, "/export/1").await.status,
+        StatusCode::OK
+    );
+}
+
+/// A body of `left` chunks of `CHUNK` bytes, produced as fast as the server polls.
+struct Chunks {
+    left: usize,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= 1;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![
+            b'x';
+            CHUNK
+        ])))))
+    }
+}
+
+const CHUNK: usize = 64 * 1024;
+
+async fn a_lost_lease_cancels_the_handler(env: Env) {
+    const LOCK: Lock<str> = Lock::new("lost", Duration::from_secs(1));
+    let started = Arc::new(Notify::new());
+    let (dropped, finished) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let handler = {
+        let (started, dropped, finished) = (started.clone(), dropped.clone(), finished.clone());
+        move || async move {
+            let _flag = DropFlag(dropped);
+            started.notify_one();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            finished.store(true, Ordering::SeqCst);
+            "finished"
+        }
+    };
+    let app = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(LockLayer::new(
+            env.store.clone(),
+            LOCK,
+            extract::path_segment(1),
+        ));
+    let addr = serve(app).await;
+
+    let reply = tokio::spawn(async move { Http::new().post(addr, "/jobs/9").await });
+    started.notified().await;
+    assert!(
+        env.delete(KeyRole::Lock, "lost", b"9").await,
+        "the lease's key was not there"
+    );
+    let deleted = Instant::now();
+    let reply = reply.await.unwrap();
+    let took = deleted.elapsed();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // The next extend (every 333 ms) finds the key gone.
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?} to notice"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler was not dropped"
+    );
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+async fn a_lost_lease_is_signalled_under_continue(env: Env) {
+    const LOCK: Lock<str> = Lock::new("lost", Duration::from_secs(1));
+    let started = Arc::new(Notify::new());
+    let handler = {
+        let started = started.clone();
+        move |Extension(lease): Extension<Lease>| async move {
+            assert!(lease.is_held());
+            started.notify_one();
+            tokio::select! {
+                () = lease.lost() => format!("lost, held: {}", lease.is_held()),
+                () = tokio::time::sleep(Duration::from_secs(5)) => "not lost".to_owned(),
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(
+            LockLayer::new(env.store.clone(), LOCK, extract::path_segment(1))
+                .on_lease_lost(LeaseLost::Continue),
+        );
+    let addr = serve(app).await;
+
+    let reply = tokio::spawn(async move { Http::new().post(addr, "/jobs/9").await });
+    started.notified().await;
+    assert!(env.delete(KeyRole::Lock, "lost", b"9").await);
+    let deleted = Instant::now();
+    let reply = reply.await.unwrap();
+    assert!(deleted.elapsed() < Duration::from_millis(1500));
+    assert_eq!(
+        (reply.status, reply.text()),
+        (StatusCode::OK, "lost, held: false")
+    );
+}
+
+async fn max_hold_ends_a_handler_that_never_finishes(env: Env) {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let dropped = dropped.clone();
+        move || async move {
+            let _flag = DropFlag(dropped);
+            std::future::pending::<&'static str>().await
+        }
+    };
+    let max_hold = Duration::from_millis(400);
+    let app = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(layer(&env).max_hold(max_hold));
+    let addr = serve(app).await;
+
+    let begun = Instant::now();
+    let reply = Http::new().post(addr, "/jobs/3").await;
+    let took = begun.elapsed();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // Not before max_hold, and within max_hold + one TTL (plus slack for a loaded machine).
+    assert!(took >= max_hold, "ended after {took:?}");
+    assert!(
+        took < max_hold + SHORT.ttl() + Duration::from_millis(700),
+        "ended after {took:?}"
+    );
+    assert!(dropped.load(Ordering::SeqCst));
+    // The lease is gone (run out, or released by the dropped guard).
+    assert!(SHORT.try_lock(&env.store, "3").await.unwrap().is_some());
+}
+
+async fn a_frozen_process_does_not_answer_200(env: Env) {
+    // The server runs on a single-threaded runtime of its own, which the handler freezes past
+    // the 300 ms lease: the heartbeat cannot run, and the layer must notice at completion.
+    let store = env.store.clone();
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let server = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let app = Router::new()
+                .route(
+                    "/jobs/{id}",
+                    post(|| async {
+                        std::thread::sleep(Duration::from_millis(700));
+                        "frozen"
+                    }),
+                )
+                .route_layer(LockLayer::new(store, SHORT, extract::path_segment(1)));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let serve = axum::serve(listener, app);
+            // Serve one request's worth of time, then stop.
+            let _ = tokio::time::timeout(Duration::from_secs(5), serve).await;
+        });
+    });
+    let addr = addr_rx.await.unwrap();
+    let reply = Http::new().post(addr, "/jobs/5").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    drop(server);
+}

@@ -1,0 +1,145 @@
+//! `RwLockLayer` over real TCP, on Redis and in memory: reads overlap, writes exclude both.
+
+mod common_http;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::{get, post};
+use http::{Method, StatusCode};
+use tokio::sync::watch;
+use tower_lease::{RwLock, RwLockLayer, extract};
+
+use common_http::{Env, Http, serve};
+
+const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
+
+on_both_stores!(reads_overlap_and_writes_exclude_both);
+
+/// Handlers that stay inside until the gate opens, counting who is inside.
+#[derive(Clone)]
+struct Gate {
+    inside: Arc<AtomicUsize>,
+    open: watch::Receiver<bool>,
+}
+
+impl Gate {
+    async fn pass(&self, answer: &'static str) -> &'static str {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.clone();
+        open.wait_for(|open| *open).await.unwrap();
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+        answer
+    }
+
+    /// Waits until `n` handlers are inside at once.
+    async fn until_inside(&self, n: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while self.inside.load(Ordering::SeqCst) != n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never saw {n} handlers inside at once"));
+    }
+}
+
+async fn export(State(gate): State<Gate>) -> &'static str {
+    gate.pass("read").await
+}
+
+async fn reprice(State(gate): State<Gate>) -> &'static str {
+    gate.pass("written").await
+}
+
+async fn search() -> &'static str {
+    "found"
+}
+
+async fn reads_overlap_and_writes_exclude_both(env: Env) {
+    let (opener, open) = watch::channel(false);
+    let gate = Gate {
+        inside: Arc::new(AtomicUsize::new(0)),
+        open,
+    };
+    let app = Router::new()
+        .route("/catalog/{shop}", get(export).head(export).put(reprice))
+        .route_layer(RwLockLayer::new(
+            env.store.clone(),
+            CATALOG,
+            extract::path_segment(1),
+        ))
+        .with_state(gate.clone());
+    let addr = serve(app).await;
+    // Another replica where a POST that only searches takes a read lease.
+    let searching = RwLockLayer::new(env.store.clone(), CATALOG, extract::path_segment(1))
+        .read_when(|req: &http::Request<axum::body::Body>| {
+            req.method() == Method::GET || req.uri().path().ends_with("/search")
+        });
+    let other = Router::new()
+        .route("/catalog/{shop}/search", post(search))
+        .route("/catalog/{shop}/reindex", post(search))
+        .route_layer(searching);
+    let other = serve(other).await;
+    let http = Http::new();
+
+    // Two GETs inside the handler at the same time: they share the read lease.
+    let reads: Vec<_> = (0..2)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move { http.get(addr, "/catalog/s1").await })
+        })
+        .collect();
+    gate.until_inside(2).await;
+
+    // While they read: a write is refused, more reads (and a read by `read_when`) get in.
+    let reply = http.put(addr, "/catalog/s1").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    assert!(reply.retry_after().is_some());
+    assert_eq!(reply.problem()["namespace"], "catalog");
+    assert_eq!(
+        http.post(other, "/catalog/s1/search").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        http.post(other, "/catalog/s1/reindex").await.status,
+        StatusCode::CONFLICT
+    );
+    // Another shop is another lock.
+    opener.send_replace(true);
+    assert_eq!(http.put(addr, "/catalog/s2").await.text(), "written");
+    for read in reads {
+        let reply = read.await.unwrap();
+        assert_eq!((reply.status, reply.text()), (StatusCode::OK, "read"));
+    }
+
+    // A write inside the handler: reads and other writes are refused.
+    opener.send_replace(false);
+    let write = {
+        let http = http.clone();
+        tokio::spawn(async move { http.put(addr, "/catalog/s1").await })
+    };
+    gate.until_inside(1).await;
+    for method in [Method::GET, Method::HEAD, Method::PUT] {
+        let reply = http.send(addr, method.clone(), "/catalog/s1", &[]).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::CONFLICT,
+            "{method} during a write"
+        );
+    }
+    assert_eq!(
+        http.post(other, "/catalog/s1/search").await.status,
+        StatusCode::CONFLICT
+    );
+    opener.send_replace(true);
+    let reply = write.await.unwrap();
+    assert_eq!((reply.status, reply.text()), (StatusCode::OK, "written"));
+
+    // Everything released: a direct write lease is free.
+    assert!(CATALOG.try_write(&env.store, "s1").await.unwrap().is_some());
+}
