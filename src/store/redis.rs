@@ -1,7 +1,7 @@
 //! Leases in Redis: the key layout and the Lua scripts that act on it.
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::Script;
@@ -10,17 +10,34 @@ use redis::aio::ConnectionLike;
 use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
 use crate::{Error, Result};
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static READ_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/read_acquire.lua")));
-static READ_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/read_extend.lua")));
-static READ_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/read_release.lua")));
-static WRITE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/write_acquire.lua")));
+static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
+static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));
+static RELEASE: Lua = Lua::new(include_str!("scripts/release.lua"));
+static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquire.lua"));
+static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
+static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
+static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
+
+/// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
+///
+/// `redis::Script`'s fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails when another
+/// `SCRIPT FLUSH` lands between the two, and in a cluster `SCRIPT LOAD` goes to every node, so
+/// one node down would fail calls for the slots of the others. `EVAL` runs the script in one
+/// command on the slot's node and caches it there for the next `EVALSHA`.
+struct Lua {
+    code: &'static str,
+    sha: OnceLock<String>,
+}
+
+impl Lua {
+    const fn new(code: &'static str) -> Self {
+        Self { code, sha: OnceLock::new() }
+    }
+
+    fn sha(&self) -> &str {
+        self.sha.get_or_init(|| Script::new(self.code).get_hash().to_owned())
+    }
+}
 
 const DEFAULT_PREFIX: &str = "tower-lease";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -179,23 +196,36 @@ where
     /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced).
     async fn run(
         &self,
-        script: &Script,
+        script: &Lua,
         lock: LockRef<'_>,
         roles: &[KeyRole],
         fence: Option<KeyRole>,
         token: &Token,
         with_ttl: bool,
     ) -> Result<redis::Value> {
-        let mut invocation = script.prepare_invoke();
-        for role in roles.iter().chain(fence.filter(|_| lock.fenced).as_ref()) {
-            invocation.key(self.key(*role, lock.namespace, lock.name));
-        }
-        invocation.arg(token.as_bytes().as_slice());
-        if with_ttl {
-            invocation.arg(lock.ttl.as_millis() as u64);
-        }
+        let keys: Vec<Vec<u8>> = roles
+            .iter()
+            .chain(fence.filter(|_| lock.fenced).as_ref())
+            .map(|role| self.key(*role, lock.namespace, lock.name))
+            .collect();
+        let command = |verb: &str, script: &str| {
+            let mut command = redis::cmd(verb);
+            command.arg(script).arg(keys.len()).arg(&keys).arg(token.as_bytes().as_slice());
+            if with_ttl {
+                command.arg(lock.ttl.as_millis() as u64);
+            }
+            command
+        };
         let mut conn = self.conn.clone();
-        self.deadline(invocation.invoke_async(&mut conn)).await
+        self.deadline(async {
+            match command("EVALSHA", script.sha()).query_async(&mut conn).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    command("EVAL", script.code).query_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        })
+        .await
     }
 
     async fn deadline<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
