@@ -13,5 +13,6 @@ pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extr
 pub use crate::lock::{Lock, LockName, MAX_NAME_LEN, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::store::{
     Acquisition, Backend, BoxFuture, KeyLayout, KeyRole, LockRef, MemoryStore, Mode, RedisStore, Store, Token,
+    Warning,
 };
 pub use crate::token::{Attempt, LockToken, ReadToken};

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use support::cluster::RedisCluster;
-use tower_lease::{KeyLayout, KeyRole, Lock, RwLock, Store};
+use tower_lease::{KeyLayout, KeyRole, Lock, RwLock, Store, Warning};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();
@@ -158,8 +158,15 @@ async fn scripts_load_on_the_node_that_owns_the_slot_after_a_flush() {
     // The fallback really ran, on every node: `EVAL` of the script on the slot's node.
     for node in cluster.nodes() {
         let mut conn = node.client().get_connection().unwrap();
-        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut conn).unwrap();
-        assert!(stats.contains("cmdstat_eval:calls="), "node {}: {stats}", node.port());
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut conn)
+            .unwrap();
+        assert!(
+            stats.contains("cmdstat_eval:calls="),
+            "node {}: {stats}",
+            node.port()
+        );
     }
     script_flush_everywhere(&cluster);
     for token in held {
@@ -198,4 +205,43 @@ async fn leases_exclude_across_connections_and_keys_land_on_the_owning_node() {
     for token in tokens {
         assert!(token.release().await.unwrap());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_looks_at_every_primary() {
+    let cluster = RedisCluster::start();
+    let store = Store::redis(cluster.connection().await);
+    assert_eq!(store.check().await.unwrap(), []);
+
+    let node = &cluster.nodes()[1];
+    let mut conn = node.client().get_connection().unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("100mb")
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query(&mut conn)
+        .unwrap();
+    let warnings = store.check().await.unwrap();
+    let [
+        Warning::EvictingPolicy {
+            node: Some(addr),
+            policy,
+            ..
+        },
+    ] = &warnings[..]
+    else {
+        panic!("one warning for the one misconfigured node, got {warnings:?}");
+    };
+    assert_eq!(policy, "volatile-lru");
+    assert!(
+        addr.ends_with(&format!(":{}", node.port())),
+        "{addr} names node {}",
+        node.port()
+    );
 }

@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use crate::Result;
 
+mod check;
 mod memory;
 mod redis;
 
+pub use self::check::Warning;
 pub use self::memory::MemoryStore;
 pub use self::redis::{KeyLayout, KeyRole, RedisStore};
 
@@ -69,6 +71,26 @@ impl Store {
     /// The backend behind this handle.
     pub fn backend(&self) -> &dyn Backend {
         &*self.backend
+    }
+
+    /// Checks the store's setup for what can break the locks' guarantees: for Redis, a server
+    /// older than 5.0 or a `maxmemory-policy` that can evict lock keys (on every primary of a
+    /// cluster). Call it once at startup; each warning is also logged at `WARN` level.
+    ///
+    /// ```
+    /// # async fn startup(store: tower_lease::Store) -> Result<(), tower_lease::Error> {
+    /// for warning in store.check().await? {
+    ///     eprintln!("lock store: {warning}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check(&self) -> Result<Vec<Warning>> {
+        let warnings = self.backend.check().await?;
+        for warning in &warnings {
+            tracing::warn!(%warning, "tower-lease store check");
+        }
+        Ok(warnings)
     }
 }
 
@@ -189,4 +211,10 @@ pub trait Backend: Send + Sync + 'static {
         mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Looks for setup problems that can break the guarantees, for [`Store::check`]. The
+    /// default finds none.
+    fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }

@@ -31,11 +31,13 @@ struct Lua {
 
 impl Lua {
     const fn new(code: &'static str) -> Self {
-        Self { code, sha: OnceLock::new() }
+        let sha = OnceLock::new();
+        Self { code, sha }
     }
 
     fn sha(&self) -> &str {
-        self.sha.get_or_init(|| Script::new(self.code).get_hash().to_owned())
+        let hash = || Script::new(self.code).get_hash().to_owned();
+        self.sha.get_or_init(hash)
     }
 }
 
@@ -210,16 +212,20 @@ where
             .collect();
         let command = |verb: &str, script: &str| {
             let mut command = redis::cmd(verb);
-            command.arg(script).arg(keys.len()).arg(&keys).arg(token.as_bytes().as_slice());
+            command.arg(script).arg(keys.len()).arg(&keys);
+            command.arg(token.as_bytes().as_slice());
             if with_ttl {
                 command.arg(lock.ttl.as_millis() as u64);
             }
             command
         };
         let mut conn = self.conn.clone();
+        let no_script = redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
         self.deadline(async {
-            match command("EVALSHA", script.sha()).query_async(&mut conn).await {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let evalsha = command("EVALSHA", script.sha());
+            let reply = evalsha.query_async(&mut conn).await;
+            match reply {
+                Err(e) if e.kind() == no_script => {
                     command("EVAL", script.code).query_async(&mut conn).await
                 }
                 reply => reply,
@@ -260,6 +266,13 @@ impl<C> Backend for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            self.deadline(super::check::redis(&mut conn)).await
+        })
+    }
+
     fn acquire<'a>(
         &'a self,
         lock: LockRef<'a>,

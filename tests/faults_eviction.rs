@@ -1,0 +1,154 @@
+//! Memory pressure: `Store::check` warns about a policy that can evict lock keys, a `volatile-*`
+//! policy really does evict a held lock, and with `noeviction` a full Redis refuses new leases
+//! with an error instead of anything worse.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_lease::{Error, KeyLayout, KeyRole, Lock, Store, Warning};
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(30));
+
+/// Writes 1 KiB values without TTL until `stop` says enough (false) or Redis refuses (true).
+async fn fill(
+    conn: &mut redis::aio::MultiplexedConnection,
+    mut stop: impl AsyncFnMut() -> bool,
+) -> bool {
+    let value = vec![b'x'; 1024];
+    for batch in 0..400 {
+        let mut pipe = redis::pipe();
+        for i in 0..100 {
+            pipe.set(format!("filler:{batch}:{i}"), &value).ignore();
+        }
+        let refused = pipe.query_async::<()>(conn).await.is_err();
+        if stop().await {
+            return false;
+        }
+        if refused {
+            return true;
+        }
+    }
+    panic!("wrote 40 MiB without reaching maxmemory");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_policies_that_can_evict_lock_keys() {
+    let plain = RedisServer::start();
+    let store = Store::redis(plain.connection().await);
+    assert_eq!(
+        store.check().await.unwrap(),
+        [],
+        "defaults: maxmemory 0, noeviction"
+    );
+
+    for policy in [
+        "volatile-lru",
+        "volatile-ttl",
+        "allkeys-lru",
+        "allkeys-random",
+    ] {
+        let server =
+            RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
+        let warnings = Store::redis(server.connection().await)
+            .check()
+            .await
+            .unwrap();
+        assert_eq!(
+            warnings,
+            [Warning::EvictingPolicy {
+                node: None,
+                policy: policy.into(),
+                maxmemory: 64 << 20
+            }],
+        );
+        assert!(
+            warnings[0]
+                .to_string()
+                .contains("set maxmemory-policy to noeviction")
+        );
+    }
+
+    let safe =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
+    assert_eq!(
+        Store::redis(safe.connection().await).check().await.unwrap(),
+        []
+    );
+    assert_eq!(Store::memory().check().await.unwrap(), []);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volatile_policy_evicts_a_held_lock_and_lets_a_second_holder_in() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]);
+    let store = Store::redis(server.connection().await);
+    assert!(matches!(
+        &store.check().await.unwrap()[..],
+        [Warning::EvictingPolicy { .. }]
+    ));
+    let first = JOBS.try_lock(&store, "evicted").await.unwrap().unwrap();
+    let key = KeyLayout::default().key(KeyRole::Lock, "jobs", b"evicted");
+
+    // Data without a TTL cannot be evicted under volatile-*: the lock key is the only candidate.
+    let mut conn = server.connection().await;
+    let probe = conn.clone();
+    let refused = fill(&mut conn, async || {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut probe.clone())
+            .await
+            .unwrap();
+        exists == 0
+    })
+    .await;
+    assert!(
+        !refused,
+        "Redis refused writes before it evicted the lock key"
+    );
+
+    // This is the documented hazard: the first holder's lease is gone before its TTL.
+    assert!(
+        !first.extend().await.unwrap(),
+        "the evicted holder learns at its next extend"
+    );
+    // Free a little room (not the lock key: it is gone already) so the second acquire can write.
+    let mut pipe = redis::pipe();
+    for i in 0..100 {
+        pipe.del(format!("filler:0:{i}")).ignore();
+    }
+    pipe.query_async::<()>(&mut conn).await.unwrap();
+    let second = JOBS.try_lock(&store, "evicted").await.unwrap();
+    assert!(second.is_some(), "a second holder got the lock 30 s early");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noeviction_with_memory_full_refuses_new_leases_with_an_error() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]);
+    let store = Store::redis(server.connection().await);
+    let held = JOBS.try_lock(&store, "held").await.unwrap().unwrap();
+    let mut conn = server.connection().await;
+    assert!(
+        fill(&mut conn, async || false).await,
+        "Redis never refused a write"
+    );
+
+    let refused = JOBS.try_lock(&store, "new").await;
+    let Err(Error::Backend(e)) = &refused else {
+        panic!("expected an OOM error, got {refused:?}")
+    };
+    assert!(e.to_string().contains("maxmemory"), "{e}");
+    // The holder keeps its lease: extending does not allocate, and release frees memory.
+    let extended = held.extend().await;
+    eprintln!("noeviction, memory full: acquire -> {e}; extend -> {extended:?}");
+    assert!(
+        matches!(extended, Ok(true)),
+        "extend allocates nothing and still works"
+    );
+    assert!(
+        held.release().await.unwrap(),
+        "release works on a full Redis"
+    );
+}
