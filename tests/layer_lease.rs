@@ -55,14 +55,21 @@ impl Drop for DropFlag {
     }
 }
 
-/// Asks replica `addr` for `name` every 50 ms until `done` is set, expecting 409 each time;
+/// Asks replica `addr` for `path` every 50 ms until `finished` is set, expecting 409 each time;
 /// answers how many times it asked.
-async fn always_held(addr: std::net::SocketAddr, path: &str, done: &AtomicBool) -> usize {
+///
+/// A 200 is only allowed once the holder's handler has finished (it sets `finished` before
+/// answering, and the lease is released after that).
+async fn always_held(addr: std::net::SocketAddr, path: &str, finished: &AtomicBool) -> usize {
     let http = Http::new();
     let mut asked = 0;
-    while !done.load(Ordering::SeqCst) {
+    while !finished.load(Ordering::SeqCst) {
         let reply = http.post(addr, path).await;
-        if done.load(Ordering::SeqCst) {
+        if reply.status == StatusCode::OK {
+            assert!(
+                finished.load(Ordering::SeqCst),
+                "a second holder after {asked} checks"
+            );
             break;
         }
         assert_eq!(
@@ -78,31 +85,32 @@ async fn always_held(addr: std::net::SocketAddr, path: &str, done: &AtomicBool) 
 
 async fn a_300ms_lease_lasts_through_a_2s_handler(env: Env) {
     let started = Arc::new(Notify::new());
-    let app = |started: Arc<Notify>| {
+    let finished = Arc::new(AtomicBool::new(false));
+    let app = |work: Duration| {
+        let (started, finished) = (started.clone(), finished.clone());
         Router::new()
             .route(
                 "/jobs/{id}",
                 post(move || async move {
                     started.notify_one();
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    tokio::time::sleep(work).await;
+                    finished.store(true, Ordering::SeqCst);
                     "slow"
                 }),
             )
             .route_layer(layer(&env))
     };
-    let first = serve(app(started.clone())).await;
-    let second = serve(app(Arc::new(Notify::new()))).await;
+    let first = serve(app(Duration::from_secs(2))).await;
+    let second = serve(app(Duration::ZERO)).await;
 
     let begun = Instant::now();
     let slow = tokio::spawn(async move { Http::new().post(first, "/jobs/1").await });
     started.notified().await;
-    let done = Arc::new(AtomicBool::new(false));
     let checker = {
-        let done = done.clone();
-        tokio::spawn(async move { always_held(second, "/jobs/1", &done).await })
+        let finished = finished.clone();
+        tokio::spawn(async move { always_held(second, "/jobs/1", &finished).await })
     };
     let reply = slow.await.unwrap();
-    done.store(true, Ordering::SeqCst);
     assert_eq!(
         (reply.status, reply.text()),
         (StatusCode::OK, "slow"),
@@ -137,8 +145,8 @@ async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
     assert_eq!(&head, b"HTTP/1.1 200");
 
     // Two seconds of not reading: the lease must stay held the whole time.
-    let done = AtomicBool::new(false);
-    let checking = always_held(second, "/export/1", &done);
+    let never = AtomicBool::new(false);
+    let checking = always_held(second, "/export/1", &never);
     let checks = tokio::time::timeout(Duration::from_secs(2), checking).await;
     assert!(checks.is_err(), "the checker stopped early");
 

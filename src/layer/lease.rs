@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -81,9 +80,7 @@ impl Lease {
     /// Whether the lease is still held: not lost, not released, and not past the end of its
     /// last confirmed extension on this process's monotonic clock.
     pub fn is_held(&self) -> bool {
-        !self.shared.gone.is_cancelled()
-            && !self.shared.released.load(Ordering::Acquire)
-            && Instant::now() < self.shared.valid_until()
+        !self.shared.gone.is_cancelled() && Instant::now() < self.shared.valid_until()
     }
 
     /// Resolves once the lease is no longer held: lost, or released after the response.
@@ -113,7 +110,6 @@ struct Shared {
     valid_until: Mutex<Instant>,
     /// Cancelled when the lease is lost or released.
     gone: CancellationToken,
-    released: AtomicBool,
 }
 
 impl Shared {
@@ -160,7 +156,6 @@ impl LeaseGuard {
             held,
             valid_until: Mutex::new(sent_at),
             gone: CancellationToken::new(),
-            released: AtomicBool::new(false),
         });
         shared.confirm(sent_at);
         tracing::debug!(
@@ -237,7 +232,6 @@ impl fmt::Debug for LeaseGuard {
 }
 
 async fn release(shared: Arc<Shared>) {
-    shared.released.store(true, Ordering::Release);
     shared.gone.cancel();
     let namespace = shared.held.namespace();
     match shared.held.release().await {
@@ -305,5 +299,86 @@ async fn extend(held: &Held) -> Result<Instant, &'static str> {
                     .max(Duration::from_millis(1));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+    use crate::lock::Spec;
+    use crate::token::Attempt;
+    use crate::{Lock, Store};
+
+    const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));
+
+    async fn guard(store: &Store, heartbeat: Heartbeat) -> (LeaseGuard, Instant) {
+        let spec: Spec = LOCK.spec();
+        let sent_at = Instant::now();
+        let held = match Held::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
+            .await
+            .unwrap()
+        {
+            Attempt::Acquired(held) => held,
+            Attempt::Held { .. } => panic!("free at first"),
+        };
+        (LeaseGuard::start(held, sent_at, heartbeat), sent_at)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_keeps_the_lease_and_max_hold_ends_it_at_the_margin() {
+        let store = Store::memory();
+        let heartbeat = Heartbeat {
+            every: Duration::from_millis(100),
+            max_hold: Some(Duration::from_millis(250)),
+        };
+        let (guard, acquired) = guard(&store, heartbeat).await;
+        let lease = guard.lease();
+
+        // Extends at 100 and 200 ms; none at 300 ms (past max_hold), so the lease counts as
+        // lost at 200 + 300 − (3 + 2) ms = 495 ms, just before the store's end at 500 ms.
+        lease.lost().await;
+        assert_eq!(acquired.elapsed(), Duration::from_millis(495));
+        assert!(!lease.is_held());
+        assert!(!guard.valid_at(Instant::now()));
+        assert!(
+            LOCK.try_lock(&store, "x").await.unwrap().is_none(),
+            "still in the store"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_stays_valid_while_extended_and_release_ends_it() {
+        let store = Store::memory();
+        let heartbeat = Heartbeat {
+            every: Duration::from_millis(100),
+            max_hold: None,
+        };
+        let (guard, _) = guard(&store, heartbeat).await;
+        let lease = guard.lease();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(lease.is_held() && guard.valid_at(Instant::now()));
+        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_none());
+
+        guard.release().await;
+        assert!(!lease.is_held());
+        lease.lost().await;
+        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_guard_releases_in_the_background() {
+        let store = Store::memory();
+        let heartbeat = Heartbeat {
+            every: Duration::from_millis(100),
+            max_hold: None,
+        };
+        let (guard, _) = guard(&store, heartbeat).await;
+        drop(guard);
+        tokio::task::yield_now().await;
+        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
     }
 }
