@@ -1,0 +1,105 @@
+//! One replica of a counter service whose handler is a lost-update race: it reads a counter from
+//! Redis, works a little, and writes the counter + 1 back. `LockLayer` makes the read-modify-write
+//! exclusive per counter across every replica that shares the Redis. The fault tests start this
+//! example several times as separate processes.
+//!
+//! ```text
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example replica
+//! curl -X POST http://127.0.0.1:<port>/counters/visits/increment
+//! ```
+//!
+//! Environment:
+//!
+//! - `REDIS_URL` (required): the Redis holding the leases and the counters.
+//! - `LISTEN` (default `127.0.0.1:0`): where to serve; the address is printed as
+//!   `listening on <addr>` on the first line of stdout.
+//! - `LOCK_TTL_MS` (default 2000): the lease TTL.
+//! - `WORK_MS` (default 2): how long the handler works between read and write; a request header
+//!   `x-work-ms` overrides it for one request.
+//! - `STORE_TIMEOUT_MS` (default 1000): the deadline of every lease call.
+//! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
+//!
+//! `POST /counters/{name}/increment` answers `200` with the new value, `409` while another
+//! request holds the counter, `503` when the store fails or the lease was lost.
+
+use std::io::Write;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tower_lease::{Lock, LockLayer, RedisStore, extract};
+
+#[derive(Clone)]
+struct App {
+    counters: ConnectionManager,
+    work: Duration,
+}
+
+async fn increment(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<String, (StatusCode, String)> {
+    let work = headers
+        .get("x-work-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .map_or(app.work, Duration::from_millis);
+    let key = format!("counter:{name}");
+    let mut conn = app.counters.clone();
+    let failed = |e: redis::RedisError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    // Deliberately not atomic: only the lease keeps two replicas from interleaving here.
+    let value: Option<u64> = conn.get(&key).await.map_err(failed)?;
+    tokio::time::sleep(work).await;
+    let next = value.unwrap_or(0) + 1;
+    let () = conn.set(&key, next).await.map_err(failed)?;
+    Ok(next.to_string())
+}
+
+fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|e| format!("{name}={v}: {e}")),
+        Err(_) => Ok(Duration::from_millis(default)),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url =
+        std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL, e.g. redis://127.0.0.1:6379/")?;
+    let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:0".to_owned());
+    let ttl = env_ms("LOCK_TTL_MS", 2000)?;
+    let work = env_ms("WORK_MS", 2)?;
+    let timeout = env_ms("STORE_TIMEOUT_MS", 1000)?;
+
+    let client = redis::Client::open(url)?;
+    let store = RedisStore::new(ConnectionManager::new(client.clone()).await?).timeout(timeout);
+    let store: tower_lease::Store = store.into();
+    for warning in store.check().await? {
+        eprintln!("warning: {warning}");
+    }
+    let counters = ConnectionManager::new(client).await?;
+
+    let lock = Lock::try_new("counter", ttl)?;
+    let app = Router::new().route("/counters/{name}/increment", post(increment));
+    let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
+        app
+    } else {
+        app.route_layer(LockLayer::new(store, lock, extract::path_segment(1)))
+    };
+    let app = app.with_state(App { counters, work });
+
+    let listener = TcpListener::bind(&listen).await?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {}", listener.local_addr()?)?;
+    stdout.flush()?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
