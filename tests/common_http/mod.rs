@@ -37,6 +37,15 @@ macro_rules! on_both_stores {
                 }
             )*
         }
+        #[cfg(feature = "cluster")]
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common_http::Env::cluster().await).await
+                }
+            )*
+        }
     };
 }
 
@@ -45,6 +54,8 @@ pub struct Env {
     pub store: Store,
     pub server: Option<RedisServer>,
     conn: Option<redis::aio::MultiplexedConnection>,
+    #[cfg(feature = "cluster")]
+    cluster: Option<(crate::support::cluster::RedisCluster, redis::cluster_async::ClusterConnection)>,
     layout: KeyLayout,
 }
 
@@ -61,8 +72,36 @@ impl Env {
             store: store.into(),
             server: Some(server),
             conn: Some(conn),
+            #[cfg(feature = "cluster")]
+            cluster: None,
             layout,
         }
+    }
+
+    /// A store on a local 3-master Redis Cluster.
+    #[cfg(feature = "cluster")]
+    pub async fn cluster() -> Self {
+        let cluster = crate::support::cluster::RedisCluster::start();
+        let conn = cluster.connection().await;
+        let store = RedisStore::new(conn.clone()).timeout(STORE_TIMEOUT);
+        let layout = store.layout().clone();
+        Env {
+            store: store.into(),
+            server: None,
+            conn: None,
+            cluster: Some((cluster, conn)),
+            layout,
+        }
+    }
+
+    /// Runs `cmd` on the Redis behind the store, a single server or the cluster.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        #[cfg(feature = "cluster")]
+        if let Some((_, conn)) = &self.cluster {
+            return cmd.query_async(&mut conn.clone()).await.unwrap();
+        }
+        let mut conn = self.conn.clone().expect("only a Redis env has keys");
+        cmd.query_async(&mut conn).await.unwrap()
     }
 
     pub fn memory() -> Self {
@@ -70,35 +109,33 @@ impl Env {
             store: Store::memory(),
             server: None,
             conn: None,
+            #[cfg(feature = "cluster")]
+            cluster: None,
             layout: KeyLayout::default(),
         }
     }
 
     pub fn is_redis(&self) -> bool {
-        self.server.is_some()
+        self.conn.is_some() || self.is_cluster()
+    }
+
+    fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        return self.cluster.is_some();
+        #[cfg(not(feature = "cluster"))]
+        false
     }
 
     /// Deletes a lease's key behind the layer's back (Redis only).
     pub async fn delete(&self, role: KeyRole, namespace: &str, name: &[u8]) -> bool {
-        let mut conn = self.conn.clone().expect("only a Redis env has keys");
         let key = self.layout.key(role, namespace, name);
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        deleted == 1
+        self.query::<i64>(redis::cmd("DEL").arg(key)).await == 1
     }
 
     /// The raw value of a lease's key (Redis only).
     pub async fn get(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Option<Vec<u8>> {
-        let mut conn = self.conn.clone().expect("only a Redis env has keys");
         let key = self.layout.key(role, namespace, name);
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap()
+        self.query(redis::cmd("GET").arg(key)).await
     }
 }
 
