@@ -55,7 +55,10 @@ pub struct Env {
     pub server: Option<RedisServer>,
     conn: Option<redis::aio::MultiplexedConnection>,
     #[cfg(feature = "cluster")]
-    cluster: Option<(crate::support::cluster::RedisCluster, redis::cluster_async::ClusterConnection)>,
+    cluster: Option<(
+        crate::support::cluster::RedisCluster,
+        redis::cluster_async::ClusterConnection,
+    )>,
     layout: KeyLayout,
 }
 
