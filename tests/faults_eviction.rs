@@ -134,6 +134,14 @@ async fn noeviction_with_memory_full_refuses_new_leases_with_an_error() {
         fill(&mut conn, async || false).await,
         "Redis never refused a write"
     );
+    // Freed client buffers can bring usage back under the limit; pin it far above instead.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 
     let refused = JOBS.try_lock(&store, "new").await;
     let Err(Error::Backend(e)) = &refused else {

@@ -339,6 +339,14 @@ async fn redis_out_of_memory_answers_503_never_a_panic() {
         }
     }
     assert!(full, "Redis never refused a write");
+    // Freed client buffers can bring usage back under the limit; pin it far above instead.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 
     let reply = http.post(addr, "/jobs/oom").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
@@ -349,6 +357,13 @@ async fn redis_out_of_memory_answers_503_never_a_panic() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 
     let () = redis::cmd("FLUSHDB").query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(http.post(addr, "/jobs/oom").await.status, StatusCode::OK);
 }
 
