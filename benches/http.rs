@@ -1,1 +1,234 @@
-fn main() {}
+//! Requests per second over real HTTP: one small axum app served three ways on one
+//! `redis-server` — bare, behind the lock middleware a user would otherwise write by hand
+//! (`axum::middleware::from_fn`), and behind [`LockLayer`].
+//!
+//! ```text
+//! cargo bench --all-features --bench http
+//! BENCH_ROUNDS=15 BENCH_ROUND_MS=2000 cargo bench --all-features --bench http
+//! ```
+//!
+//! One load generator drives all three: 64 keep-alive HTTP/1.1 connections per app, each sending
+//! `POST /jobs/<random name>` back to back, in alternating rounds. Every response must be `200`
+//! (or `409` when two random names collide); anything else stops the benchmark.
+
+mod support;
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use redis::aio::MultiplexedConnection;
+use tokio::net::{TcpListener, TcpStream};
+use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
+
+use support::{Redis, Settings, median};
+
+const TTL: Duration = Duration::from_secs(10);
+const JOBS: Lock<str> = Lock::new("jobs", TTL);
+const CONNECTIONS: usize = 64;
+
+static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+fn main() {
+    let settings = Settings::from_env(7, 700);
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(bench(&redis, settings));
+}
+
+async fn work() -> &'static str {
+    "done"
+}
+
+fn app() -> Router {
+    Router::new().route("/jobs/{name}", post(work))
+}
+
+/// The lock middleware one writes without this crate: `SET NX PX` with a random token, `409`
+/// when held, compare-and-delete after the handler.
+async fn hand_lock(
+    State(mut conn): State<MultiplexedConnection>,
+    Path(name): Path<String>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let key = format!("bench-hand:jobs:{name}");
+    let token: [u8; 16] = rand::random();
+    let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(&key)
+        .arg(&token[..])
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64)
+        .query_async(&mut conn)
+        .await;
+    match set {
+        Ok(Some(_)) => {}
+        Ok(None) => return (StatusCode::CONFLICT, "held").into_response(),
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+    let res = next.run(req).await;
+    let released: redis::RedisResult<i64> = COMPARE_AND_DELETE
+        .key(&key)
+        .arg(&token[..])
+        .invoke_async(&mut conn)
+        .await;
+    released.expect("the hand-written release failed");
+    res
+}
+
+async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect(addr: std::net::SocketAddr) -> Vec<Sender> {
+    let mut senders = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        senders.push(sender);
+    }
+    senders
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    conflict: AtomicU64,
+}
+
+/// Drives `senders` for `length`; answers requests per second (200s and 409s).
+async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, counts: &Counts) -> f64 {
+    let start = Instant::now();
+    let deadline = start + length;
+    let mut workers = Vec::with_capacity(senders.len());
+    for mut sender in senders.drain(..) {
+        let host = host.to_owned();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut conflict) = (0u64, 0u64);
+            while Instant::now() < deadline {
+                let name: u64 = rand::random();
+                let req = http::Request::post(format!("/jobs/{name:x}"))
+                    .header(http::header::HOST, &host)
+                    .body(Empty::new())
+                    .unwrap();
+                sender.ready().await.expect("connection closed");
+                let res = sender.send_request(req).await.expect("request failed");
+                let status = res.status();
+                res.into_body().collect().await.expect("body failed");
+                match status {
+                    StatusCode::OK => ok += 1,
+                    StatusCode::CONFLICT => conflict += 1,
+                    other => panic!("unexpected status {other}"),
+                }
+            }
+            (sender, ok, conflict)
+        }));
+    }
+    let mut total = 0;
+    for worker in workers {
+        let (sender, ok, conflict) = worker.await.expect("a load task panicked");
+        senders.push(sender);
+        counts.ok.fetch_add(ok, Ordering::Relaxed);
+        counts.conflict.fetch_add(conflict, Ordering::Relaxed);
+        total += ok + conflict;
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+const BARE: &str = "bare";
+const HAND: &str = "from_fn SET NX PX + EVALSHA";
+const LAYER: &str = "LockLayer";
+
+async fn bench(redis: &Redis, settings: Settings) {
+    let conn = redis.connection().await;
+    let store: Store = RedisStore::new(conn.clone()).prefix("bench-layer").into();
+    let apps = [
+        (BARE, app()),
+        (
+            HAND,
+            app().route_layer(middleware::from_fn_with_state(conn.clone(), hand_lock)),
+        ),
+        (
+            LAYER,
+            app().route_layer(LockLayer::new(store, JOBS, extract::path_segment(1))),
+        ),
+    ];
+    let mut targets = Vec::new();
+    for (name, app) in apps {
+        let addr = serve(app).await;
+        targets.push((
+            name,
+            addr.to_string(),
+            connect(addr).await,
+            Counts::default(),
+            Vec::new(),
+        ));
+    }
+    for (_, host, senders, counts, _) in &mut targets {
+        drive(senders, host, Duration::from_millis(200), counts).await;
+    }
+    for round in 0..settings.rounds {
+        for k in 0..targets.len() {
+            let (_, host, senders, counts, rates) = &mut targets[(k + round) % 3];
+            rates.push(drive(senders, host, settings.round, counts).await);
+        }
+    }
+
+    let mut conn = conn;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("bench-*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "locks were left held: {left:?}");
+
+    println!(
+        "\nHTTP/1.1, {CONNECTIONS} connections, POST /jobs/<random>, {} rounds of {:?} per app",
+        settings.rounds, settings.round
+    );
+    println!("machine: {}\n", support::machine());
+    println!("| app | requests/s (median) | × bare | × from_fn | 200 | 409 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let medians: Vec<f64> = targets.iter_mut().map(|t| median(&mut t.4)).collect();
+    for (i, (name, _, _, counts, _)) in targets.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.2} | {} | {} |",
+            medians[i],
+            medians[i] / medians[0],
+            medians[i] / medians[1],
+            counts.ok.load(Ordering::Relaxed),
+            counts.conflict.load(Ordering::Relaxed),
+        );
+    }
+    let ratio = medians[2] / medians[1];
+    println!(
+        "\ntargets:\n- LockLayer ≥ 0.97× the from_fn middleware's requests/s: {ratio:.3} {}",
+        if ratio >= 0.97 { "met" } else { "MISSED" }
+    );
+}

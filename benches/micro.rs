@@ -1,1 +1,134 @@
-fn main() {}
+//! Micro-benchmarks of the parts that do not wait on the network: building Redis keys, and the
+//! in-process [`Store::memory`] backend.
+//!
+//! ```text
+//! cargo bench --all-features --bench micro
+//! ```
+
+mod support;
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use tower_lease::{KeyLayout, KeyRole, Lock, RedisStore, RwLock, Store};
+
+const TTL: Duration = Duration::from_secs(30);
+const LOCK: Lock<str> = Lock::new("bench", TTL);
+const RWLOCK: RwLock<str> = RwLock::new("bench", TTL);
+const IDS: Lock<u64> = Lock::new("ids", TTL);
+
+/// Runs a future that never waits (the memory store's are all ready at once) to completion.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("the memory store's future was not ready at once"),
+    }
+}
+
+fn keys(c: &mut Criterion) {
+    let redis = support::Redis::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = RedisStore::new(runtime.block_on(redis.connection()));
+    let layout = KeyLayout::default();
+    let long = vec![b'x'; tower_lease::MAX_NAME_LEN];
+
+    let mut group = c.benchmark_group("key");
+    for (label, name) in [("8 B name", &b"order-42"[..]), ("1 KiB name", &long[..])] {
+        group.bench_with_input(
+            BenchmarkId::new("RedisStore::key", label),
+            name,
+            |b, name| b.iter(|| store.key(KeyRole::Lock, black_box("invoice"), black_box(name))),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("KeyLayout::key readers", label),
+            name,
+            |b, name| {
+                b.iter(|| layout.key(KeyRole::Readers, black_box("catalog"), black_box(name)))
+            },
+        );
+    }
+    group.finish();
+}
+
+fn memory(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory store");
+    for others in [0usize, 10_000] {
+        let store = Store::memory();
+        // Other names held at the same time, so the maps are not trivially small.
+        let held: Vec<_> = (0..others)
+            .map(|i| {
+                ready(LOCK.try_lock(&store, &format!("other-{i}")))
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let label = format!("{others} others held");
+        group.bench_function(BenchmarkId::new("Lock cycle", &label), |b| {
+            b.iter(|| {
+                let token = ready(LOCK.try_lock(&store, black_box("job"))).unwrap();
+                assert!(ready(token.expect("free").release()).unwrap());
+            })
+        });
+        group.bench_function(BenchmarkId::new("Lock<u64> cycle", &label), |b| {
+            b.iter(|| {
+                let token = ready(IDS.try_lock(&store, black_box(&4_294_967_296))).unwrap();
+                assert!(ready(token.expect("free").release()).unwrap());
+            })
+        });
+        group.bench_function(BenchmarkId::new("Lock held", &label), |b| {
+            let holder = ready(LOCK.try_lock(&store, "busy")).unwrap().unwrap();
+            b.iter(|| {
+                assert!(
+                    ready(LOCK.try_lock(&store, black_box("busy")))
+                        .unwrap()
+                        .is_none()
+                )
+            });
+            assert!(ready(holder.release()).unwrap());
+        });
+        group.bench_function(BenchmarkId::new("Lock extend", &label), |b| {
+            let token = ready(LOCK.try_lock(&store, "kept")).unwrap().unwrap();
+            b.iter(|| assert!(ready(token.extend()).unwrap()));
+            assert!(ready(token.release()).unwrap());
+        });
+        group.bench_function(BenchmarkId::new("RwLock read cycle", &label), |b| {
+            b.iter(|| {
+                let token = ready(RWLOCK.try_read(&store, black_box("shop"))).unwrap();
+                assert!(ready(token.expect("free").release()).unwrap());
+            })
+        });
+        group.bench_function(BenchmarkId::new("RwLock write cycle", &label), |b| {
+            b.iter(|| {
+                let token = ready(RWLOCK.try_write(&store, black_box("shop"))).unwrap();
+                assert!(ready(token.expect("free").release()).unwrap());
+            })
+        });
+        for token in held {
+            assert!(ready(token.release()).unwrap());
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    // Short by default so a full `cargo bench` stays within minutes; criterion's own flags
+    // (`--measurement-time`, `--sample-size`) lengthen it.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(30);
+    targets = keys, memory
+}
+criterion_main!(benches);

@@ -1,0 +1,302 @@
+//! What the benchmarks share: a `redis-server` of their own, interleaved rounds, medians.
+//!
+//! The machine these run on is shared and noisy, so every benchmark runs its variants in
+//! alternating rounds (drift then hits all of them alike) and reports medians and ratios, not
+//! single absolute numbers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A boxed future, so that variants of different types can sit in one list.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Where the benchmark's Redis is: a `redis-server` it started (killed on drop), or `REDIS_URL`.
+#[derive(Debug)]
+pub struct Redis {
+    child: Option<Child>,
+    url: String,
+}
+
+impl Redis {
+    /// `REDIS_URL` when set, otherwise a fresh `redis-server` on a free loopback port.
+    pub fn start() -> Self {
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            return Redis { child: None, url };
+        }
+        for _ in 0..10 {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .expect("bind a probe socket on 127.0.0.1")
+                .port();
+            if let Some(child) = spawn_server(port) {
+                return Redis {
+                    child: Some(child),
+                    url: format!("redis://127.0.0.1:{port}/"),
+                };
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports");
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A redis-rs client for the server.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url.as_str()).expect("a valid Redis URL")
+    }
+
+    /// One multiplexed connection to the server.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the benchmark's redis-server")
+    }
+
+    /// The OS process id of the server this benchmark started.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_server(port: u16) -> Option<Child> {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. It makes the kernel
+    // kill the server when the benchmark dies, however it dies.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!(
+                "redis-server is not installed (`apt-get install redis-server`), or set REDIS_URL"
+            )
+        }
+        Err(e) => panic!("could not start redis-server: {e}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if ping(port) {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// How long to measure: `BENCH_ROUNDS` rounds (default `rounds`) of `BENCH_ROUND_MS` per variant
+/// (default `round_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub rounds: usize,
+    pub round: Duration,
+}
+
+impl Settings {
+    pub fn from_env(rounds: usize, round_ms: u64) -> Self {
+        let var = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .map(|v| {
+                    v.parse()
+                        .unwrap_or_else(|_| panic!("{name} must be a whole number"))
+                })
+                .unwrap_or(default)
+        };
+        Settings {
+            rounds: var("BENCH_ROUNDS", rounds as u64).max(1) as usize,
+            round: Duration::from_millis(var("BENCH_ROUND_MS", round_ms).max(10)),
+        }
+    }
+}
+
+/// One operation a benchmark repeats: called with (task index, iteration), it must panic
+/// when the operation did not do what it is measured for.
+pub type Op = Arc<dyn Fn(usize, u64) -> BoxFuture<()> + Send + Sync>;
+
+/// Builds an [`Op`] from an async closure.
+pub fn op<F, Fut>(f: F) -> Op
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |task, i| Box::pin(f(task, i)))
+}
+
+/// What one timed run of one variant did.
+#[derive(Clone, Debug, Default)]
+pub struct Run {
+    pub ops: u64,
+    pub elapsed: Duration,
+    /// Per-operation latencies in nanoseconds (only recorded with one task).
+    pub latencies: Vec<u64>,
+}
+
+impl Run {
+    pub fn per_second(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs `op` from `tasks` concurrent tasks until `length` has passed.
+pub async fn run(op: &Op, tasks: usize, length: Duration) -> Run {
+    let start = Instant::now();
+    let deadline = start + length;
+    let record = tasks == 1;
+    let workers: Vec<_> = (0..tasks)
+        .map(|task| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut ops = 0u64;
+                let mut latencies = Vec::new();
+                loop {
+                    let began = Instant::now();
+                    op(task, ops).await;
+                    ops += 1;
+                    let now = Instant::now();
+                    if record {
+                        latencies.push((now - began).as_nanos() as u64);
+                    }
+                    if now >= deadline {
+                        return (ops, latencies);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut total = Run::default();
+    for worker in workers {
+        let (ops, latencies) = worker.await.expect("a benchmark task panicked");
+        total.ops += ops;
+        total.latencies.extend(latencies);
+    }
+    total.elapsed = start.elapsed();
+    total
+}
+
+/// The median of `values` (which must not be empty).
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// The `q` quantile (0..=1) of `values` (nanoseconds), in microseconds.
+pub fn quantile_us(values: &mut [u64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_unstable();
+    let index = ((values.len() - 1) as f64 * q).round() as usize;
+    values[index] as f64 / 1000.0
+}
+
+/// This process's CPU time (user + system) so far.
+pub fn cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given.
+    let usage = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
+        usage.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time (user + system) of another process, from `/proc/<pid>/stat`.
+pub fn cpu_time_of(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// This process's resident memory, in bytes.
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("statm");
+    // SAFETY: sysconf only reads a configuration value.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// One line about the machine for the report: cores, CPU model, kernel, redis-server version.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
+        .map(|(_, m)| m.trim().to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let redis = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.split_whitespace()
+                .find_map(|w| w.strip_prefix("v="))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "?".into());
+    format!("{cores} cores ({model}), redis-server {redis}")
+}
