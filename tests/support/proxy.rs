@@ -47,6 +47,8 @@ struct Shared {
     // Cancelled and replaced by `sever`; every connection watches the one current at its start.
     generation: Mutex<CancellationToken>,
     accepted: AtomicUsize,
+    // When the proxy last handed the server's bytes to a client.
+    last_reply: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -75,6 +77,7 @@ impl Proxy {
             fault: Mutex::new(Fault::Pass),
             generation: Mutex::new(CancellationToken::new()),
             accepted: AtomicUsize::new(0),
+            last_reply: Mutex::new(None),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept_loop(
@@ -120,6 +123,12 @@ impl Proxy {
     pub fn sever(&self) {
         let old = std::mem::take(&mut *self.shared.generation.lock().unwrap());
         old.cancel();
+    }
+
+    /// When the proxy last passed a reply from the server on to a client: for a client that
+    /// waits for each reply before its next command, the end of its last confirmed round trip.
+    pub fn last_reply(&self) -> Option<Instant> {
+        *self.shared.last_reply.lock().unwrap()
     }
 
     /// How many connections the proxy has accepted so far.
@@ -229,6 +238,9 @@ async fn pipe(
         while let Some((at, bytes)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
             to.write_all(&bytes).await?;
+            if direction == Direction::Reply {
+                *shared.last_reply.lock().unwrap() = Some(Instant::now());
+            }
         }
         to.shutdown().await
     };
