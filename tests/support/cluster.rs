@@ -98,6 +98,18 @@ impl RedisCluster {
         }
     }
 
+    /// Kills node `i` (SIGKILL); its slots stay assigned to it.
+    pub fn stop_node(&mut self, i: usize) {
+        self.nodes[i].stop();
+    }
+
+    /// Starts node `i` again on its port with its cluster config file, so it rejoins the cluster
+    /// with its slots (and no data), and waits until every node reports `cluster_state:ok`.
+    pub fn restart_node(&mut self, i: usize) {
+        self.nodes[i].restart();
+        self.wait_ok();
+    }
+
     /// The nodes, for tests that talk to one of them directly.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
