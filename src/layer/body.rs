@@ -10,8 +10,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
+use super::future::{InFlight, in_flight_release};
 use super::lease::LeaseGuard;
-use crate::store::BoxFuture;
 
 /// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -47,7 +47,7 @@ pin_project! {
             body: B,
             // `None` once the body has ended and the release has been started.
             hold: Option<Hold>,
-            releasing: Option<BoxFuture<'static, ()>>,
+            releasing: Option<InFlight<()>>,
             // The inner body's last frame, returned once the release is done.
             last: Option<Frame<B::Data>>,
         },
@@ -116,7 +116,7 @@ where
                 if let Some(release) = releasing {
                     // Answer the end of the body only once the lease is given back, so the
                     // client's next request finds the lock free.
-                    ready!(release.as_mut().poll(cx));
+                    ready!(Pin::new(release).poll(cx));
                     *releasing = None;
                     return Poll::Ready(last.take().map(Ok));
                 }
@@ -145,7 +145,7 @@ where
                     }
                 }
                 let guard = hold.take().expect("checked above").guard;
-                *releasing = Some(guard.release());
+                *releasing = Some(in_flight_release(guard.release()));
             },
         }
     }

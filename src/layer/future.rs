@@ -23,6 +23,78 @@ use crate::{Error, Result};
 /// The acquisition in flight, with the instant its command was sent.
 pub(crate) type Acquire = BoxFuture<'static, (Instant, Result<Attempt<Held>>)>;
 
+/// A store call in flight that is finished in a spawned task if the request is dropped first.
+///
+/// Once a command has left, the store acts on it whether or not anyone waits for the answer: a
+/// request cancelled while its acquisition is in flight would leave a lease nobody holds, and one
+/// cancelled while its release is in flight might never send it. Either way the lock would stay
+/// taken for a whole TTL. So a dropped call runs on to its end, and a lease it took is given back.
+pub(crate) struct InFlight<T: Send + 'static> {
+    call: Option<BoxFuture<'static, T>>,
+    // A call never polled has sent nothing and can simply be dropped.
+    polled: bool,
+    settle: fn(T) -> Option<BoxFuture<'static, ()>>,
+}
+
+impl<T: Send + 'static> InFlight<T> {
+    /// `settle` says what to do with the answer of a call nobody waits for any more.
+    fn new(call: BoxFuture<'static, T>, settle: fn(T) -> Option<BoxFuture<'static, ()>>) -> Self {
+        Self {
+            call: Some(call),
+            polled: false,
+            settle,
+        }
+    }
+}
+
+fn acquisition(acquire: Acquire) -> InFlight<(Instant, Result<Attempt<Held>>)> {
+    InFlight::new(acquire, |(_, attempt)| match attempt {
+        Ok(Attempt::Acquired(held)) => Some(Box::pin(async move {
+            if let Err(error) = held.release().await {
+                tracing::warn!(namespace = held.namespace(), %error, "releasing the lease of a cancelled request failed; it stays held until its TTL runs out");
+            }
+        })),
+        _ => None,
+    })
+}
+
+/// A release that is finished in a spawned task if dropped before the store answers.
+pub(crate) fn in_flight_release(release: BoxFuture<'static, ()>) -> InFlight<()> {
+    InFlight::new(release, |()| None)
+}
+
+impl<T: Send + 'static> Future for InFlight<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        self.polled = true;
+        let call = self
+            .call
+            .as_mut()
+            .expect("InFlight polled after completion");
+        let answer = ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for InFlight<T> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take().filter(|_| self.polled) else {
+            return;
+        };
+        // Outside a runtime the call cannot go on; the TTL frees whatever it took.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let settle = self.settle;
+            runtime.spawn(async move {
+                if let Some(follow_up) = settle(call.await) {
+                    follow_up.await;
+                }
+            });
+        }
+    }
+}
+
 pin_project! {
     /// The response future of [`LockService`](super::LockService).
     pub struct ResponseFuture<S, B>
@@ -43,7 +115,7 @@ pin_project! {
     {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
-            acquire: Acquire,
+            acquire: InFlight<(Instant, Result<Attempt<Held>>)>,
             call: Option<(S, Request<B>)>,
         },
         // The inner service runs; `guard` is `None` for a request that runs unlocked.
@@ -57,7 +129,7 @@ pin_project! {
         // Waiting for the store to confirm the release, then answering with the inner service's
         // result, or with 503 when `result` is `None` (the lease was lost).
         Releasing {
-            release: BoxFuture<'static, ()>,
+            release: InFlight<()>,
             result: Option<Result<S::Response, S::Error>>,
         },
         // The layer answers by itself.
@@ -81,7 +153,7 @@ where
     ) -> Self {
         Self {
             state: State::Acquiring {
-                acquire,
+                acquire: acquisition(acquire),
                 call: Some((inner, req)),
             },
             config,
@@ -114,7 +186,7 @@ where
             let namespace = config.spec.namespace;
             let next = match this.state.project() {
                 StateProj::Acquiring { acquire, call } => {
-                    let (sent_at, attempt) = ready!(acquire.as_mut().poll(cx));
+                    let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
                     let (mut inner, mut req) = call.take().expect("polled after completion");
                     match attempt {
                         // Acquiring → Running, holding the lease.
@@ -179,7 +251,7 @@ where
                             tracing::warn!(namespace, "lease lost, inner service cancelled");
                             let guard = guard.take().expect("`lost` is only set with a guard");
                             self.as_mut().project().state.set(State::Releasing {
-                                release: guard.release(),
+                                release: in_flight_release(guard.release()),
                                 result: None,
                             });
                             continue;
@@ -200,7 +272,7 @@ where
                         // Running → Releasing, answering 503: the lease may still be in
                         // the store for the drift margin, so give it back first.
                         State::Releasing {
-                            release: guard.release(),
+                            release: in_flight_release(guard.release()),
                             result: None,
                         }
                     } else if config.hold_through_body {
@@ -213,13 +285,13 @@ where
                     } else {
                         // Running → Releasing: give the lease back before the head goes out.
                         State::Releasing {
-                            release: guard.release(),
+                            release: in_flight_release(guard.release()),
                             result: Some(result),
                         }
                     }
                 }
                 StateProj::Releasing { release, result } => {
-                    ready!(release.as_mut().poll(cx));
+                    ready!(Pin::new(release).poll(cx));
                     match result.take() {
                         Some(result) => {
                             // Releasing → Done.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::FromRedisValue;
 use tokio::time::Instant;
-use tower_lease::{KeyRole, RedisStore, Store};
+use tower_lease::{KeyLayout, KeyRole, RedisStore, Store};
 
 /// What a test runs against: a store, and for Redis a raw connection to look behind it.
 pub struct Fixture {
@@ -26,7 +26,7 @@ pub struct Fixture {
 /// A direct line to the Redis behind a store, and the store's key layout.
 pub struct Raw {
     conn: RawConn,
-    key: Box<dyn Fn(KeyRole, &str, &[u8]) -> Vec<u8> + Send + Sync>,
+    layout: KeyLayout,
 }
 
 enum RawConn {
@@ -39,12 +39,11 @@ impl Fixture {
     pub async fn redis() -> Self {
         let server = support::RedisServer::start();
         let conn = server.connection().await;
-        let keys = RedisStore::new(conn.clone());
         Fixture {
             store: Store::redis(conn.clone()),
             raw: Some(Raw {
                 conn: RawConn::Single(conn),
-                key: Box::new(move |role, ns, name| keys.key(role, ns, name)),
+                layout: KeyLayout::default(),
             }),
             _servers: Some(Box::new(server)),
         }
@@ -55,12 +54,11 @@ impl Fixture {
     pub async fn cluster() -> Self {
         let cluster = support::cluster::RedisCluster::start();
         let conn = cluster.connection().await;
-        let keys = RedisStore::new(conn.clone());
         Fixture {
             store: Store::redis(conn.clone()),
             raw: Some(Raw {
                 conn: RawConn::Cluster(conn),
-                key: Box::new(move |role, ns, name| keys.key(role, ns, name)),
+                layout: KeyLayout::default(),
             }),
             _servers: Some(Box::new(cluster)),
         }
@@ -100,7 +98,7 @@ impl Raw {
     }
 
     pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
-        (self.key)(role, namespace, name)
+        self.layout.key(role, namespace, name)
     }
 
     /// PTTL of a key, in ms (-2 when it does not exist).
