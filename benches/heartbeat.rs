@@ -3,6 +3,10 @@
 //! meanwhile (the heartbeats, as nothing else runs), the memory per held lease, and how many
 //! leases were lost (must be 0).
 //!
+//! For comparison, a second phase holds as many [`LockToken`](tower_lease::LockToken)s, each
+//! extended every TTL/3 by a task of its own: the floor for one task and one round trip per
+//! lease.
+//!
 //! ```text
 //! cargo bench --all-features --bench heartbeat
 //! HEARTBEAT_LEASES=50000 HEARTBEAT_SECS=30 cargo bench --all-features --bench heartbeat
@@ -105,12 +109,117 @@ async fn server_stats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64
     (evalsha, memory)
 }
 
-async fn bench(redis: &Redis, leases: usize, hold: Duration) {
-    let mut conn = redis.connection().await;
-    let store: Store = RedisStore::new(conn.clone())
-        .prefix("bench-heartbeat")
-        .into();
+/// What one phase measured.
+struct Stats {
+    acquired_in: Duration,
+    window: Duration,
+    extends_per_second: f64,
+    cpu: Duration,
+    server_cpu: Option<Duration>,
+    heap_per_lease: f64,
+    resident_per_lease: f64,
+    server_memory_per_lease: f64,
+    lost: usize,
+}
 
+impl Stats {
+    fn core_share(&self) -> f64 {
+        self.cpu.as_secs_f64() / self.window.as_secs_f64()
+    }
+}
+
+/// The measuring around one phase: baselines, all leases held, a window of `hold`, the end.
+struct Probe<'a> {
+    redis: &'a Redis,
+    conn: redis::aio::MultiplexedConnection,
+    leases: usize,
+    rss: u64,
+    heap: isize,
+    server_memory: u64,
+    started: Instant,
+}
+
+struct Held {
+    acquired_in: Duration,
+    heap_per_lease: f64,
+    resident_per_lease: f64,
+}
+
+impl<'a> Probe<'a> {
+    async fn start(redis: &'a Redis, leases: usize) -> Probe<'a> {
+        let mut conn = redis.connection().await;
+        let (_, server_memory) = server_stats(&mut conn).await;
+        Probe {
+            redis,
+            conn,
+            leases,
+            rss: support::resident_bytes(),
+            heap: LIVE_BYTES.load(Ordering::SeqCst),
+            server_memory,
+            started: Instant::now(),
+        }
+    }
+
+    /// Call once every lease is held.
+    fn held(&self) -> Held {
+        let n = self.leases as f64;
+        Held {
+            acquired_in: self.started.elapsed(),
+            heap_per_lease: (LIVE_BYTES.load(Ordering::SeqCst) - self.heap) as f64 / n,
+            resident_per_lease: support::resident_bytes().saturating_sub(self.rss) as f64 / n,
+        }
+    }
+
+    /// Measures while the leases are held for `hold`.
+    async fn window(&mut self, held: Held, hold: Duration) -> Stats {
+        let (extends_before, _) = server_stats(&mut self.conn).await;
+        let pid = self.redis.pid();
+        let (cpu, server_cpu) = (support::cpu_time(), pid.and_then(support::cpu_time_of));
+        let start = Instant::now();
+        tokio::time::sleep(hold).await;
+        let window = start.elapsed();
+        let cpu = support::cpu_time() - cpu;
+        let server_cpu = pid
+            .and_then(support::cpu_time_of)
+            .zip(server_cpu)
+            .map(|(a, b)| a - b);
+        let (extends_after, server_memory) = server_stats(&mut self.conn).await;
+        Stats {
+            acquired_in: held.acquired_in,
+            window,
+            extends_per_second: (extends_after - extends_before) as f64 / window.as_secs_f64(),
+            cpu,
+            server_cpu,
+            heap_per_lease: held.heap_per_lease,
+            resident_per_lease: held.resident_per_lease,
+            server_memory_per_lease: server_memory.saturating_sub(self.server_memory) as f64
+                / self.leases as f64,
+            lost: 0,
+        }
+    }
+
+    /// Nothing of the phase may be left in Redis.
+    async fn finish(mut self, prefix: &str) {
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query_async(&mut self.conn)
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{} leases were left behind", left.len());
+    }
+}
+
+fn wait_deadline(start: Instant) {
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "the leases were not all acquired"
+    );
+}
+
+/// Leases held by requests in flight through `LockLayer`; its heartbeat keeps them.
+async fn through_layer(redis: &Redis, leases: usize, hold: Duration) -> Stats {
+    let conn = redis.connection().await;
+    let store: Store = RedisStore::new(conn).prefix("bench-layer").into();
     let held = Arc::new(AtomicUsize::new(0));
     let kept = Arc::new(AtomicUsize::new(0));
     let done = CancellationToken::new();
@@ -134,113 +243,143 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         })
     };
     let service = LockLayer::new(store, LEASES, extract::path_segment(1)).layer(handler);
+    let request = |name: String| {
+        let req = Request::post(format!("/l/{name}"))
+            .body(Empty::new())
+            .unwrap();
+        tokio::spawn(service.clone().oneshot(req))
+    };
 
-    // Warm up the connection and the script cache, then take the baselines.
-    let warm = service
-        .clone()
-        .oneshot(Request::post("/l/warm").body(Empty::new()).unwrap());
-    let warm = tokio::spawn(warm);
+    // Warm up the connection, the script cache and the runtime before the baselines.
+    let warm = request("warm".into());
     while held.load(Ordering::SeqCst) < 1 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let rss_before = support::resident_bytes();
-    let heap_before = LIVE_BYTES.load(Ordering::SeqCst);
-    let (_, server_memory_before) = server_stats(&mut conn).await;
-
-    let acquiring = Instant::now();
-    let requests: Vec<_> = (0..leases)
-        .map(|i| {
-            let req = Request::post(format!("/l/{i}")).body(Empty::new()).unwrap();
-            tokio::spawn(service.clone().oneshot(req))
-        })
-        .collect();
+    let mut probe = Probe::start(redis, leases).await;
+    let requests: Vec<_> = (0..leases).map(|i| request(i.to_string())).collect();
     while held.load(Ordering::SeqCst) < leases + 1 {
-        assert!(
-            acquiring.elapsed() < Duration::from_secs(60),
-            "the leases were not all acquired"
-        );
+        wait_deadline(probe.started);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let acquired_in = acquiring.elapsed();
-    let heap = (LIVE_BYTES.load(Ordering::SeqCst) - heap_before) as f64 / leases as f64;
-    let rss = support::resident_bytes().saturating_sub(rss_before) as f64 / leases as f64;
-
-    let (extends_before, _) = server_stats(&mut conn).await;
-    let (cpu_before, server_cpu_before) = (
-        support::cpu_time(),
-        redis.pid().and_then(support::cpu_time_of),
-    );
-    let start = Instant::now();
-    tokio::time::sleep(hold).await;
-    let window = start.elapsed();
-    let cpu = support::cpu_time() - cpu_before;
-    let server_cpu = redis
-        .pid()
-        .and_then(support::cpu_time_of)
-        .zip(server_cpu_before)
-        .map(|(a, b)| a - b);
-    let (extends_after, server_memory) = server_stats(&mut conn).await;
-    let server_memory = server_memory.saturating_sub(server_memory_before) as f64 / leases as f64;
+    let mut stats = probe.window(probe.held(), hold).await;
 
     done.cancel();
     let mut ok = 0;
     for request in requests {
         let res = request.await.expect("a request task panicked").unwrap();
-        if res.status() == StatusCode::OK {
-            ok += 1;
-        }
+        ok += usize::from(res.status() == StatusCode::OK);
     }
     assert_eq!(warm.await.unwrap().unwrap().status(), StatusCode::OK);
-    let lost = leases - kept.load(Ordering::SeqCst).min(leases);
-    let lost = lost.max(leases - ok);
-    let left: Vec<String> = redis::cmd("KEYS")
-        .arg("bench-heartbeat*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "leases were left behind: {}", left.len());
+    // A lost lease shows twice: the handler sees `is_held() == false`, the client a 503.
+    stats.lost = (leases - kept.load(Ordering::SeqCst).min(leases)).max(leases - ok);
+    probe.finish("bench-layer").await;
+    stats
+}
 
-    let extends = (extends_after - extends_before) as f64 / window.as_secs_f64();
-    let core = cpu.as_secs_f64() / window.as_secs_f64();
-    println!(
-        "\n{leases} leases held through LockLayer, TTL {TTL:?} (heartbeat every TTL/3), for {window:.1?}"
-    );
-    println!("machine: {}\n", support::machine());
-    println!("| measure | value |");
-    println!("|---|---:|");
-    println!("| acquired all in | {acquired_in:.2?} |");
-    println!(
-        "| extends sent per second | {extends:.0} (expected {:.0}) |",
-        leases as f64 * 3.0 / TTL.as_secs_f64()
-    );
-    println!(
-        "| this process's CPU, share of one core | {:.2} % |",
-        core * 100.0
-    );
-    println!(
-        "| CPU per extend (client) | {:.1} µs |",
-        cpu.as_secs_f64() * 1e6 / (extends * window.as_secs_f64())
-    );
-    if let Some(server_cpu) = server_cpu {
-        println!(
-            "| redis-server CPU, share of one core | {:.2} % |",
-            server_cpu.as_secs_f64() / window.as_secs_f64() * 100.0
-        );
+/// Leases held as plain tokens, each extended every TTL/3 by a task of its own.
+async fn plain_tokens(redis: &Redis, leases: usize, hold: Duration) -> Stats {
+    let conn = redis.connection().await;
+    let store: Store = RedisStore::new(conn).prefix("bench-tokens").into();
+    // Warm up the connection and the script cache before the baselines.
+    let warm = LEASES.try_lock(&store, "warm").await.unwrap().unwrap();
+    assert!(warm.extend().await.unwrap() && warm.release().await.unwrap());
+    let mut probe = Probe::start(redis, leases).await;
+    let held = Arc::new(AtomicUsize::new(0));
+    let done = CancellationToken::new();
+    let tasks: Vec<_> = (0..leases)
+        .map(|i| {
+            let (store, held, done) = (store.clone(), held.clone(), done.clone());
+            tokio::spawn(async move {
+                let token = LEASES
+                    .try_lock(&store, &i.to_string())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                held.fetch_add(1, Ordering::SeqCst);
+                let mut every = tokio::time::interval(TTL / 3);
+                every.tick().await;
+                let kept = loop {
+                    tokio::select! {
+                        () = done.cancelled() => break true,
+                        _ = every.tick() => {
+                            if !token.extend().await.unwrap() {
+                                break false;
+                            }
+                        }
+                    }
+                };
+                kept && token.release().await.unwrap()
+            })
+        })
+        .collect();
+    while held.load(Ordering::SeqCst) < leases {
+        wait_deadline(probe.started);
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    println!("| heap per held lease (live allocations) | {heap:.0} B |");
-    println!("| resident memory per held lease | {rss:.0} B |");
-    println!("| redis-server memory per held lease | {server_memory:.0} B |");
-    println!("| leases lost | {lost} |");
-    println!("\ntargets:");
+    let mut stats = probe.window(probe.held(), hold).await;
+    done.cancel();
+    for task in tasks {
+        stats.lost += usize::from(!task.await.expect("a token task panicked"));
+    }
+    probe.finish("bench-tokens").await;
+    stats
+}
+
+async fn bench(redis: &Redis, leases: usize, hold: Duration) {
+    let layer = through_layer(redis, leases, hold).await;
+    let tokens = plain_tokens(redis, leases, hold).await;
+
+    println!("\n{leases} leases held at once, TTL {TTL:?}, extended every TTL/3, for {hold:?}");
+    println!("machine: {}\n", support::machine());
+    println!("| measure | LockLayer requests | plain tokens, a task each |");
+    println!("|---|---:|---:|");
+    let row = |what: &str, f: &dyn Fn(&Stats) -> String| {
+        println!("| {what} | {} | {} |", f(&layer), f(&tokens));
+    };
+    row("all acquired in", &|s| format!("{:.2?}", s.acquired_in));
+    row("extends per second", &|s| {
+        format!("{:.0}", s.extends_per_second)
+    });
+    row("this process's CPU, % of one core", &|s| {
+        format!("{:.2} %", s.core_share() * 100.0)
+    });
+    row("client CPU per extend", &|s| {
+        let extends = s.extends_per_second * s.window.as_secs_f64();
+        format!("{:.1} µs", s.cpu.as_secs_f64() * 1e6 / extends)
+    });
+    row("redis-server CPU, % of one core", &|s| match s.server_cpu {
+        Some(cpu) => format!(
+            "{:.2} %",
+            cpu.as_secs_f64() / s.window.as_secs_f64() * 100.0
+        ),
+        None => "n/a".into(),
+    });
+    row("heap per held lease", &|s| {
+        format!("{:.0} B", s.heap_per_lease)
+    });
+    row("resident memory per held lease", &|s| {
+        format!("{:.0} B", s.resident_per_lease)
+    });
+    row("redis-server memory per lease", &|s| {
+        format!("{:.0} B", s.server_memory_per_lease)
+    });
+    row("leases lost", &|s| s.lost.to_string());
+
     let check = |met: bool| if met { "met" } else { "MISSED" };
+    let core = layer.core_share();
+    let memory = layer.heap_per_lease.max(layer.resident_per_lease);
+    println!("\ntargets (LockLayer):");
     println!(
         "- heartbeat < 5 % of one core: {:.2} % {}",
         core * 100.0,
         check(core < 0.05)
     );
     println!(
-        "- < 2 KiB per lease: heap {heap:.0} B, resident {rss:.0} B {}",
-        check(heap.max(rss) < 2048.0)
+        "- < 2 KiB per lease: heap {:.0} B, resident {:.0} B {}",
+        layer.heap_per_lease,
+        layer.resident_per_lease,
+        check(memory < 2048.0)
     );
-    println!("- 0 leases lost: {lost} {}", check(lost == 0));
+    println!("- 0 leases lost: {} {}", layer.lost, check(layer.lost == 0));
+    assert_eq!(tokens.lost, 0, "plain tokens lost leases");
 }

@@ -43,7 +43,7 @@ const MINIMUM: &str = "hand-written SET NX PX + EVALSHA";
 const RSLOCK: &str = "rslock";
 
 fn main() {
-    let settings = Settings::from_env(5, 400);
+    let settings = Settings::from_env(15, 150);
     let redis = Redis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -212,8 +212,7 @@ fn bare_request(store: Store) -> Op {
     let service = noop();
     let (paths, names) = (paths(), names(""));
     op(move |task, _| {
-        let (store, service, paths, names) =
-            (store.clone(), service.clone(), paths.clone(), names.clone());
+        let (store, service, paths, names) = (store.clone(), service, paths.clone(), names.clone());
         async move {
             let token = LOCK
                 .try_lock(&store, &names[task])
@@ -245,36 +244,46 @@ fn lock_cycle(store: Store) -> Op {
     })
 }
 
+#[derive(Default)]
 struct Row {
     rates: Vec<f64>,
     latencies: Vec<u64>,
+    client_cpu: Vec<f64>,
+    server_cpu: Vec<f64>,
+}
+
+/// Runs `op` and answers the CPU time this process and the redis-server used per operation,
+/// in µs (NaN when the server is not ours): steadier than throughput on a busy machine.
+async fn measured(
+    redis: &Redis,
+    op: &Op,
+    tasks: usize,
+    length: Duration,
+) -> (support::Run, f64, f64) {
+    let (client, server) = (
+        support::cpu_time(),
+        redis.pid().and_then(support::cpu_time_of),
+    );
+    let run = support::run(op, tasks, length).await;
+    let per_op = |d: Duration| d.as_secs_f64() * 1e6 / run.ops as f64;
+    let client = per_op(support::cpu_time() - client);
+    let server = match (redis.pid().and_then(support::cpu_time_of), server) {
+        (Some(after), Some(before)) => per_op(after - before),
+        _ => f64::NAN,
+    };
+    (run, client, server)
 }
 
 async fn bench(redis: &Redis, settings: Settings) {
     let variants = variants(redis).await;
-    // BENCH_ONLY=<substring> runs only the matching variants, for profiling one of them.
-    if let Ok(only) = std::env::var("BENCH_ONLY") {
-        for (name, op) in variants.iter().filter(|(name, _)| name.contains(&only)) {
-            for tasks in CONCURRENCY {
-                let (cpu, server) = (
-                    support::cpu_time(),
-                    redis.pid().and_then(support::cpu_time_of),
-                );
-                let run = support::run(op, tasks, settings.round * settings.rounds as u32).await;
-                let cpu = (support::cpu_time() - cpu).as_secs_f64() * 1e6 / run.ops as f64;
-                let server = redis
-                    .pid()
-                    .and_then(support::cpu_time_of)
-                    .zip(server)
-                    .map(|(b, a)| (b - a).as_secs_f64() * 1e6 / run.ops as f64);
-                println!(
-                    "{name} at {tasks} tasks: {:.0}/s, client CPU {cpu:.2} µs/cycle, server CPU {server:.2?} µs/cycle",
-                    run.per_second()
-                );
-            }
-        }
-        return;
-    }
+    // BENCH_ONLY=a,b runs only the variants whose names hold one of these, for profiling.
+    let variants: Vec<_> = match std::env::var("BENCH_ONLY") {
+        Ok(only) => variants
+            .into_iter()
+            .filter(|(name, _)| only.split(',').any(|part| name.contains(part)))
+            .collect(),
+        Err(_) => variants,
+    };
     // Warm up: connections, loaded scripts, allocator pools.
     for (_, op) in &variants {
         support::run(op, 8, Duration::from_millis(100)).await;
@@ -285,13 +294,13 @@ async fn bench(redis: &Redis, settings: Settings) {
             for k in 0..variants.len() {
                 // Rotate the order from round to round.
                 let v = (k + round) % variants.len();
-                let run = support::run(&variants[v].1, tasks, settings.round).await;
-                let row = results.entry((tasks, v)).or_insert_with(|| Row {
-                    rates: Vec::new(),
-                    latencies: Vec::new(),
-                });
+                let (run, client, server) =
+                    measured(redis, &variants[v].1, tasks, settings.round).await;
+                let row = results.entry((tasks, v)).or_default();
                 row.rates.push(run.per_second());
                 row.latencies.extend(run.latencies);
+                row.client_cpu.push(client);
+                row.server_cpu.push(server);
             }
         }
     }
@@ -301,9 +310,20 @@ async fn bench(redis: &Redis, settings: Settings) {
         "\nlock/release cycles, {} rounds of {:?} per variant, TTL {:?}",
         settings.rounds, settings.round, TTL
     );
-    println!("machine: {}\n", support::machine());
-    println!("| tasks | variant | cycles/s (median) | × minimum | × rslock | p50 µs | p99 µs |");
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!("machine: {}", support::machine());
+    println!(
+        "cycles/s and CPU per cycle: medians of the rounds; p50/p99: latency of all cycles at 1 task\n"
+    );
+    println!(
+        "| tasks | variant | cycles/s | × minimum | × rslock | p50 µs | p99 µs | client CPU µs | server CPU µs |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    // NaN for a variant left out by BENCH_ONLY.
+    let get = |map: &HashMap<(usize, String), f64>, tasks: usize, name: &str| {
+        map.get(&(tasks, name.to_owned()))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
     let mut medians = HashMap::new();
     let mut p50s = HashMap::new();
     for tasks in CONCURRENCY {
@@ -318,6 +338,8 @@ async fn bench(redis: &Redis, settings: Settings) {
         for (v, (name, _)) in variants.iter().enumerate() {
             let rate = medians[&(tasks, name.to_string())];
             let row = results.get_mut(&(tasks, v)).unwrap();
+            let client = median(&mut row.client_cpu);
+            let server = median(&mut row.server_cpu);
             let (p50, p99) = if tasks == 1 {
                 (
                     format!("{:.1}", quantile_us(&mut row.latencies, 0.5)),
@@ -327,17 +349,14 @@ async fn bench(redis: &Redis, settings: Settings) {
                 ("".into(), "".into())
             };
             println!(
-                "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} |",
-                rate / medians[&(tasks, MINIMUM.to_string())],
-                rate / medians[&(tasks, RSLOCK.to_string())],
+                "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} | {client:.1} | {server:.1} |",
+                rate / get(&medians, tasks, MINIMUM),
+                rate / get(&medians, tasks, RSLOCK),
             );
         }
     }
 
     println!("\ntargets:");
-    let get = |map: &HashMap<(usize, String), f64>, tasks: usize, name: &str| {
-        map[&(tasks, name.to_owned())]
-    };
     let lock = "tower-lease Lock (Redis)";
     let vs_min = get(&medians, 64, lock) / get(&medians, 64, MINIMUM);
     let vs_rslock = get(&medians, 64, lock) / get(&medians, 64, RSLOCK);
@@ -373,6 +392,9 @@ async fn bench(redis: &Redis, settings: Settings) {
 }
 
 fn target(what: &str, ratio: f64, met: bool) {
+    if ratio.is_nan() {
+        return;
+    }
     println!(
         "- {what}: {ratio:.3} {}",
         if met { "met" } else { "MISSED" }
@@ -395,6 +417,22 @@ static ACQUIRE: LazyLock<redis::Script> =
 
 /// Where the cost of a cycle goes: the minimum with one change each.
 fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::MultiplexedConnection) {
+    // The layer spawns a heartbeat task per request and aborts it at the release: its price.
+    let (store, sleepers) = (redis_store(conn.clone()), names("s"));
+    list.push((
+        "diag: Lock cycle + spawned, aborted sleeper",
+        op(move |task, _| {
+            let (store, names) = (store.clone(), sleepers.clone());
+            async move {
+                let token = LOCK.try_lock(&store, &names[task]).await.unwrap();
+                let sleeper = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                    tokio::time::sleep(Duration::from_secs(3)),
+                ));
+                assert!(token.expect("lock held").release().await.unwrap());
+                drop(sleeper);
+            }
+        }),
+    ));
     let keys = names("tlbench:diag1:");
     let c = conn.clone();
     list.push((
