@@ -11,6 +11,8 @@
 //! Environment:
 //!
 //! - `REDIS_URL` (required): the Redis holding the leases and the counters.
+//! - `REDIS_CLUSTER` (with feature `cluster`, instead of `REDIS_URL`): comma-separated node URLs
+//!   of a Redis Cluster.
 //! - `LISTEN` (default `127.0.0.1:0`): where to serve; the address is printed as
 //!   `listening on <addr>` on the first line of stdout.
 //! - `LOCK_TTL_MS` (default 2000): the lease TTL.
@@ -30,21 +32,24 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::net::TcpListener;
-use tower_lease::{Lock, LockLayer, RedisStore, extract};
+use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
 #[derive(Clone)]
-struct App {
-    counters: ConnectionManager,
+struct App<C> {
+    counters: C,
     work: Duration,
 }
 
-async fn increment(
-    State(app): State<App>,
+async fn increment<C>(
+    State(app): State<App<C>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-) -> Result<String, (StatusCode, String)> {
+) -> Result<String, (StatusCode, String)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let work = headers
         .get("x-work-ms")
         .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -70,25 +75,22 @@ fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL, e.g. redis://127.0.0.1:6379/")?;
+/// Serves the counters with leases on `leases` and counters on `counters`.
+async fn serve<C>(leases: C, counters: C) -> Result<(), Box<dyn std::error::Error>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:0".to_owned());
     let ttl = env_ms("LOCK_TTL_MS", 2000)?;
     let work = env_ms("WORK_MS", 2)?;
     let timeout = env_ms("STORE_TIMEOUT_MS", 1000)?;
 
-    let client = redis::Client::open(url)?;
-    let store = RedisStore::new(ConnectionManager::new(client.clone()).await?).timeout(timeout);
-    let store: tower_lease::Store = store.into();
+    let store: Store = RedisStore::new(leases).timeout(timeout).into();
     for warning in store.check().await? {
         eprintln!("warning: {warning}");
     }
-    let counters = ConnectionManager::new(client).await?;
-
     let lock = Lock::try_new("counter", ttl)?;
-    let app = Router::new().route("/counters/{name}/increment", post(increment));
+    let app = Router::new().route("/counters/{name}/increment", post(increment::<C>));
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
         app
     } else {
@@ -102,4 +104,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     stdout.flush()?;
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    #[cfg(feature = "cluster")]
+    if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
+        let client = redis::cluster::ClusterClient::new(nodes.split(','))?;
+        let conn = client.get_async_connection().await?;
+        return serve(conn.clone(), conn).await;
+    }
+    let url =
+        std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL, e.g. redis://127.0.0.1:6379/")?;
+    let client = redis::Client::open(url)?;
+    let leases = ConnectionManager::new(client.clone()).await?;
+    serve(leases, ConnectionManager::new(client).await?).await
 }

@@ -327,3 +327,45 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
     let problem = resumed.problem();
     assert_eq!(problem["type"], "urn:tower-lease:lease-lost", "{problem}");
 }
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_a_redis_cluster_lose_no_update() {
+    let cluster = support::cluster::RedisCluster::start();
+    let layout = KeyLayout::default();
+    let nodes: std::collections::HashSet<u16> = COUNTERS
+        .iter()
+        .map(|c| {
+            cluster
+                .node_for(&layout.key(KeyRole::Lock, "counter", c.as_bytes()))
+                .port()
+        })
+        .collect();
+    assert!(
+        nodes.len() >= 2,
+        "the counters' locks live on {} node(s)",
+        nodes.len()
+    );
+    let urls = cluster.urls().join(",");
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start("redis://unused/", &[("REDIS_CLUSTER", &urls)]))
+        .collect();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+
+    let tally = hammer(&addrs, &COUNTERS, REQUESTS, CONCURRENCY).await;
+    let mut conn = cluster.connection().await;
+    let mut values = Vec::new();
+    for name in COUNTERS {
+        let value: Option<usize> = redis::cmd("GET")
+            .arg(format!("counter:{name}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        values.push(value.unwrap_or(0));
+    }
+    eprintln!(
+        "cluster: {tally:?}, counters {values:?}, locks on {} nodes",
+        nodes.len()
+    );
+    assert_no_lost_update(&tally, &values);
+}
