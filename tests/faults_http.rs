@@ -266,9 +266,11 @@ async fn a_partition_ends_the_lease_at_its_last_confirmed_end_not_later() {
         "partition: lease declared lost {cut_to_lost:?} after the cut and {after_confirmed:?} after \
          the last confirmed extension (TTL 900 ms, heartbeat 300 ms)"
     );
+    // Slack below: the extension's own round trip under load. An implementation that gave up
+    // at the first failed extension would answer about 500 ms after the last reply instead.
     let margin = Duration::from_millis(11);
     assert!(
-        after_confirmed >= JOBS.ttl() - margin - Duration::from_millis(50),
+        after_confirmed >= JOBS.ttl() - margin - Duration::from_millis(100),
         "declared lost while the lease was still valid: {after_confirmed:?}"
     );
     assert!(
