@@ -36,7 +36,9 @@ pub enum Error {
 
     /// A TTL given to [`Lock::try_new`](crate::Lock::try_new) or
     /// [`RwLock::try_new`](crate::RwLock::try_new) is shorter than 1 ms or too long for Redis.
-    #[error("lock TTL must be at least 1 ms and fit in a signed 64-bit millisecond count, got {ttl:?}")]
+    #[error(
+        "lock TTL must be at least 1 ms and fit in a signed 64-bit millisecond count, got {ttl:?}"
+    )]
     InvalidTtl {
         /// The rejected TTL.
         ttl: Duration,

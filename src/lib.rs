@@ -12,7 +12,7 @@ pub use crate::error::{Error, Result};
 pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extract};
 pub use crate::lock::{Lock, LockName, MAX_NAME_LEN, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::store::{
-    Acquisition, Backend, BoxFuture, KeyLayout, KeyRole, LockRef, MemoryStore, Mode, RedisStore, Store, Token,
-    Warning,
+    Acquisition, Backend, BoxFuture, KeyLayout, KeyRole, LockRef, MemoryStore, Mode, RedisStore,
+    Store, Token, Warning,
 };
 pub use crate::token::{Attempt, LockToken, ReadToken};

@@ -37,7 +37,9 @@ impl Invalid {
         match self {
             Invalid::EmptyNamespace => "it is empty",
             Invalid::LongNamespace => "it is longer than 128 bytes",
-            Invalid::NamespaceChar => "only printable ASCII without ':', '{', '}' or space is allowed",
+            Invalid::NamespaceChar => {
+                "only printable ASCII without ':', '{', '}' or space is allowed"
+            }
             Invalid::Ttl => "the TTL must be at least 1 ms",
         }
     }
@@ -75,7 +77,9 @@ impl Spec {
     const fn new(namespace: &'static str, ttl: Duration) -> Spec {
         match Spec::check(namespace, ttl) {
             Ok(spec) => spec,
-            Err(Invalid::EmptyNamespace) => panic!("tower-lease: a lock namespace must not be empty"),
+            Err(Invalid::EmptyNamespace) => {
+                panic!("tower-lease: a lock namespace must not be empty")
+            }
             Err(Invalid::LongNamespace) => {
                 panic!("tower-lease: a lock namespace must be at most 128 bytes")
             }
@@ -290,11 +294,7 @@ impl<N: LockName + ?Sized> RwLock<N> {
 
     /// Like [`try_write`](Self::try_write), also answering how long until the blocking leases
     /// (the writer's, or the last live reader's) end.
-    pub async fn attempt_write(
-        &self,
-        store: &Store,
-        name: &N,
-    ) -> Result<Attempt<LockToken<Self>>> {
+    pub async fn attempt_write(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
         let attempt = self.spec.acquire(store, Mode::Write, name).await?;
         Ok(attempt.map(LockToken::new))
     }

@@ -5,9 +5,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use crate::Result;
 use crate::lock::{Spec, check_name};
 use crate::store::{Acquisition, LockRef, Mode, Store, Token};
-use crate::Result;
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
 #[derive(Debug)]
@@ -96,11 +96,17 @@ impl Held {
     }
 
     pub(crate) async fn extend(&self) -> Result<bool> {
-        self.store.backend().extend(self.lock_ref(), self.mode, &self.token).await
+        self.store
+            .backend()
+            .extend(self.lock_ref(), self.mode, &self.token)
+            .await
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
-        self.store.backend().release(self.lock_ref(), self.mode, &self.token).await
+        self.store
+            .backend()
+            .release(self.lock_ref(), self.mode, &self.token)
+            .await
     }
 
     pub(crate) fn fence(&self) -> Option<u64> {

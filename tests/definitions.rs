@@ -7,9 +7,20 @@ use tower_lease::{Error, KeyLayout, KeyRole, Lock, RwLock};
 #[test]
 fn try_new_rejects_bad_definitions_with_clear_errors() {
     let ttl = Duration::from_secs(1);
-    for namespace in ["", "with:colon", "{tag}", "brace}", "with space", "tab\t", "é"] {
+    for namespace in [
+        "",
+        "with:colon",
+        "{tag}",
+        "brace}",
+        "with space",
+        "tab\t",
+        "é",
+    ] {
         match Lock::<str>::try_new(namespace, ttl) {
-            Err(Error::InvalidNamespace { namespace: reported, reason }) => {
+            Err(Error::InvalidNamespace {
+                namespace: reported,
+                reason,
+            }) => {
                 assert_eq!(reported, namespace);
                 assert!(!reason.is_empty());
             }
@@ -24,26 +35,42 @@ fn try_new_rejects_bad_definitions_with_clear_errors() {
     for ttl in [Duration::ZERO, Duration::from_micros(999)] {
         match Lock::<str>::try_new("jobs", ttl) {
             Err(error @ Error::InvalidTtl { .. }) => {
-                assert!(error.to_string().contains("at least 1 ms"), "unclear: {error}")
+                assert!(
+                    error.to_string().contains("at least 1 ms"),
+                    "unclear: {error}"
+                )
             }
             other => panic!("a {ttl:?} TTL must be invalid, got {other:?}"),
         }
-        assert!(matches!(RwLock::<str>::try_new("jobs", ttl), Err(Error::InvalidTtl { .. })));
+        assert!(matches!(
+            RwLock::<str>::try_new("jobs", ttl),
+            Err(Error::InvalidTtl { .. })
+        ));
     }
     let lock = Lock::<str>::try_new("jobs", Duration::from_micros(1500)).unwrap();
-    assert_eq!(lock.ttl(), Duration::from_millis(1), "TTLs count whole milliseconds");
+    assert_eq!(
+        lock.ttl(),
+        Duration::from_millis(1),
+        "TTLs count whole milliseconds"
+    );
 }
 
 #[test]
 fn new_panics_clearly_outside_const() {
     let message = |f: fn()| {
         let payload = std::panic::catch_unwind(f).expect_err("must panic");
-        payload.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default()
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .unwrap_or_default()
     };
     let zero = message(|| {
         let _ = Lock::<str>::new("jobs", std::hint::black_box(Duration::ZERO));
     });
-    assert!(zero.contains("TTL must be at least 1 ms"), "unclear panic: {zero:?}");
+    assert!(
+        zero.contains("TTL must be at least 1 ms"),
+        "unclear panic: {zero:?}"
+    );
     let colon = message(|| {
         let _ = RwLock::<str>::new(std::hint::black_box("a:b"), Duration::MAX);
     });
@@ -66,7 +93,11 @@ fn crc16(bytes: &[u8]) -> u16 {
     for &byte in bytes {
         crc ^= (byte as u16) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc
@@ -103,8 +134,22 @@ const ROLES: [KeyRole; 5] = [
 
 fn tricky_names() -> Vec<Vec<u8>> {
     let mut names: Vec<Vec<u8>> = [
-        &b"a"[..], b"a:b", b"a}", b"a}:w", b"a}:r", b"a}:fence", b"}", b"{", b"{a}", b"}{",
-        b"a\0b", b"\0", b"\xff\xfe", b"x:fence", b":w", b"ns:a",
+        &b"a"[..],
+        b"a:b",
+        b"a}",
+        b"a}:w",
+        b"a}:r",
+        b"a}:fence",
+        b"}",
+        b"{",
+        b"{a}",
+        b"}{",
+        b"a\0b",
+        b"\0",
+        b"\xff\xfe",
+        b"x:fence",
+        b":w",
+        b"ns:a",
     ]
     .map(<[u8]>::to_vec)
     .to_vec();
@@ -117,9 +162,14 @@ fn every_key_of_a_name_shares_one_slot() {
     for prefix in ["tower-lease", "app:locks"] {
         let layout = KeyLayout::new(prefix);
         for name in tricky_names() {
-            let slots: Vec<u16> =
-                ROLES.iter().map(|role| slot(&layout.key(*role, "ns", &name))).collect();
-            assert!(slots.windows(2).all(|w| w[0] == w[1]), "{name:?} spans slots {slots:?}");
+            let slots: Vec<u16> = ROLES
+                .iter()
+                .map(|role| slot(&layout.key(*role, "ns", &name)))
+                .collect();
+            assert!(
+                slots.windows(2).all(|w| w[0] == w[1]),
+                "{name:?} spans slots {slots:?}"
+            );
         }
     }
 }

@@ -74,7 +74,9 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave a map half-updated: every update is a
         // single insert or remove, so the state is still consistent.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn acquire_now(&self, lock: LockRef<'_>, mode: Mode, token: &Token) -> Acquisition {
@@ -86,19 +88,28 @@ impl MemoryStore {
         match mode {
             Mode::Exclusive => {
                 if let Some(lease) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
-                    return Acquisition::Held { retry_after: lease.ends - now };
+                    return Acquisition::Held {
+                        retry_after: lease.ends - now,
+                    };
                 }
-                let lease = Lease { token: token.clone(), ends };
+                let lease = Lease {
+                    token: token.clone(),
+                    ends,
+                };
                 ns.locks.insert(lock.name.into(), lease);
                 Acquisition::Acquired {
-                    fence: lock.fenced.then(|| next_fence(&mut ns.lock_fences, lock.name)),
+                    fence: lock
+                        .fenced
+                        .then(|| next_fence(&mut ns.lock_fences, lock.name)),
                 }
             }
             Mode::Read => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
                 if let Some(writer) = &shared.writer {
-                    return Acquisition::Held { retry_after: writer.ends - now };
+                    return Acquisition::Held {
+                        retry_after: writer.ends - now,
+                    };
                 }
                 shared.readers.insert(token.clone(), ends);
                 let fence = lock
@@ -115,11 +126,18 @@ impl MemoryStore {
                     .map(|w| w.ends)
                     .or_else(|| shared.readers.values().max().copied());
                 if let Some(until) = blocked_until {
-                    return Acquisition::Held { retry_after: until - now };
+                    return Acquisition::Held {
+                        retry_after: until - now,
+                    };
                 }
-                shared.writer = Some(Lease { token: token.clone(), ends });
+                shared.writer = Some(Lease {
+                    token: token.clone(),
+                    ends,
+                });
                 Acquisition::Acquired {
-                    fence: lock.fenced.then(|| next_fence(&mut ns.rwlock_fences, lock.name)),
+                    fence: lock
+                        .fenced
+                        .then(|| next_fence(&mut ns.rwlock_fences, lock.name)),
                 }
             }
         }
@@ -201,7 +219,8 @@ fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
 impl State {
     fn namespace(&mut self, namespace: &str) -> &mut Namespace {
         if !self.namespaces.contains_key(namespace) {
-            self.namespaces.insert(namespace.into(), Namespace::default());
+            self.namespaces
+                .insert(namespace.into(), Namespace::default());
         }
         self.namespaces.get_mut(namespace).expect("inserted above")
     }

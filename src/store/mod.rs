@@ -201,8 +201,12 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Acquisition>>;
 
     /// Restarts the lease held with `token` for one TTL; `false` if it is not held any more.
-    fn extend<'a>(&'a self, lock: LockRef<'a>, mode: Mode, token: &'a Token)
-    -> BoxFuture<'a, Result<bool>>;
+    fn extend<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool>>;
 
     /// Ends the lease held with `token`; `false` if it was not held any more.
     fn release<'a>(

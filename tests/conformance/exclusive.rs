@@ -47,22 +47,60 @@ pub async fn mutual_exclusion(f: Fixture) {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(most_inside.load(Ordering::SeqCst), 1, "two holders inside one critical section");
+    assert_eq!(
+        most_inside.load(Ordering::SeqCst),
+        1,
+        "two holders inside one critical section"
+    );
     let acquired = acquired.load(Ordering::SeqCst);
-    assert!(acquired >= names.len(), "contention starved everyone: {acquired} acquisitions");
-    assert_eq!(acquired, released.load(Ordering::SeqCst), "an acquisition was not released");
+    assert!(
+        acquired >= names.len(),
+        "contention starved everyone: {acquired} acquisitions"
+    );
+    assert_eq!(
+        acquired,
+        released.load(Ordering::SeqCst),
+        "an acquisition was not released"
+    );
 }
 
 pub async fn only_the_holder_releases_or_extends(f: Fixture) {
-    let token = LONG.try_lock(&f.store, "holder-only").await.unwrap().unwrap();
-    assert!(LONG.try_lock(&f.store, "holder-only").await.unwrap().is_none());
+    let token = LONG
+        .try_lock(&f.store, "holder-only")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        LONG.try_lock(&f.store, "holder-only")
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Anyone without the token is refused, whatever they ask for.
     let lock = LockRef::new(LONG.namespace(), b"holder-only", LONG.ttl(), false);
     let stranger = Token::random();
-    assert!(!f.store.backend().release(lock, Mode::Exclusive, &stranger).await.unwrap());
-    assert!(!f.store.backend().extend(lock, Mode::Exclusive, &stranger).await.unwrap());
-    assert!(LONG.try_lock(&f.store, "holder-only").await.unwrap().is_none(), "stranger freed it");
+    assert!(
+        !f.store
+            .backend()
+            .release(lock, Mode::Exclusive, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !f.store
+            .backend()
+            .extend(lock, Mode::Exclusive, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        LONG.try_lock(&f.store, "holder-only")
+            .await
+            .unwrap()
+            .is_none(),
+        "stranger freed it"
+    );
 
     assert!(token.extend().await.unwrap());
     assert!(token.release().await.unwrap());
@@ -74,8 +112,15 @@ pub async fn stale_release_leaves_next_holder_alone(f: Fixture) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let stale = short.try_lock(&f.store, "stale").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
-    let next = LONG.try_lock(&f.store, "stale").await.unwrap().expect("the stale lease ran out");
-    assert!(!stale.release().await.unwrap(), "a stale token must not release");
+    let next = LONG
+        .try_lock(&f.store, "stale")
+        .await
+        .unwrap()
+        .expect("the stale lease ran out");
+    assert!(
+        !stale.release().await.unwrap(),
+        "a stale token must not release"
+    );
     assert!(
         LONG.try_lock(&f.store, "stale").await.unwrap().is_none(),
         "the stale release deleted the next holder's lock"
@@ -87,10 +132,16 @@ pub async fn extend_after_expiry_does_not_reacquire(f: Fixture) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let token = short.try_lock(&f.store, "lapsed").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
-    assert!(!token.extend().await.unwrap(), "extend after expiry must answer false");
+    assert!(
+        !token.extend().await.unwrap(),
+        "extend after expiry must answer false"
+    );
     let other = LONG.try_lock(&f.store, "lapsed").await.unwrap();
     assert!(other.is_some(), "the failed extend took the lock again");
-    assert!(!token.extend().await.unwrap(), "extend must not steal the next holder's lease");
+    assert!(
+        !token.extend().await.unwrap(),
+        "extend must not steal the next holder's lease"
+    );
     assert!(!token.release().await.unwrap());
 }
 
@@ -101,9 +152,15 @@ pub async fn extend_keeps_the_lease(f: Fixture) {
     // Three extensions at 60 % of the TTL carry the lease well past its first end.
     for _ in 0..3 {
         sleep(ttl * 6 / 10).await;
-        assert!(token.extend().await.unwrap(), "extend within the lease must succeed");
+        assert!(
+            token.extend().await.unwrap(),
+            "extend within the lease must succeed"
+        );
     }
-    assert!(lock.try_lock(&f.store, "kept").await.unwrap().is_none(), "extended lease was lost");
+    assert!(
+        lock.try_lock(&f.store, "kept").await.unwrap().is_none(),
+        "extended lease was lost"
+    );
     assert!(token.release().await.unwrap());
 }
 
@@ -143,10 +200,14 @@ pub async fn retry_after_is_the_holders_remaining_lease(f: Fixture) {
     let asked = Instant::now();
     let attempt = lock.attempt(&f.store, "busy").await.unwrap();
     let told = Instant::now();
-    let Attempt::Held { retry_after } = attempt else { panic!("the lock is held") };
+    let Attempt::Held { retry_after } = attempt else {
+        panic!("the lock is held")
+    };
     // The holder's lease ends between `sent + ttl` and `answered + ttl`.
     let at_most = (answered + ttl).saturating_duration_since(asked) + ROUNDING;
-    let at_least = (sent + ttl).saturating_duration_since(told).saturating_sub(ROUNDING);
+    let at_least = (sent + ttl)
+        .saturating_duration_since(told)
+        .saturating_sub(ROUNDING);
     assert!(
         retry_after >= at_least && retry_after <= at_most,
         "retry_after {retry_after:?} not within {at_least:?}..={at_most:?}"
@@ -157,14 +218,26 @@ pub async fn fences_increase_per_name(f: Fixture) {
     let fenced = LONG.fenced();
     let mut last = 0;
     for _ in 0..5 {
-        let token = fenced.try_lock(&f.store, "fenced-a").await.unwrap().unwrap();
+        let token = fenced
+            .try_lock(&f.store, "fenced-a")
+            .await
+            .unwrap()
+            .unwrap();
         let fence = token.fence().expect("a fenced lock hands out fences");
         assert!(fence > last, "fence {fence} after {last}");
         last = fence;
         assert!(token.release().await.unwrap());
     }
-    let other = fenced.try_lock(&f.store, "fenced-b").await.unwrap().unwrap();
-    assert_eq!(other.fence(), Some(1), "another name has a counter of its own");
+    let other = fenced
+        .try_lock(&f.store, "fenced-b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        other.fence(),
+        Some(1),
+        "another name has a counter of its own"
+    );
     let plain = LONG.try_lock(&f.store, "unfenced").await.unwrap().unwrap();
     assert_eq!(plain.fence(), None);
 }

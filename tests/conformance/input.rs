@@ -13,7 +13,10 @@ fn assert_invalid_name<T: std::fmt::Debug>(result: Result<T, Error>, len: usize)
     match result {
         Err(error @ Error::InvalidName { len: reported }) => {
             assert_eq!(reported, len);
-            assert!(error.to_string().contains("1 to 1024 bytes"), "unclear message: {error}");
+            assert!(
+                error.to_string().contains("1 to 1024 bytes"),
+                "unclear message: {error}"
+            );
         }
         other => panic!("a {len}-byte name must be Error::InvalidName, got {other:?}"),
     }
@@ -28,9 +31,20 @@ pub async fn names_out_of_range_are_errors(f: Fixture) {
     }
     let longest = vec![b'x'; MAX_NAME_LEN];
     let token = JOBS.try_lock(&f.store, &longest).await.unwrap();
-    assert!(token.expect("a 1024-byte name is valid").release().await.unwrap());
+    assert!(
+        token
+            .expect("a 1024-byte name is valid")
+            .release()
+            .await
+            .unwrap()
+    );
     let one = JOBS.try_lock(&f.store, b"x").await.unwrap();
-    assert!(one.expect("a 1-byte name is valid").release().await.unwrap());
+    assert!(
+        one.expect("a 1-byte name is valid")
+            .release()
+            .await
+            .unwrap()
+    );
 }
 
 /// Names that look like key syntax, NUL and non-UTF-8 are ordinary names: each locks on its own.
@@ -52,10 +66,14 @@ pub async fn binary_names_lock_independently(f: Fixture) {
         let token = JOBS.try_lock(&f.store, name).await.unwrap();
         locks.push(token.unwrap_or_else(|| panic!("{name:?} collided with another name")));
         let writer = SHARED.try_write(&f.store, name).await.unwrap();
-        writers.push(writer.unwrap_or_else(|| panic!("rwlock {name:?} collided with another name")));
+        writers
+            .push(writer.unwrap_or_else(|| panic!("rwlock {name:?} collided with another name")));
     }
     for name in names {
-        assert!(JOBS.try_lock(&f.store, name).await.unwrap().is_none(), "{name:?} was lost");
+        assert!(
+            JOBS.try_lock(&f.store, name).await.unwrap().is_none(),
+            "{name:?} was lost"
+        );
     }
     for token in locks {
         assert!(token.release().await.unwrap());

@@ -15,7 +15,10 @@ pub async fn pttl_right_after_acquire_is_the_ttl(f: Fixture) {
     let _token = INVOICES.try_lock(&f.store, &7).await.unwrap().unwrap();
     let pttl = raw.pttl(&raw.key(KeyRole::Lock, "invoice", b"7")).await;
     let ttl = INVOICES.ttl().as_millis() as i64;
-    assert!(pttl <= ttl && pttl >= ttl - 50, "PTTL {pttl} ms right after a {ttl} ms acquire");
+    assert!(
+        pttl <= ttl && pttl >= ttl - 50,
+        "PTTL {pttl} ms right after a {ttl} ms acquire"
+    );
 }
 
 pub async fn crashed_reader_member_is_removed(f: Fixture) {
@@ -28,10 +31,16 @@ pub async fn crashed_reader_member_is_removed(f: Fixture) {
     sleep(Duration::from_millis(400)).await;
 
     // Any script on the name drops the expired member; the live one stays.
-    assert!(CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(), "survivor blocks");
+    assert!(
+        CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(),
+        "survivor blocks"
+    );
     assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&readers)).await, 1);
     assert!(survivor.release().await.unwrap());
-    assert!(!raw.exists(&readers).await, "an empty reader set must not linger");
+    assert!(
+        !raw.exists(&readers).await,
+        "an empty reader set must not linger"
+    );
 }
 
 pub async fn reader_set_key_expires(f: Fixture) {
@@ -39,16 +48,27 @@ pub async fn reader_set_key_expires(f: Fixture) {
     let readers = raw.key(KeyRole::Readers, "catalog", b"idle");
     drop(CATALOG.try_read(&f.store, "idle").await.unwrap().unwrap());
     let pttl = raw.pttl(&readers).await;
-    assert!(pttl > 0 && pttl <= 300, "the reader set's PTTL is {pttl} ms for a 300 ms lease");
+    assert!(
+        pttl > 0 && pttl <= 300,
+        "the reader set's PTTL is {pttl} ms for a 300 ms lease"
+    );
     sleep(Duration::from_millis(400)).await;
-    assert!(!raw.exists(&readers).await, "the reader set outlived its last lease");
+    assert!(
+        !raw.exists(&readers).await,
+        "the reader set outlived its last lease"
+    );
 }
 
 pub async fn every_operation_survives_script_flush(f: Fixture) {
     let raw = f.raw();
     for round in 0..2 {
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
-        let token = INVOICES.fenced().try_lock(&f.store, &round).await.unwrap().unwrap();
+        let token = INVOICES
+            .fenced()
+            .try_lock(&f.store, &round)
+            .await
+            .unwrap()
+            .unwrap();
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
         assert!(token.extend().await.unwrap());
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
@@ -77,8 +97,18 @@ async fn keys(raw: &super::Raw) -> Vec<Vec<u8>> {
 
 pub async fn exact_key_names(f: Fixture) {
     let raw = f.raw();
-    let invoice = INVOICES.fenced().try_lock(&f.store, &42).await.unwrap().unwrap();
-    let writer = CATALOG.fenced().try_write(&f.store, "shop-1").await.unwrap().unwrap();
+    let invoice = INVOICES
+        .fenced()
+        .try_lock(&f.store, &42)
+        .await
+        .unwrap()
+        .unwrap();
+    let writer = CATALOG
+        .fenced()
+        .try_write(&f.store, "shop-1")
+        .await
+        .unwrap()
+        .unwrap();
     let mut expected: Vec<Vec<u8>> = [
         &b"tower-lease:lock:{invoice:42}"[..],
         b"tower-lease:lock:{invoice:42}:fence",
@@ -89,7 +119,9 @@ pub async fn exact_key_names(f: Fixture) {
     .to_vec();
     expected.sort();
     assert_eq!(keys(raw).await, expected);
-    let holder: Vec<u8> = raw.query(redis::cmd("GET").arg("tower-lease:lock:{invoice:42}")).await;
+    let holder: Vec<u8> = raw
+        .query(redis::cmd("GET").arg("tower-lease:lock:{invoice:42}"))
+        .await;
     assert_eq!(holder.len(), 16, "the holder's key holds its 16-byte token");
     assert!(writer.release().await.unwrap());
     assert!(invoice.release().await.unwrap());
@@ -97,10 +129,16 @@ pub async fn exact_key_names(f: Fixture) {
     let reader = CATALOG.try_read(&f.store, "shop-1").await.unwrap().unwrap();
     let readers = b"tower-lease:rwlock:{catalog:shop-1}:r".to_vec();
     assert!(raw.exists(&readers).await);
-    assert_eq!(raw.query::<String>(redis::cmd("TYPE").arg(&readers)).await, "zset");
+    assert_eq!(
+        raw.query::<String>(redis::cmd("TYPE").arg(&readers)).await,
+        "zset"
+    );
     assert!(reader.release().await.unwrap());
     // Only the never-expiring fence counters are left once everything is released.
-    let fences: Vec<Vec<u8>> = expected.into_iter().filter(|k| k.ends_with(b":fence")).collect();
+    let fences: Vec<Vec<u8>> = expected
+        .into_iter()
+        .filter(|k| k.ends_with(b":fence"))
+        .collect();
     assert_eq!(keys(raw).await, fences);
 }
 
@@ -113,7 +151,10 @@ pub async fn custom_prefix(f: Fixture) {
     assert!(token.is_some(), "another prefix is another lock space");
     assert_eq!(
         keys(raw).await,
-        vec![b"billing:lock:{invoice:1}".to_vec(), b"tower-lease:lock:{invoice:1}".to_vec()]
+        vec![
+            b"billing:lock:{invoice:1}".to_vec(),
+            b"tower-lease:lock:{invoice:1}".to_vec()
+        ]
     );
 }
 
@@ -124,5 +165,8 @@ pub async fn abandoned_lock_key_is_gone_after_ttl(f: Fixture) {
     let key = raw.key(KeyRole::Lock, "jobs", b"gone");
     assert!(raw.exists(&key).await);
     sleep(Duration::from_millis(300)).await;
-    assert!(!raw.exists(&key).await, "an abandoned lock key outlived its TTL");
+    assert!(
+        !raw.exists(&key).await,
+        "an abandoned lock key outlived its TTL"
+    );
 }

@@ -22,11 +22,20 @@ pub async fn readers_share(f: Fixture) {
 
 pub async fn writer_excludes_everyone(f: Fixture) {
     let writer = CATALOG.try_write(&f.store, "shop").await.unwrap().unwrap();
-    assert!(CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(), "two writers");
-    assert!(CATALOG.try_read(&f.store, "shop").await.unwrap().is_none(), "reader beside writer");
+    assert!(
+        CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(),
+        "two writers"
+    );
+    assert!(
+        CATALOG.try_read(&f.store, "shop").await.unwrap().is_none(),
+        "reader beside writer"
+    );
     assert!(writer.release().await.unwrap());
     let reader = CATALOG.try_read(&f.store, "shop").await.unwrap();
-    assert!(reader.is_some(), "a released writer must let readers in at once");
+    assert!(
+        reader.is_some(),
+        "a released writer must let readers in at once"
+    );
 }
 
 pub async fn readers_block_writer_until_released(f: Fixture) {
@@ -36,12 +45,18 @@ pub async fn readers_block_writer_until_released(f: Fixture) {
 
     // Releasing one reader leaves the other's lease in place.
     assert!(first.release().await.unwrap());
-    assert!(second.extend().await.unwrap(), "the other reader's lease went with the first");
+    assert!(
+        second.extend().await.unwrap(),
+        "the other reader's lease went with the first"
+    );
     assert!(CATALOG.try_write(&f.store, "shop").await.unwrap().is_none());
 
     assert!(second.release().await.unwrap());
     let writer = CATALOG.try_write(&f.store, "shop").await.unwrap();
-    assert!(writer.is_some(), "no reader is left, the writer must get in");
+    assert!(
+        writer.is_some(),
+        "no reader is left, the writer must get in"
+    );
 }
 
 pub async fn crashed_reader_stops_blocking_after_ttl(f: Fixture) {
@@ -56,8 +71,14 @@ pub async fn crashed_reader_stops_blocking_after_ttl(f: Fixture) {
     })
     .await
     .expect("a crashed reader must stop blocking writers");
-    assert!(got_in + ROUNDING >= sent + ttl, "writer got in before the reader's TTL");
-    assert!(got_in <= answered + ttl + Duration::from_millis(250), "writer waited far too long");
+    assert!(
+        got_in + ROUNDING >= sent + ttl,
+        "writer got in before the reader's TTL"
+    );
+    assert!(
+        got_in <= answered + ttl + Duration::from_millis(250),
+        "writer waited far too long"
+    );
     assert!(writer.release().await.unwrap());
 }
 
@@ -67,23 +88,72 @@ pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
     let stranger = Token::random();
 
     let reader = short.try_read(&f.store, "tokens").await.unwrap().unwrap();
-    assert!(!f.store.backend().release(lock, Mode::Read, &stranger).await.unwrap());
-    assert!(!f.store.backend().extend(lock, Mode::Read, &stranger).await.unwrap());
-    assert!(short.try_write(&f.store, "tokens").await.unwrap().is_none(), "stranger freed it");
+    assert!(
+        !f.store
+            .backend()
+            .release(lock, Mode::Read, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !f.store
+            .backend()
+            .extend(lock, Mode::Read, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        short.try_write(&f.store, "tokens").await.unwrap().is_none(),
+        "stranger freed it"
+    );
     sleep(Duration::from_millis(300)).await;
-    assert!(!reader.extend().await.unwrap(), "a reader extended after its lease ran out");
-    assert!(!reader.release().await.unwrap(), "a reader released after its lease ran out");
+    assert!(
+        !reader.extend().await.unwrap(),
+        "a reader extended after its lease ran out"
+    );
+    assert!(
+        !reader.release().await.unwrap(),
+        "a reader released after its lease ran out"
+    );
 
     let writer = short.try_write(&f.store, "tokens").await.unwrap().unwrap();
-    assert!(!f.store.backend().release(lock, Mode::Write, &stranger).await.unwrap());
-    assert!(!f.store.backend().extend(lock, Mode::Write, &stranger).await.unwrap());
-    assert!(short.try_read(&f.store, "tokens").await.unwrap().is_none(), "stranger freed it");
+    assert!(
+        !f.store
+            .backend()
+            .release(lock, Mode::Write, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !f.store
+            .backend()
+            .extend(lock, Mode::Write, &stranger)
+            .await
+            .unwrap()
+    );
+    assert!(
+        short.try_read(&f.store, "tokens").await.unwrap().is_none(),
+        "stranger freed it"
+    );
     sleep(Duration::from_millis(300)).await;
-    assert!(!writer.extend().await.unwrap(), "a writer extended after its lease ran out");
+    assert!(
+        !writer.extend().await.unwrap(),
+        "a writer extended after its lease ran out"
+    );
     let next = CATALOG.try_write(&f.store, "tokens").await.unwrap();
     assert!(next.is_some(), "a failed extend must not re-acquire");
-    assert!(!writer.release().await.unwrap(), "a stale writer released the next one's lease");
-    assert!(CATALOG.try_read(&f.store, "tokens").await.unwrap().is_none(), "next writer lost");
+    assert!(
+        !writer.release().await.unwrap(),
+        "a stale writer released the next one's lease"
+    );
+    assert!(
+        CATALOG
+            .try_read(&f.store, "tokens")
+            .await
+            .unwrap()
+            .is_none(),
+        "next writer lost"
+    );
 }
 
 /// Asserts that `attempt`, sent at `asked` and answered at `told`, waits for a lease that ends
@@ -93,9 +163,13 @@ fn assert_retry_after<T>(
     (asked, told): (Instant, Instant),
     (earliest, latest): (Instant, Instant),
 ) {
-    let Attempt::Held { retry_after } = attempt else { panic!("the lock is held") };
+    let Attempt::Held { retry_after } = attempt else {
+        panic!("the lock is held")
+    };
     let at_most = latest.saturating_duration_since(asked) + ROUNDING;
-    let at_least = earliest.saturating_duration_since(told).saturating_sub(ROUNDING);
+    let at_least = earliest
+        .saturating_duration_since(told)
+        .saturating_sub(ROUNDING);
     assert!(
         retry_after >= at_least && retry_after <= at_most,
         "retry_after {retry_after:?} not within {at_least:?}..={at_most:?}"
@@ -117,7 +191,10 @@ pub async fn retry_after_for_read_and_write(f: Fixture) {
         let attempt = if read {
             lock.attempt_read(&f.store, "wait").await.unwrap().map(drop)
         } else {
-            lock.attempt_write(&f.store, "wait").await.unwrap().map(drop)
+            lock.attempt_write(&f.store, "wait")
+                .await
+                .unwrap()
+                .map(drop)
         };
         let told = Instant::now();
         assert_retry_after(attempt, (asked, told), (sent + ttl, answered + ttl));
@@ -151,7 +228,11 @@ pub async fn write_fences_increase_and_readers_see_the_generation(f: Fixture) {
         assert!(writer.release().await.unwrap());
     }
     let reader = fenced.try_read(&f.store, "gen").await.unwrap().unwrap();
-    assert_eq!(reader.fence(), Some(last), "a reader sees the last writer's generation");
+    assert_eq!(
+        reader.fence(),
+        Some(last),
+        "a reader sees the last writer's generation"
+    );
     let plain = CATALOG.try_write(&f.store, "plain").await.unwrap().unwrap();
     assert_eq!(plain.fence(), None);
 }
