@@ -1,6 +1,7 @@
 //! Untrusted names over HTTP, against a real redis-server: whatever bytes a path segment or a
-//! header carries, the layer answers `400` problem+json exactly when the name is empty or longer
-//! than 1024 bytes, and otherwise locks exactly that name: never a 5xx, never a look-alike.
+//! header carries, the layer answers `400` problem+json exactly when the name is empty, longer
+//! than 1024 bytes, or (unless `binary_names`) not text: not UTF-8, a control character or a
+//! brace. Otherwise it locks exactly that name: never a 5xx, never a look-alike.
 
 mod common_http;
 mod support;
@@ -28,39 +29,60 @@ enum Via {
     Header,
 }
 
+/// Which names a layer accepts: text only (the default) or any bytes (`binary_names`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Names {
+    Text,
+    Binary,
+}
+
+impl Names {
+    /// The layer's documented rule, written out independently of its code.
+    fn accepts(self, name: &[u8]) -> bool {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return false;
+        }
+        self == Names::Binary
+            || std::str::from_utf8(name)
+                .is_ok_and(|text| !text.chars().any(|c| c.is_control() || c == '{' || c == '}'))
+    }
+}
+
 struct Setup {
     store: Store,
+    names: Names,
     by_path: SocketAddr,
     by_header: SocketAddr,
     http: Http,
     _server: RedisServer,
 }
 
-async fn setup() -> Setup {
+fn layer<E>(store: &Store, names: Names, extractor: E) -> LockLayer<E> {
+    let layer = LockLayer::new(store.clone(), INVOICE, extractor);
+    match names {
+        Names::Text => layer,
+        Names::Binary => layer.binary_names(),
+    }
+}
+
+async fn setup(names: Names) -> Setup {
     let server = RedisServer::start();
     let store = Store::redis(server.connection_manager().await);
     let by_path = serve(
         Router::new()
             .route("/invoices/{id}/finalize", post(|| async { "done" }))
-            .route_layer(LockLayer::new(
-                store.clone(),
-                INVOICE,
-                extract::path_segment(1),
-            )),
+            .route_layer(layer(&store, names, extract::path_segment(1))),
     )
     .await;
     let by_header = serve(
         Router::new()
             .route("/run", post(|| async { "done" }))
-            .route_layer(LockLayer::new(
-                store.clone(),
-                INVOICE,
-                extract::header("x-name"),
-            )),
+            .route_layer(layer(&store, names, extract::header("x-name"))),
     )
     .await;
     Setup {
         store,
+        names,
         by_path,
         by_header,
         http: Http::new(),
@@ -94,7 +116,7 @@ impl Setup {
     /// look-alike name while `name` is held.
     async fn check(&self, via: Via, name: &[u8]) -> Result<(), TestCaseError> {
         let reply = self.send(via, name).await;
-        if name.is_empty() || name.len() > MAX_NAME_LEN {
+        if !self.names.accepts(name) {
             prop_assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{:?}", reply);
             prop_assert_eq!(
                 &reply.problem()["type"],
@@ -118,7 +140,7 @@ impl Setup {
             [name, b":"].concat(),
             name[1..].to_vec(),
         ] {
-            if sibling.is_empty() || sibling.len() > MAX_NAME_LEN {
+            if !self.names.accepts(&sibling) {
                 continue;
             }
             let reply = self.send(via, &sibling).await;
@@ -137,7 +159,7 @@ impl Setup {
 
 /// Arbitrary bytes, weighted towards the ones that matter: braces, colons, NUL, non-UTF-8, and
 /// lengths around the 1024-byte limit.
-fn names() -> impl Strategy<Value = Vec<u8>> {
+fn names_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..12),
         prop::collection::vec(prop::sample::select(b"{}:\0\xff\xc3a/%".to_vec()), 1..12),
@@ -171,33 +193,44 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[test]
-fn any_path_segment_gets_400_or_locks_exactly_that_name() {
+fn run_property(names: Names, via: Via) {
     let rt = runtime();
-    let setup = rt.block_on(setup());
-    let mut runner = TestRunner::new(Config::with_cases(200));
+    let setup = rt.block_on(setup(names));
+    let mut runner = TestRunner::new(Config::with_cases(150));
+    let strategy = match via {
+        Via::Path => names_strategy().boxed(),
+        Via::Header => header_names().boxed(),
+    };
     runner
-        .run(&names(), |name| rt.block_on(setup.check(Via::Path, &name)))
+        .run(&strategy, |name| rt.block_on(setup.check(via, &name)))
         .unwrap();
 }
 
 #[test]
+fn any_path_segment_gets_400_or_locks_exactly_that_name() {
+    run_property(Names::Text, Via::Path);
+}
+
+#[test]
+fn any_path_segment_gets_400_or_locks_exactly_that_binary_name() {
+    run_property(Names::Binary, Via::Path);
+}
+
+#[test]
 fn any_header_value_gets_400_or_locks_exactly_that_name() {
-    let rt = runtime();
-    let setup = rt.block_on(setup());
-    let mut runner = TestRunner::new(Config::with_cases(200));
-    runner
-        .run(&header_names(), |name| {
-            rt.block_on(setup.check(Via::Header, &name))
-        })
-        .unwrap();
+    run_property(Names::Text, Via::Header);
+}
+
+#[test]
+fn any_header_value_gets_400_or_locks_exactly_that_binary_name() {
+    run_property(Names::Binary, Via::Header);
 }
 
 #[test]
 fn the_named_bad_inputs() {
     let rt = runtime();
     rt.block_on(async {
-        let setup = setup().await;
+        let setup = setup(Names::Text).await;
         // An empty segment and a segment of 1025 bytes once decoded.
         let empty = setup
             .http
@@ -208,7 +241,19 @@ fn the_named_bad_inputs() {
         let long = setup.by_path(&[b'%'; MAX_NAME_LEN + 1]).await;
         assert_eq!(long.status, StatusCode::BAD_REQUEST, "{long:?}");
         assert!(long.problem()["detail"].as_str().unwrap().contains("1025"));
-        // NUL, braces and bytes that are not UTF-8 are valid, binary-safe names (DESIGN.md).
+        // NUL, braces and bytes that are not UTF-8: 400 through a path or a header.
+        for name in [&b"a\0b"[..], b"{x}", b"}{", b"\xff\xfe", b"{invoice:1}"] {
+            let reply = setup.by_path(name).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{name:?}: {reply:?}");
+            assert_eq!(reply.problem()["type"], "urn:tower-lease:invalid-lock-name");
+        }
+        for name in [&b"{x}"[..], b"\xff\xfe", b"}:{"] {
+            let reply = setup.by_header(name).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{name:?}: {reply:?}");
+        }
+
+        // The store is binary-safe: with `binary_names` the same names lock exactly themselves.
+        let setup = self::setup(Names::Binary).await;
         for name in [&b"a\0b"[..], b"{x}", b"}{", b"\xff\xfe", b"{invoice:1}"] {
             setup.check(Via::Path, name).await.unwrap();
         }

@@ -156,16 +156,35 @@ async fn no_name_passes_through_and_invalid_names_get_400(env: Env) {
         .await;
     assert_eq!(reply.status, StatusCode::OK);
 
-    // Percent-encoded bytes reach the lock as raw bytes: NUL, a brace, not UTF-8.
+    // By default a name must be text: NUL, a brace or bytes that are not UTF-8 get 400.
+    for (odd, what) in [
+        ("/invoices/a%00b/finalize", "control character"),
+        ("/invoices/%7Ba%7D/finalize", "brace"),
+        ("/invoices/%FF%FE/finalize", "UTF-8"),
+    ] {
+        let reply = http.post(invoices, odd).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{odd}: {reply:?}");
+        let detail = reply.problem()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(what), "{odd}: {detail}");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before + 1,
+        "a refused request ran"
+    );
+
+    // With `binary_names`, percent-encoded bytes reach the lock as raw bytes.
+    let binary = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
+    let binary = serve(self::invoices(binary.binary_names(), &calls)).await;
     let odd = "/invoices/%00%7B%FF/finalize";
-    assert_eq!(http.post(invoices, odd).await.status, StatusCode::OK);
+    assert_eq!(http.post(binary, odd).await.status, StatusCode::OK);
     let name: &[u8] = b"\0{\xff";
     let held = Lock::<[u8]>::new("invoice", Duration::from_secs(2))
         .try_lock(&env.store, name)
         .await
         .unwrap()
         .expect("the layer released it");
-    assert_eq!(http.post(invoices, odd).await.status, StatusCode::CONFLICT);
+    assert_eq!(http.post(binary, odd).await.status, StatusCode::CONFLICT);
     held.release().await.unwrap();
 }
 

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::body::{Hold, LeaseBody};
 use super::layer::Config;
 use super::lease::{LeaseGuard, LeaseLost};
-use super::problem::Problem;
+use super::problem::{NameDefect, Problem};
 use crate::store::BoxFuture;
 use crate::token::{Attempt, Held};
 use crate::{Error, Result};
@@ -160,6 +160,14 @@ where
         }
     }
 
+    /// Refuses the request without asking the store.
+    pub(crate) fn refused(problem: Problem, status: StatusCode, config: Arc<Config>) -> Self {
+        Self {
+            state: State::Respond { problem, status },
+            config,
+        }
+    }
+
     pub(crate) fn unlocked(inner: S::Future, config: Arc<Config>) -> Self {
         Self {
             state: State::Running {
@@ -213,7 +221,7 @@ where
                         Err(Error::InvalidName { len }) => {
                             tracing::debug!(namespace, len, "invalid lock name, request refused");
                             State::Respond {
-                                problem: Problem::InvalidName { len },
+                                problem: Problem::InvalidName(NameDefect::Length(len)),
                                 status: StatusCode::BAD_REQUEST,
                             }
                         }

@@ -23,6 +23,7 @@ pub(crate) struct Config {
     pub(crate) heartbeat: Heartbeat,
     pub(crate) on_lease_lost: LeaseLost,
     pub(crate) hold_through_body: bool,
+    pub(crate) binary_names: bool,
 }
 
 impl Config {
@@ -38,6 +39,7 @@ impl Config {
             },
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
+            binary_names: false,
         }
     }
 }
@@ -201,6 +203,19 @@ macro_rules! options {
             /// all; combine with [`max_hold`](Self::max_hold) to bound that.
             pub fn hold_through_body(mut self) -> Self {
                 self.config.hold_through_body = true;
+                self
+            }
+
+            /// Accepts any bytes as a name (1 to 1024 of them), for extractors that produce
+            /// binary names such as raw UUIDs.
+            ///
+            /// By default the layer answers `400 Bad Request` to a name that is not UTF-8 text,
+            /// or that holds a control character (NUL included) or a brace. Such names are safe
+            /// for the store, which is binary-safe, but coming from a request they are a client
+            /// bug or a probe; control bytes make keys unreadable in `redis-cli`, and a `}`
+            /// shortens the cluster hash tag, so crafted names could pile onto one slot.
+            pub fn binary_names(mut self) -> Self {
+                self.config.binary_names = true;
                 self
             }
         }

@@ -16,8 +16,8 @@ const PROBLEM_JSON: &str = "application/problem+json";
 pub(crate) enum Problem {
     /// Someone else holds the lock; their lease has `retry_after` left.
     Held { retry_after: Duration },
-    /// The extractor produced a name the store cannot lock (empty or too long).
-    InvalidName { len: usize },
+    /// The extractor produced a name the layer refuses to lock.
+    InvalidName(NameDefect),
     /// The store failed or did not answer in time, and the layer fails closed.
     Unavailable,
     /// The lease ran out (or was taken away) while the request was being served.
@@ -30,7 +30,7 @@ impl Problem {
     fn type_uri(self) -> &'static str {
         match self {
             Problem::Held { .. } => "urn:tower-lease:lock-held",
-            Problem::InvalidName { .. } => "urn:tower-lease:invalid-lock-name",
+            Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
             Problem::Lost => "urn:tower-lease:lease-lost",
         }
@@ -39,7 +39,7 @@ impl Problem {
     fn title(self) -> &'static str {
         match self {
             Problem::Held { .. } => "The resource is locked by another request",
-            Problem::InvalidName { .. } => "The request names a resource that cannot be locked",
+            Problem::InvalidName(_) => "The request names a resource that cannot be locked",
             Problem::Unavailable => "The lock service is unavailable",
             Problem::Lost => "The lock was lost while the request was being served",
         }
@@ -52,9 +52,14 @@ impl Problem {
                  retry in {} s.",
                 retry_after_secs(retry_after)
             ),
-            Problem::InvalidName { len } => format!(
+            Problem::InvalidName(NameDefect::Length(len)) => format!(
                 "Lock names in {namespace} must be 1 to {} bytes long, this one is {len} bytes.",
                 crate::MAX_NAME_LEN
+            ),
+            Problem::InvalidName(defect) => format!(
+                "Lock names in {namespace} must be UTF-8 text without control characters or \
+                 braces; this one {}.",
+                defect.what()
             ),
             Problem::Unavailable => format!(
                 "The {namespace} lock could not be taken because the lock store failed or \
@@ -100,9 +105,51 @@ impl Problem {
             Problem::Unavailable => {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            Problem::InvalidName { .. } | Problem::Lost => {}
+            Problem::InvalidName(_) | Problem::Lost => {}
         }
         response
+    }
+}
+
+/// What is wrong with a name taken from a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NameDefect {
+    /// Empty, or longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
+    Length(usize),
+    NotUtf8,
+    Control,
+    Brace,
+}
+
+impl NameDefect {
+    /// The defect of `name`, if any. Every name must fit the store; unless `binary` is set, it
+    /// must also be text (see [`binary_names`](crate::LockLayer::binary_names)).
+    pub(crate) fn of(name: &[u8], binary: bool) -> Option<NameDefect> {
+        if name.is_empty() || name.len() > crate::MAX_NAME_LEN {
+            return Some(NameDefect::Length(name.len()));
+        }
+        if binary {
+            return None;
+        }
+        let Ok(text) = std::str::from_utf8(name) else {
+            return Some(NameDefect::NotUtf8);
+        };
+        if text.chars().any(char::is_control) {
+            return Some(NameDefect::Control);
+        }
+        if text.contains(['{', '}']) {
+            return Some(NameDefect::Brace);
+        }
+        None
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            NameDefect::Length(_) => "has the wrong length",
+            NameDefect::NotUtf8 => "is not valid UTF-8",
+            NameDefect::Control => "holds a control character",
+            NameDefect::Brace => "holds a brace",
+        }
     }
 }
 
@@ -149,6 +196,30 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn text_names_refuse_what_only_binary_names_accept() {
+        let long = vec![b'a'; crate::MAX_NAME_LEN + 1];
+        for binary in [false, true] {
+            assert_eq!(NameDefect::of(b"", binary), Some(NameDefect::Length(0)));
+            assert_eq!(
+                NameDefect::of(&long, binary),
+                Some(NameDefect::Length(1025))
+            );
+            assert_eq!(NameDefect::of("café-42:x/y".as_bytes(), binary), None);
+        }
+        for (name, defect) in [
+            (&b"\xff"[..], NameDefect::NotUtf8),
+            (b"a\0b", NameDefect::Control),
+            (b"a\nb", NameDefect::Control),
+            ("a\u{85}".as_bytes(), NameDefect::Control),
+            (b"{a}", NameDefect::Brace),
+            (b"a}", NameDefect::Brace),
+        ] {
+            assert_eq!(NameDefect::of(name, false), Some(defect), "{name:?}");
+            assert_eq!(NameDefect::of(name, true), None, "{name:?}");
+        }
     }
 
     #[test]

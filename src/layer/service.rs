@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -13,6 +13,7 @@ use super::body::LeaseBody;
 use super::extract::{ExtractName, ReadWhen, SafeMethods};
 use super::future::ResponseFuture;
 use super::layer::Config;
+use super::problem::{NameDefect, Problem};
 use crate::LockName;
 use crate::store::Mode;
 use crate::token::Held;
@@ -89,6 +90,15 @@ where
             Access::Shared(_) => Mode::Write,
         };
         let name = name.lock_name().into_owned();
+        if let Some(defect) = NameDefect::of(&name, self.config.binary_names) {
+            tracing::debug!(
+                namespace = self.config.spec.namespace,
+                ?defect,
+                "invalid lock name, request refused"
+            );
+            let problem = Problem::InvalidName(defect);
+            return ResponseFuture::refused(problem, StatusCode::BAD_REQUEST, self.config.clone());
+        }
         let config = self.config.clone();
         let acquire = Box::pin(async move {
             // Taken before the command leaves, so the lease's end is never overestimated.
