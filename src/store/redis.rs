@@ -175,6 +175,10 @@ where
 
     /// Sets the deadline of every call (default 1 s). A call that takes longer fails with
     /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang.
+    ///
+    /// redis-rs connections also have a response timeout of their own (500 ms by default in
+    /// redis-rs 1.x, set on the client's connection config). Whichever is shorter fires first;
+    /// redis-rs's arrives as [`Error::Backend`]. Either way the layer answers `503`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
