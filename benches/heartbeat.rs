@@ -325,16 +325,108 @@ async fn plain_tokens(redis: &Redis, leases: usize, hold: Duration) -> Stats {
     stats
 }
 
+/// The same extends by hand, batched: one task sends every due extend (the compare-and-`PEXPIRE`
+/// tower-lease runs) in pipelines of 500. Not something tower-lease does: the floor a batching
+/// heartbeat could reach.
+async fn batched(redis: &Redis, leases: usize, hold: Duration) -> Stats {
+    const BATCH: usize = 500;
+    static EXTEND: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("../src/store/scripts/extend.lua"))
+    });
+    let mut conn = redis.connection().await;
+    let ttl = TTL.as_millis() as u64;
+    let warm: i64 = EXTEND
+        .key("bench-batched:warm")
+        .arg("x")
+        .arg(ttl)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(warm, 0);
+    let mut probe = Probe::start(redis, leases).await;
+    let held: Arc<Vec<(String, [u8; 16])>> = Arc::new(
+        (0..leases)
+            .map(|i| (format!("bench-batched:{i}"), rand::random()))
+            .collect(),
+    );
+    for chunk in held.chunks(BATCH) {
+        let mut pipe = redis::pipe();
+        for (key, token) in chunk {
+            pipe.cmd("SET")
+                .arg(key)
+                .arg(&token[..])
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+    let lost = Arc::new(AtomicUsize::new(0));
+    let done = CancellationToken::new();
+    let beat = {
+        let (held, lost, done, mut conn) = (held.clone(), lost.clone(), done.clone(), conn.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(TTL / 3);
+            every.tick().await;
+            loop {
+                tokio::select! {
+                    () = done.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                for chunk in held.chunks(BATCH) {
+                    let mut pipe = redis::pipe();
+                    for (key, token) in chunk {
+                        pipe.invoke_script(EXTEND.key(key).arg(&token[..]).arg(ttl));
+                    }
+                    let extended: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
+                    let failed = extended.iter().filter(|&&n| n != 1).count();
+                    lost.fetch_add(failed, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let mut stats = probe.window(probe.held(), hold).await;
+    done.cancel();
+    beat.await.unwrap();
+    for chunk in held.chunks(BATCH) {
+        let mut pipe = redis::pipe();
+        for (key, token) in chunk {
+            pipe.invoke_script(RELEASE.key(key).arg(&token[..]));
+        }
+        let released: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
+        lost.fetch_add(
+            released.iter().filter(|&&n| n != 1).count(),
+            Ordering::SeqCst,
+        );
+    }
+    stats.lost = lost.load(Ordering::SeqCst);
+    probe.finish("bench-batched").await;
+    stats
+}
+
+static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(include_str!("../src/store/scripts/release.lua"))
+});
+
 async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     let layer = through_layer(redis, leases, hold).await;
     let tokens = plain_tokens(redis, leases, hold).await;
+    let batched = batched(redis, leases, hold).await;
 
     println!("\n{leases} leases held at once, TTL {TTL:?}, extended every TTL/3, for {hold:?}");
     println!("machine: {}\n", support::machine());
-    println!("| measure | LockLayer requests | plain tokens, a task each |");
-    println!("|---|---:|---:|");
+    println!(
+        "| measure | LockLayer requests | plain tokens, a task each | by hand, batched (floor) |"
+    );
+    println!("|---|---:|---:|---:|");
     let row = |what: &str, f: &dyn Fn(&Stats) -> String| {
-        println!("| {what} | {} | {} |", f(&layer), f(&tokens));
+        println!(
+            "| {what} | {} | {} | {} |",
+            f(&layer),
+            f(&tokens),
+            f(&batched)
+        );
     };
     row("all acquired in", &|s| format!("{:.2?}", s.acquired_in));
     row("extends per second", &|s| {
@@ -360,7 +452,7 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     // The second phase reuses memory the first one freed, so only the first one's resident
     // growth means anything.
     println!(
-        "| resident memory per held lease | {:.0} B | n/a |",
+        "| resident memory per held lease | {:.0} B | n/a | n/a |",
         layer.resident_per_lease
     );
     row("redis-server memory per lease", &|s| {
@@ -385,4 +477,5 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     );
     println!("- 0 leases lost: {} {}", layer.lost, check(layer.lost == 0));
     assert_eq!(tokens.lost, 0, "plain tokens lost leases");
+    assert_eq!(batched.lost, 0, "the batched heartbeat lost leases");
 }

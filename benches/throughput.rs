@@ -377,16 +377,20 @@ async fn bench(redis: &Redis, settings: Settings) {
         latency <= 1.05,
     );
     for tasks in CONCURRENCY {
-        for store in ["Redis", "memory"] {
-            let layered = get(&medians, tasks, &format!("LockLayer request ({store})"));
-            let bare = get(
-                &medians,
-                tasks,
-                &format!("bare request + Lock cycle ({store})"),
-            );
-            let what =
-                format!("LockLayer request ≥ 0.95× a bare Lock cycle, {store}, {tasks} tasks");
-            target(&what, layered / bare, layered / bare >= 0.95);
+        let ratio = |store: &str| {
+            get(&medians, tasks, &format!("LockLayer request ({store})"))
+                / get(
+                    &medians,
+                    tasks,
+                    &format!("bare request + Lock cycle ({store})"),
+                )
+        };
+        let (redis, memory) = (ratio("Redis"), ratio("memory"));
+        let what = format!("LockLayer request ≥ 0.95× a bare Lock cycle, {tasks} tasks");
+        target(&what, redis, redis >= 0.95);
+        if !memory.is_nan() {
+            // Not a target: without the network this shows the layer's own cost.
+            println!("  (on Store::memory(): {memory:.3})");
         }
     }
 }
