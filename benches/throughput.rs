@@ -246,7 +246,9 @@ fn lock_cycle(store: Store) -> Op {
 
 #[derive(Default)]
 struct Row {
+    /// One entry per round, in round order, as are `p50s`, `client_cpu` and `server_cpu`.
     rates: Vec<f64>,
+    p50s: Vec<f64>,
     latencies: Vec<u64>,
     client_cpu: Vec<f64>,
     server_cpu: Vec<f64>,
@@ -294,10 +296,11 @@ async fn bench(redis: &Redis, settings: Settings) {
             for k in 0..variants.len() {
                 // Rotate the order from round to round.
                 let v = (k + round) % variants.len();
-                let (run, client, server) =
+                let (mut run, client, server) =
                     measured(redis, &variants[v].1, tasks, settings.round).await;
                 let row = results.entry((tasks, v)).or_default();
                 row.rates.push(run.per_second());
+                row.p50s.push(quantile_us(&mut run.latencies, 0.5));
                 row.latencies.extend(run.latencies);
                 row.client_cpu.push(client);
                 row.server_cpu.push(server);
@@ -312,55 +315,52 @@ async fn bench(redis: &Redis, settings: Settings) {
     );
     println!("machine: {}", support::machine());
     println!(
-        "cycles/s and CPU per cycle: medians of the rounds; p50/p99: latency of all cycles at 1 task\n"
+        "cycles/s and CPU per cycle: medians of the rounds; ratios: medians of the ratios within \
+         each round; p50/p99: latency of all cycles at 1 task\n"
     );
     println!(
         "| tasks | variant | cycles/s | × minimum | × rslock | p50 µs | p99 µs | client CPU µs | server CPU µs |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
-    // NaN for a variant left out by BENCH_ONLY.
-    let get = |map: &HashMap<(usize, String), f64>, tasks: usize, name: &str| {
-        map.get(&(tasks, name.to_owned()))
-            .copied()
-            .unwrap_or(f64::NAN)
+    let index = |name: &str| variants.iter().position(|(n, _)| *n == name);
+    // The median over rounds of `of(a) / of(b)` in the same round; NaN when one of them was
+    // left out by BENCH_ONLY.
+    let paired = |tasks: usize, a: &str, b: &str, of: fn(&Row) -> &[f64]| {
+        let (Some(a), Some(b)) = (index(a), index(b)) else {
+            return f64::NAN;
+        };
+        let (a, b) = (of(&results[&(tasks, a)]), of(&results[&(tasks, b)]));
+        let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+        median(&mut ratios)
     };
-    let mut medians = HashMap::new();
-    let mut p50s = HashMap::new();
     for tasks in CONCURRENCY {
         for (v, (name, _)) in variants.iter().enumerate() {
-            let row = results.get_mut(&(tasks, v)).unwrap();
-            medians.insert((tasks, name.to_string()), median(&mut row.rates));
-            p50s.insert(
-                (tasks, name.to_string()),
-                quantile_us(&mut row.latencies, 0.5),
-            );
-        }
-        for (v, (name, _)) in variants.iter().enumerate() {
-            let rate = medians[&(tasks, name.to_string())];
-            let row = results.get_mut(&(tasks, v)).unwrap();
-            let client = median(&mut row.client_cpu);
-            let server = median(&mut row.server_cpu);
+            let row = &results[&(tasks, v)];
+            let rate = median(&mut row.rates.clone());
+            let client = median(&mut row.client_cpu.clone());
+            let server = median(&mut row.server_cpu.clone());
             let (p50, p99) = if tasks == 1 {
+                let mut latencies = row.latencies.clone();
                 (
-                    format!("{:.1}", quantile_us(&mut row.latencies, 0.5)),
-                    format!("{:.1}", quantile_us(&mut row.latencies, 0.99)),
+                    format!("{:.1}", quantile_us(&mut latencies, 0.5)),
+                    format!("{:.1}", quantile_us(&mut latencies, 0.99)),
                 )
             } else {
                 ("".into(), "".into())
             };
             println!(
                 "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} | {client:.1} | {server:.1} |",
-                rate / get(&medians, tasks, MINIMUM),
-                rate / get(&medians, tasks, RSLOCK),
+                paired(tasks, name, MINIMUM, rates),
+                paired(tasks, name, RSLOCK, rates),
             );
         }
     }
 
     println!("\ntargets:");
     let lock = "tower-lease Lock (Redis)";
-    let vs_min = get(&medians, 64, lock) / get(&medians, 64, MINIMUM);
-    let vs_rslock = get(&medians, 64, lock) / get(&medians, 64, RSLOCK);
-    let latency = get(&p50s, 1, lock) / get(&p50s, 1, MINIMUM);
+    let vs_min = paired(64, lock, MINIMUM, rates);
+    let vs_rslock = paired(64, lock, RSLOCK, rates);
+    let latency = paired(1, lock, MINIMUM, p50s);
     target(
         "Lock cycle at 64 tasks ≥ 0.97× the minimum",
         vs_min,
@@ -378,12 +378,8 @@ async fn bench(redis: &Redis, settings: Settings) {
     );
     for tasks in CONCURRENCY {
         let ratio = |store: &str| {
-            get(&medians, tasks, &format!("LockLayer request ({store})"))
-                / get(
-                    &medians,
-                    tasks,
-                    &format!("bare request + Lock cycle ({store})"),
-                )
+            let bare = format!("bare request + Lock cycle ({store})");
+            paired(tasks, &format!("LockLayer request ({store})"), &bare, rates)
         };
         let (redis, memory) = (ratio("Redis"), ratio("memory"));
         let what = format!("LockLayer request ≥ 0.95× a bare Lock cycle, {tasks} tasks");
@@ -393,6 +389,14 @@ async fn bench(redis: &Redis, settings: Settings) {
             println!("  (on Store::memory(): {memory:.3})");
         }
     }
+}
+
+fn rates(row: &Row) -> &[f64] {
+    &row.rates
+}
+
+fn p50s(row: &Row) -> &[f64] {
+    &row.p50s
 }
 
 fn target(what: &str, ratio: f64, met: bool) {
