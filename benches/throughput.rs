@@ -12,9 +12,11 @@
 
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Ready;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -39,11 +41,46 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
     )
 });
 
+/// Counts allocations when `BENCH_DIAG` is set (an allocation count per cycle is steady where
+/// timings are not); otherwise it only forwards, so the timings are not disturbed.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller upholds `alloc`'s contract, which is `System.alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
 const MINIMUM: &str = "hand-written SET NX PX + EVALSHA";
 const RSLOCK: &str = "rslock";
 
 fn main() {
     let settings = Settings::from_env(15, 150);
+    COUNTING.store(std::env::var_os("BENCH_DIAG").is_some(), Ordering::Relaxed);
     let redis = Redis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -252,6 +289,7 @@ struct Row {
     latencies: Vec<u64>,
     client_cpu: Vec<f64>,
     server_cpu: Vec<f64>,
+    allocations: Vec<f64>,
 }
 
 /// Runs `op` and answers the CPU time this process and the redis-server used per operation,
@@ -261,19 +299,21 @@ async fn measured(
     op: &Op,
     tasks: usize,
     length: Duration,
-) -> (support::Run, f64, f64) {
+) -> (support::Run, f64, f64, f64) {
     let (client, server) = (
         support::cpu_time(),
         redis.pid().and_then(support::cpu_time_of),
     );
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
     let run = support::run(op, tasks, length).await;
+    let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / run.ops as f64;
     let per_op = |d: Duration| d.as_secs_f64() * 1e6 / run.ops as f64;
     let client = per_op(support::cpu_time() - client);
     let server = match (redis.pid().and_then(support::cpu_time_of), server) {
         (Some(after), Some(before)) => per_op(after - before),
         _ => f64::NAN,
     };
-    (run, client, server)
+    (run, client, server, allocations)
 }
 
 async fn bench(redis: &Redis, settings: Settings) {
@@ -296,7 +336,7 @@ async fn bench(redis: &Redis, settings: Settings) {
             for k in 0..variants.len() {
                 // Rotate the order from round to round.
                 let v = (k + round) % variants.len();
-                let (mut run, client, server) =
+                let (mut run, client, server, allocations) =
                     measured(redis, &variants[v].1, tasks, settings.round).await;
                 let row = results.entry((tasks, v)).or_default();
                 row.rates.push(run.per_second());
@@ -304,6 +344,7 @@ async fn bench(redis: &Redis, settings: Settings) {
                 row.latencies.extend(run.latencies);
                 row.client_cpu.push(client);
                 row.server_cpu.push(server);
+                row.allocations.push(allocations);
             }
         }
     }
@@ -319,9 +360,9 @@ async fn bench(redis: &Redis, settings: Settings) {
          each round; p50/p99: latency of all cycles at 1 task\n"
     );
     println!(
-        "| tasks | variant | cycles/s | × minimum | × rslock | p50 µs | p99 µs | client CPU µs | server CPU µs |"
+        "| tasks | variant | cycles/s | × minimum | × rslock | p50 µs | p99 µs | client CPU µs | server CPU µs | allocations |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let index = |name: &str| variants.iter().position(|(n, _)| *n == name);
     // The median over rounds of `of(a) / of(b)` in the same round; NaN when one of them was
     // left out by BENCH_ONLY.
@@ -339,6 +380,10 @@ async fn bench(redis: &Redis, settings: Settings) {
             let rate = median(&mut row.rates.clone());
             let client = median(&mut row.client_cpu.clone());
             let server = median(&mut row.server_cpu.clone());
+            let allocations = match median(&mut row.allocations.clone()) {
+                n if COUNTING.load(Ordering::Relaxed) => format!("{n:.1}"),
+                _ => "".into(),
+            };
             let (p50, p99) = if tasks == 1 {
                 let mut latencies = row.latencies.clone();
                 (
@@ -349,7 +394,7 @@ async fn bench(redis: &Redis, settings: Settings) {
                 ("".into(), "".into())
             };
             println!(
-                "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} | {client:.1} | {server:.1} |",
+                "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} | {client:.1} | {server:.1} | {allocations} |",
                 paired(tasks, name, MINIMUM, rates),
                 paired(tasks, name, RSLOCK, rates),
             );
