@@ -154,6 +154,18 @@ async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         }),
     ));
 
+    // What most applications hand the store: a ConnectionManager (it reconnects by itself).
+    let manager = redis::aio::ConnectionManager::new(redis.client())
+        .await
+        .unwrap();
+    let managed = tower_lease::RedisStore::new(manager)
+        .prefix("tlbench")
+        .into();
+    list.push((
+        "tower-lease Lock (Redis, ConnectionManager)",
+        lock_cycle(managed),
+    ));
+
     let stores = [
         (
             "tower-lease Lock (Redis)",
