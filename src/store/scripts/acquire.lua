@@ -1,4 +1,5 @@
--- Exclusive acquire for `Lock` (and the writer key of `RwLock` has its own script).
+-- Fenced exclusive acquire for `Lock` (the unfenced one is `SET NX PX` + `PTTL` in a pipeline, see
+-- `RedisStore::set_nx`; the writer key of `RwLock` has its own script).
 -- KEYS[1] lock key, KEYS[2] fence counter (only when the lock is fenced)
 -- ARGV[1] token, ARGV[2] TTL in ms
 -- Returns {1, fence} when acquired (fence 0 when unfenced), {0, pttl} when held.
