@@ -1,0 +1,252 @@
+//! Lock/release cycles per second: tower-lease side by side with the hand-written minimum and
+//! with `rslock`, on one `redis-server`, at 1 and 64 concurrent tasks.
+//!
+//! ```text
+//! cargo bench --all-features --bench throughput
+//! BENCH_ROUNDS=15 BENCH_ROUND_MS=1000 cargo bench --all-features --bench throughput
+//! ```
+//!
+//! Every variant runs once per round, in an order that rotates from round to round, so drift on a
+//! shared machine hits all of them alike; the table shows the median of the rounds and ratios.
+//! Every cycle checks its own result: a lock that is not acquired or not released panics.
+
+#[path = "../support/mod.rs"]
+mod support;
+mod variants;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use support::{Op, Redis, Settings, median, quantile_us};
+use variants::{CONCURRENCY, MINIMUM, RSLOCK, TTL, variants};
+
+/// Counts allocations when `BENCH_DIAG` is set (an allocation count per cycle is steady where
+/// timings are not); otherwise it only forwards, so the timings are not disturbed.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller upholds `alloc`'s contract, which is `System.alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn main() {
+    let settings = Settings::from_env(15, 150);
+    COUNTING.store(std::env::var_os("BENCH_DIAG").is_some(), Ordering::Relaxed);
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(bench(&redis, settings));
+}
+
+#[derive(Default)]
+struct Row {
+    /// One entry per round, in round order, as are `p50s`, `client_cpu` and `server_cpu`.
+    rates: Vec<f64>,
+    p50s: Vec<f64>,
+    latencies: Vec<u64>,
+    client_cpu: Vec<f64>,
+    server_cpu: Vec<f64>,
+    allocations: Vec<f64>,
+}
+
+/// Runs `op` and answers the CPU time this process and the redis-server used per operation,
+/// in µs (NaN when the server is not ours): steadier than throughput on a busy machine.
+async fn measured(
+    redis: &Redis,
+    op: &Op,
+    tasks: usize,
+    length: Duration,
+) -> (support::Run, f64, f64, f64) {
+    let (client, server) = (
+        support::cpu_time(),
+        redis.pid().and_then(support::cpu_time_of),
+    );
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let run = support::run(op, tasks, length).await;
+    let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / run.ops as f64;
+    let per_op = |d: Duration| d.as_secs_f64() * 1e6 / run.ops as f64;
+    let client = per_op(support::cpu_time() - client);
+    let server = match (redis.pid().and_then(support::cpu_time_of), server) {
+        (Some(after), Some(before)) => per_op(after - before),
+        _ => f64::NAN,
+    };
+    (run, client, server, allocations)
+}
+
+async fn bench(redis: &Redis, settings: Settings) {
+    let variants = variants(redis).await;
+    // BENCH_ONLY=a,b runs only the variants whose names hold one of these, for profiling.
+    let variants: Vec<_> = match std::env::var("BENCH_ONLY") {
+        Ok(only) => variants
+            .into_iter()
+            .filter(|(name, _)| only.split(',').any(|part| name.contains(part)))
+            .collect(),
+        Err(_) => variants,
+    };
+    // Warm up: connections, loaded scripts, allocator pools.
+    for (_, op) in &variants {
+        support::run(op, 8, Duration::from_millis(100)).await;
+    }
+    let mut results: HashMap<(usize, usize), Row> = HashMap::new();
+    for tasks in CONCURRENCY {
+        for round in 0..settings.rounds {
+            for k in 0..variants.len() {
+                // Rotate the order from round to round.
+                let v = (k + round) % variants.len();
+                let (mut run, client, server, allocations) =
+                    measured(redis, &variants[v].1, tasks, settings.round).await;
+                let row = results.entry((tasks, v)).or_default();
+                row.rates.push(run.per_second());
+                row.p50s.push(quantile_us(&mut run.latencies, 0.5));
+                row.latencies.extend(run.latencies);
+                row.client_cpu.push(client);
+                row.server_cpu.push(server);
+                row.allocations.push(allocations);
+            }
+        }
+    }
+    assert_no_keys_left(redis).await;
+
+    println!(
+        "\nlock/release cycles, {} rounds of {:?} per variant, TTL {:?}",
+        settings.rounds, settings.round, TTL
+    );
+    println!("machine: {}", support::machine());
+    println!(
+        "cycles/s and CPU per cycle: medians of the rounds; ratios: medians of the ratios within \
+         each round; p50/p99: latency of all cycles at 1 task\n"
+    );
+    println!(
+        "| tasks | variant | cycles/s | × minimum | × rslock | p50 µs | p99 µs | client CPU µs | server CPU µs | allocations |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let index = |name: &str| variants.iter().position(|(n, _)| *n == name);
+    // The median over rounds of `of(a) / of(b)` in the same round; NaN when one of them was
+    // left out by BENCH_ONLY.
+    let paired = |tasks: usize, a: &str, b: &str, of: fn(&Row) -> &[f64]| {
+        let (Some(a), Some(b)) = (index(a), index(b)) else {
+            return f64::NAN;
+        };
+        let (a, b) = (of(&results[&(tasks, a)]), of(&results[&(tasks, b)]));
+        let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+        median(&mut ratios)
+    };
+    for tasks in CONCURRENCY {
+        for (v, (name, _)) in variants.iter().enumerate() {
+            let row = &results[&(tasks, v)];
+            let rate = median(&mut row.rates.clone());
+            let client = median(&mut row.client_cpu.clone());
+            let server = median(&mut row.server_cpu.clone());
+            let allocations = match median(&mut row.allocations.clone()) {
+                n if COUNTING.load(Ordering::Relaxed) => format!("{n:.1}"),
+                _ => "".into(),
+            };
+            let (p50, p99) = if tasks == 1 {
+                let mut latencies = row.latencies.clone();
+                (
+                    format!("{:.1}", quantile_us(&mut latencies, 0.5)),
+                    format!("{:.1}", quantile_us(&mut latencies, 0.99)),
+                )
+            } else {
+                ("".into(), "".into())
+            };
+            println!(
+                "| {tasks} | {name} | {rate:.0} | {:.2} | {:.2} | {p50} | {p99} | {client:.1} | {server:.1} | {allocations} |",
+                paired(tasks, name, MINIMUM, rates),
+                paired(tasks, name, RSLOCK, rates),
+            );
+        }
+    }
+
+    println!("\ntargets:");
+    let lock = "tower-lease Lock (Redis)";
+    let vs_min = paired(64, lock, MINIMUM, rates);
+    let vs_rslock = paired(64, lock, RSLOCK, rates);
+    let latency = paired(1, lock, MINIMUM, p50s);
+    target(
+        "Lock cycle at 64 tasks ≥ 0.97× the minimum",
+        vs_min,
+        vs_min >= 0.97,
+    );
+    target(
+        "Lock cycle at 64 tasks ≥ 1.3× rslock",
+        vs_rslock,
+        vs_rslock >= 1.3,
+    );
+    target(
+        "Lock p50 latency at 1 task ≤ 1.05× the minimum's",
+        latency,
+        latency <= 1.05,
+    );
+    for tasks in CONCURRENCY {
+        let ratio = |store: &str| {
+            let bare = format!("bare request + Lock cycle ({store})");
+            paired(tasks, &format!("LockLayer request ({store})"), &bare, rates)
+        };
+        let (redis, memory) = (ratio("Redis"), ratio("memory"));
+        let what = format!("LockLayer request ≥ 0.95× a bare Lock cycle, {tasks} tasks");
+        target(&what, redis, redis >= 0.95);
+        if !memory.is_nan() {
+            // Not a target: without the network this shows the layer's own cost.
+            println!("  (on Store::memory(): {memory:.3})");
+        }
+    }
+}
+
+fn rates(row: &Row) -> &[f64] {
+    &row.rates
+}
+
+fn p50s(row: &Row) -> &[f64] {
+    &row.p50s
+}
+
+fn target(what: &str, ratio: f64, met: bool) {
+    if ratio.is_nan() {
+        return;
+    }
+    println!(
+        "- {what}: {ratio:.3} {}",
+        if met { "met" } else { "MISSED" }
+    );
+}
+
+/// Every cycle released what it took: nothing of the benchmark may be left in Redis.
+async fn assert_no_keys_left(redis: &Redis) {
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tlbench*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "the benchmark left keys behind: {keys:?}");
+}
