@@ -243,7 +243,7 @@ where
     ///
     /// Still one round trip, and the `SET` alone decides, atomically; but the server runs two
     /// plain commands instead of a Lua call, which costs it about half as much
-    /// (`benches/throughput.rs` measures both). The `PTTL` only feeds `retry_after`: if the
+    /// (the `throughput` benchmark measures both). The `PTTL` only feeds `retry_after`: if the
     /// holder releases between the two commands it answers -2, and "retry now" is then true.
     async fn set_nx(&self, lock: LockRef<'_>, token: &Token) -> Result<Acquisition> {
         let key = self.key(KeyRole::Lock, lock.namespace, lock.name);
