@@ -248,6 +248,9 @@ where
                     let result = match inner.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
+                            if let Some(guard) = guard {
+                                guard.poll_heartbeat(cx);
+                            }
                             if !lost
                                 .as_mut()
                                 .is_some_and(|lost| lost.as_mut().poll(cx).is_ready())
@@ -284,7 +287,10 @@ where
                             result: None,
                         }
                     } else if config.hold_through_body {
-                        // Running → Done: the body owns the lease from here on.
+                        // Running → Done: the body owns the lease from here on, and nobody
+                        // may poll it while the client reads slowly, so the heartbeat must run.
+                        let mut guard = guard;
+                        guard.spawn_heartbeat();
                         let abort_on = lost.take();
                         self.as_mut().project().state.set(State::Done);
                         return Poll::Ready(result.map(|res| {

@@ -3,10 +3,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Context;
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -137,7 +139,24 @@ impl Shared {
 /// round trip instead of after the TTL.
 pub(crate) struct LeaseGuard {
     shared: Option<Arc<Shared>>,
-    heartbeat: Option<AbortOnDropHandle<()>>,
+    heartbeat: Beat,
+}
+
+/// The heartbeat's life: due, running, or stopped for the release.
+enum Beat {
+    /// Not spawned yet. Most requests end before the first extension is due, and a task
+    /// spawned and aborted for each of them costs as much as the lock's own round trips; so
+    /// the response future waits on this timer while it is polled anyway, and spawns the task
+    /// only when it fires (or when the body takes the lease, as nobody may poll that).
+    Due {
+        first: Pin<Box<Sleep>>,
+        acquired_at: Instant,
+        config: Heartbeat,
+    },
+    Running {
+        _aborts_on_drop: AbortOnDropHandle<()>,
+    },
+    Stopped,
 }
 
 /// When and for how long the heartbeat extends a lease.
@@ -148,10 +167,9 @@ pub(crate) struct Heartbeat {
 }
 
 impl LeaseGuard {
-    /// Starts the heartbeat for `held`, acquired by a command sent at `sent_at`.
-    ///
-    /// Must be called within a tokio runtime.
-    pub(crate) fn start(held: Held, sent_at: Instant, heartbeat: Heartbeat) -> Self {
+    /// Takes charge of `held`, acquired by a command sent at `sent_at`; its heartbeat starts
+    /// when the first extension is due (see [`poll_heartbeat`](Self::poll_heartbeat)).
+    pub(crate) fn start(held: Held, sent_at: Instant, config: Heartbeat) -> Self {
         let shared = Arc::new(Shared {
             held,
             valid_until: Mutex::new(sent_at),
@@ -164,15 +182,46 @@ impl LeaseGuard {
             fence = shared.held.fence(),
             "lease acquired"
         );
-        let stop_at = heartbeat.max_hold.map(|d| sent_at + d);
-        let task = tokio::spawn(beat(shared.clone(), sent_at, heartbeat.every, stop_at));
         LeaseGuard {
             shared: Some(shared),
-            heartbeat: Some(AbortOnDropHandle::new(task)),
+            heartbeat: Beat::Due {
+                first: Box::pin(sleep_until(sent_at + config.every)),
+                acquired_at: sent_at,
+                config,
+            },
         }
     }
 
-    fn shared(&self) -> &Shared {
+    /// Spawns the heartbeat task once the first extension is due; the caller's task is woken
+    /// then. Must be called within a tokio runtime.
+    pub(crate) fn poll_heartbeat(&mut self, cx: &mut Context<'_>) {
+        if let Beat::Due { first, .. } = &mut self.heartbeat
+            && first.as_mut().poll(cx).is_ready()
+        {
+            self.spawn_heartbeat();
+        }
+    }
+
+    /// Spawns the heartbeat task now if it is not running yet: from here on the lease must be
+    /// kept alive whether or not anyone polls. Must be called within a tokio runtime.
+    pub(crate) fn spawn_heartbeat(&mut self) {
+        let Beat::Due {
+            acquired_at,
+            config,
+            ..
+        } = self.heartbeat
+        else {
+            return;
+        };
+        let shared = self.shared().clone();
+        let stop_at = config.max_hold.map(|d| acquired_at + d);
+        let task = tokio::spawn(beat(shared, acquired_at, config.every, stop_at));
+        self.heartbeat = Beat::Running {
+            _aborts_on_drop: AbortOnDropHandle::new(task),
+        };
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
         self.shared.as_ref().expect("guard used after release")
     }
 
@@ -198,7 +247,7 @@ impl LeaseGuard {
     /// answered. Failures are logged: the TTL frees the lock anyway.
     pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
         // Stop extending first, so no extend races the release.
-        self.heartbeat = None;
+        self.heartbeat = Beat::Stopped;
         let shared = self.shared.take().expect("guard released twice");
         Box::pin(release(shared))
     }
@@ -206,7 +255,7 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        self.heartbeat = None;
+        self.heartbeat = Beat::Stopped;
         let Some(shared) = self.shared.take() else {
             return;
         };
@@ -323,7 +372,52 @@ mod tests {
             Attempt::Acquired(held) => held,
             Attempt::Held { .. } => panic!("free at first"),
         };
-        (LeaseGuard::start(held, sent_at, heartbeat), sent_at)
+        let mut guard = LeaseGuard::start(held, sent_at, heartbeat);
+        guard.spawn_heartbeat();
+        (guard, sent_at)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future() {
+        let store = Store::memory();
+        let heartbeat = Heartbeat {
+            every: Duration::from_millis(100),
+            max_hold: None,
+        };
+        let (held, sent_at) = match Held::acquire(
+            store.clone(),
+            LOCK.spec(),
+            Mode::Exclusive,
+            Cow::Borrowed(b"lazy"),
+        )
+        .await
+        .unwrap()
+        {
+            Attempt::Acquired(held) => (held, Instant::now()),
+            Attempt::Held { .. } => panic!("free at first"),
+        };
+        let mut guard = LeaseGuard::start(held, sent_at, heartbeat);
+        assert!(
+            matches!(guard.heartbeat, Beat::Due { .. }),
+            "no task before it is due"
+        );
+
+        // What the response future does while the handler runs: poll, and be woken on time.
+        let polling = std::future::poll_fn(|cx| {
+            guard.poll_heartbeat(cx);
+            std::task::Poll::<()>::Pending
+        });
+        let _ = tokio::time::timeout(Duration::from_millis(150), polling).await;
+        assert!(
+            matches!(guard.heartbeat, Beat::Running { .. }),
+            "spawned when due"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            guard.valid_at(Instant::now()),
+            "the spawned heartbeat extends on its own"
+        );
+        assert!(LOCK.try_lock(&store, "lazy").await.unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]
