@@ -190,11 +190,11 @@ mod tests {
 
     #[test]
     fn missing_fields_are_reported_not_guessed() {
-        let warnings = from_info(Some("10.0.0.1:6379"), "redis_version:7.2.4\r\n");
+        let warnings = from_info(Some("redis-1:6379"), "redis_version:7.2.4\r\n");
         assert_eq!(
             warnings,
             [Warning::Unchecked {
-                node: Some("10.0.0.1:6379".into()),
+                node: Some("redis-1:6379".into()),
                 field: "maxmemory_policy"
             }]
         );
