@@ -86,6 +86,15 @@ impl Held {
         }
     }
 
+    /// What [`Backend::extend_many`](crate::Backend::extend_many) takes for this lease.
+    pub(crate) fn extend_args(&self) -> (LockRef<'_>, Mode, &Token) {
+        (self.lock_ref(), self.mode, &self.token)
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
     fn lock_ref(&self) -> LockRef<'_> {
         LockRef {
             namespace: self.spec.namespace,

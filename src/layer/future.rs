@@ -249,7 +249,7 @@ where
                         Poll::Ready(result) => result,
                         Poll::Pending => {
                             if let Some(guard) = guard {
-                                guard.poll_heartbeat(cx);
+                                guard.poll_heartbeat(cx, &config.beats);
                             }
                             if !lost
                                 .as_mut()
@@ -290,7 +290,7 @@ where
                         // Running → Done: the body owns the lease from here on, and nobody
                         // may poll it while the client reads slowly, so the heartbeat must run.
                         let mut guard = guard;
-                        guard.spawn_heartbeat();
+                        guard.spawn_heartbeat(&config.beats);
                         let abort_on = lost.take();
                         self.as_mut().project().state.set(State::Done);
                         return Poll::Ready(result.map(|res| {

@@ -8,6 +8,7 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use super::extract::SafeMethods;
+use super::heartbeat::Beats;
 use super::lease::{Heartbeat, LeaseLost};
 use super::service::{Access, LockService};
 use crate::lock::Spec;
@@ -21,6 +22,8 @@ pub(crate) struct Config {
     pub(crate) held_status: StatusCode,
     pub(crate) fail_open: bool,
     pub(crate) heartbeat: Heartbeat,
+    /// The heartbeat driver of this layer's leases, shared by every service it makes.
+    pub(crate) beats: Beats,
     pub(crate) on_lease_lost: LeaseLost,
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
@@ -37,6 +40,7 @@ impl Config {
                 every: spec.ttl / 3,
                 max_hold: None,
             },
+            beats: Beats::default(),
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
             binary_names: false,

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::task::Context;
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep, sleep, sleep_until};
+use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 
+use super::heartbeat::Beats;
 use crate::store::{BoxFuture, Mode};
 use crate::token::Held;
 
@@ -106,16 +106,16 @@ impl fmt::Debug for Lease {
 }
 
 /// What the guard, the heartbeat and every [`Lease`] clone share.
-struct Shared {
-    held: Held,
+pub(super) struct Shared {
+    pub(super) held: Held,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
     /// Cancelled when the lease is lost or released.
-    gone: CancellationToken,
+    pub(super) gone: CancellationToken,
 }
 
 impl Shared {
-    fn valid_until(&self) -> Instant {
+    pub(super) fn valid_until(&self) -> Instant {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -123,7 +123,7 @@ impl Shared {
     ///
     /// Counting from before the command was sent, not from when the answer came, means a slow
     /// round trip shortens our idea of the lease rather than stretching it past the store's.
-    fn confirm(&self, sent_at: Instant) {
+    pub(super) fn confirm(&self, sent_at: Instant) {
         let ttl = self.held.ttl();
         // Redlock's allowance for the store's clock running faster than ours.
         let margin = ttl / 100 + Duration::from_millis(2);
@@ -132,7 +132,7 @@ impl Shared {
     }
 }
 
-/// Owns a held lease: its heartbeat task and its release.
+/// Owns a held lease: its place in the layer's heartbeat, and its release.
 ///
 /// Dropped without [`release`](Self::release) (the client went away, the future or body was
 /// dropped), it stops the heartbeat and spawns the release, so the lock is free in about one
@@ -144,17 +144,19 @@ pub(crate) struct LeaseGuard {
 
 /// The heartbeat's life: due, running, or stopped for the release.
 enum Beat {
-    /// Not spawned yet. Most requests end before the first extension is due, and a task
-    /// spawned and aborted for each of them costs as much as the lock's own round trips; so
-    /// the response future waits on this timer while it is polled anyway, and spawns the task
-    /// only when it fires (or when the body takes the lease, as nobody may poll that).
+    /// Not handed to the driver yet. Most requests end before the first extension is due, and
+    /// registering and deregistering each of them would cost as much as the lock's own round
+    /// trips; so the response future waits on this timer while it is polled anyway, and
+    /// registers the lease only when it fires (or when the body takes the lease, as nobody may
+    /// poll that).
     Due {
         first: Pin<Box<Sleep>>,
         acquired_at: Instant,
         config: Heartbeat,
     },
+    /// In the care of the layer's heartbeat driver.
     Running {
-        _aborts_on_drop: AbortOnDropHandle<()>,
+        beats: Beats,
     },
     Stopped,
 }
@@ -192,19 +194,20 @@ impl LeaseGuard {
         }
     }
 
-    /// Spawns the heartbeat task once the first extension is due; the caller's task is woken
-    /// then. Must be called within a tokio runtime.
-    pub(crate) fn poll_heartbeat(&mut self, cx: &mut Context<'_>) {
+    /// Hands the lease to the heartbeat driver `beats` once the first extension is due; the
+    /// caller's task is woken then. Must be called within a tokio runtime.
+    pub(crate) fn poll_heartbeat(&mut self, cx: &mut Context<'_>, beats: &Beats) {
         if let Beat::Due { first, .. } = &mut self.heartbeat
             && first.as_mut().poll(cx).is_ready()
         {
-            self.spawn_heartbeat();
+            self.spawn_heartbeat(beats);
         }
     }
 
-    /// Spawns the heartbeat task now if it is not running yet: from here on the lease must be
-    /// kept alive whether or not anyone polls. Must be called within a tokio runtime.
-    pub(crate) fn spawn_heartbeat(&mut self) {
+    /// Hands the lease to the heartbeat driver `beats` now if it is not there yet: from here on
+    /// the lease must be kept alive whether or not anyone polls. Must be called within a tokio
+    /// runtime.
+    pub(crate) fn spawn_heartbeat(&mut self, beats: &Beats) {
         let Beat::Due {
             acquired_at,
             config,
@@ -214,14 +217,22 @@ impl LeaseGuard {
             return;
         };
         let shared = self.shared().clone();
-        let stop_at = config.max_hold.map(|d| acquired_at + d);
-        let task = tokio::spawn(beat(shared, acquired_at, config.every, stop_at));
+        beats.register(shared, acquired_at, config.every, config.max_hold);
         self.heartbeat = Beat::Running {
-            _aborts_on_drop: AbortOnDropHandle::new(task),
+            beats: beats.clone(),
         };
     }
 
-    fn shared(&self) -> &Arc<Shared> {
+    /// Ends the lease's heartbeat: `gone` is cancelled first, so the driver sends no extend
+    /// for it from now on.
+    fn stop(&mut self, shared: &Shared) {
+        shared.gone.cancel();
+        if let Beat::Running { beats } = std::mem::replace(&mut self.heartbeat, Beat::Stopped) {
+            beats.deregister();
+        }
+    }
+
+    pub(super) fn shared(&self) -> &Arc<Shared> {
         self.shared.as_ref().expect("guard used after release")
     }
 
@@ -246,19 +257,19 @@ impl LeaseGuard {
     /// Stops the heartbeat and gives the lease back; the future resolves when the store has
     /// answered. Failures are logged: the TTL frees the lock anyway.
     pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
-        // Stop extending first, so no extend races the release.
-        self.heartbeat = Beat::Stopped;
         let shared = self.shared.take().expect("guard released twice");
+        // Stop extending first, so no extend races the release.
+        self.stop(&shared);
         Box::pin(release(shared))
     }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        self.heartbeat = Beat::Stopped;
         let Some(shared) = self.shared.take() else {
             return;
         };
+        self.stop(&shared);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(release(shared));
@@ -281,7 +292,6 @@ impl fmt::Debug for LeaseGuard {
 }
 
 async fn release(shared: Arc<Shared>) {
-    shared.gone.cancel();
     let namespace = shared.held.namespace();
     match shared.held.release().await {
         Ok(true) => tracing::debug!(namespace, "lease released"),
@@ -291,63 +301,6 @@ async fn release(shared: Arc<Shared>) {
             %error,
             "releasing the lease failed; it stays held until its TTL runs out"
         ),
-    }
-}
-
-/// The heartbeat: extends the lease every `every` until `stop_at`, and declares it lost when the
-/// store says it is gone or no extend is confirmed before the lease would end.
-async fn beat(
-    shared: Arc<Shared>,
-    acquired_at: Instant,
-    every: Duration,
-    stop_at: Option<Instant>,
-) {
-    let namespace = shared.held.namespace();
-    let mut last_sent = acquired_at;
-    let reason = loop {
-        let next = last_sent + every;
-        let deadline = shared.valid_until();
-        if stop_at.is_some_and(|stop| next >= stop) {
-            // `max_hold` reached: stop extending and let the lease lapse on its own.
-            sleep_until(deadline).await;
-            break "max_hold reached";
-        }
-        sleep_until(next).await;
-        // The deadline is an absolute instant, so a hung store call cannot push it later.
-        let extended = tokio::select! {
-            biased;
-            () = sleep_until(deadline) => Err("no extension confirmed before the lease ran out"),
-            sent_at = extend(&shared.held) => sent_at,
-        };
-        match extended {
-            Ok(sent_at) => {
-                shared.confirm(sent_at);
-                last_sent = sent_at;
-            }
-            Err(reason) => break reason,
-        }
-    };
-    tracing::warn!(namespace, reason, "lease lost");
-    shared.gone.cancel();
-}
-
-/// Extends once, retrying store errors with a short backoff; answers when the confirmed extend
-/// was sent, or why the lease is gone.
-async fn extend(held: &Held) -> Result<Instant, &'static str> {
-    let mut backoff = Duration::from_millis(5);
-    loop {
-        let sent_at = Instant::now();
-        match held.extend().await {
-            Ok(true) => return Ok(sent_at),
-            Ok(false) => return Err("the store no longer holds the lease"),
-            Err(error) => {
-                tracing::debug!(namespace = held.namespace(), %error, "extending the lease failed, retrying");
-                sleep(backoff).await;
-                backoff = (backoff * 2)
-                    .min(held.ttl() / 10)
-                    .max(Duration::from_millis(1));
-            }
-        }
     }
 }
 
@@ -373,7 +326,7 @@ mod tests {
             Attempt::Held { .. } => panic!("free at first"),
         };
         let mut guard = LeaseGuard::start(held, sent_at, heartbeat);
-        guard.spawn_heartbeat();
+        guard.spawn_heartbeat(&Beats::default());
         (guard, sent_at)
     }
 
@@ -403,19 +356,20 @@ mod tests {
         );
 
         // What the response future does while the handler runs: poll, and be woken on time.
+        let beats = Beats::default();
         let polling = std::future::poll_fn(|cx| {
-            guard.poll_heartbeat(cx);
+            guard.poll_heartbeat(cx, &beats);
             std::task::Poll::<()>::Pending
         });
         let _ = tokio::time::timeout(Duration::from_millis(150), polling).await;
         assert!(
             matches!(guard.heartbeat, Beat::Running { .. }),
-            "spawned when due"
+            "registered when due"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(
             guard.valid_at(Instant::now()),
-            "the spawned heartbeat extends on its own"
+            "the driver extends it on its own"
         );
         assert!(LOCK.try_lock(&store, "lazy").await.unwrap().is_none());
     }

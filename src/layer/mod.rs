@@ -22,10 +22,12 @@
 //!
 //! # The lease while the request runs
 //!
-//! An acquired request carries a [`Lease`] extension. A heartbeat task, spawned per lease on
-//! the tokio runtime, extends it every third of the TTL ([`heartbeat`](LockLayer::heartbeat))
-//! whether or not the server polls the response, and retries failed extensions until the
-//! lease would run out. The lease counts as lost when the store says it is no longer ours or no
+//! An acquired request carries a [`Lease`] extension. The layer's heartbeat, one task on the
+//! tokio runtime for all the leases of a layer, extends it every third of the TTL
+//! ([`heartbeat`](LockLayer::heartbeat)) whether or not the server polls the response, sending
+//! the extensions that fall due together as one batch (one pipeline on Redis), and retries
+//! failed extensions until the lease would run out. The task runs only while the layer holds
+//! leases past their first beat; most requests end before that and never touch it. The lease counts as lost when the store says it is no longer ours or no
 //! extension was confirmed in time. Validity is judged on the monotonic clock from the moment
 //! each confirmed command was *sent*, minus a drift margin of 1 % of the TTL + 2 ms.
 //!
@@ -122,6 +124,7 @@ mod layer;
 mod body;
 pub mod extract;
 mod future;
+mod heartbeat;
 mod lease;
 mod problem;
 mod service;

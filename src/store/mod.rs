@@ -216,9 +216,54 @@ pub trait Backend: Send + Sync + 'static {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool>>;
 
+    /// Extends many leases at once, answering in the order of `leases` what
+    /// [`extend`](Self::extend) would have answered for each.
+    ///
+    /// The layer's heartbeat sends the extensions that fall due together through this. The
+    /// default runs the single `extend`s concurrently; [`RedisStore`] sends them in one
+    /// pipeline, which costs the client and the server far less per lease.
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [(LockRef<'a>, Mode, &'a Token)],
+    ) -> BoxFuture<'a, Vec<Result<bool>>> {
+        let calls = leases
+            .iter()
+            .map(|&(lock, mode, token)| self.extend(lock, mode, token))
+            .collect();
+        Box::pin(join_all(calls))
+    }
+
     /// Looks for setup problems that can break the guarantees, for [`Store::check`]. The
     /// default finds none.
     fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+}
+
+/// Runs `calls` concurrently and answers their outputs in order.
+///
+/// Polls every unfinished call on each wake-up, which is fine for the few hundred of one
+/// heartbeat batch (most finish on their first poll or together with their pipeline).
+pub(crate) async fn join_all<T>(calls: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut calls: Vec<_> = calls.into_iter().map(Some).collect();
+    let mut outputs: Vec<Option<T>> = calls.iter().map(|_| None).collect();
+    let mut pending = calls.len();
+    std::future::poll_fn(|cx| {
+        for (call, output) in calls.iter_mut().zip(&mut outputs) {
+            if let Some(future) = call
+                && let std::task::Poll::Ready(value) = future.as_mut().poll(cx)
+            {
+                *output = Some(value);
+                *call = None;
+                pending -= 1;
+            }
+        }
+        if pending == 0 {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }

@@ -1,0 +1,99 @@
+//! `Backend::extend_many`, which the layer's heartbeat sends its batches through: one answer per
+//! lease in order, the same answers as single extends, and scripts reloaded after a flush; on
+//! one Redis, on a cluster (names on different nodes) and in memory.
+
+mod support;
+
+use std::time::Duration;
+
+use tower_lease::{LockRef, Mode, Store, Token};
+
+const TTL: Duration = Duration::from_millis(2_000);
+
+/// Takes `count` leases of each mode, extends them all plus two that are not held (a stranger's
+/// token, a name nobody took) in one call, and checks each answer. `flush`, if given, empties
+/// the script cache right before the batch.
+async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedConnection>) {
+    let backend = store.backend();
+    let names: Vec<Vec<u8>> = (0..40).map(|i| format!("n{i}").into_bytes()).collect();
+    let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
+    let tokens: Vec<Token> = names.iter().map(|_| Token::random()).collect();
+    let lock = |i: usize| LockRef::new("batch", &names[i], TTL, i.is_multiple_of(7));
+    for i in 0..names.len() {
+        let acquired = backend.acquire(lock(i), modes[i % 3], &tokens[i]).await;
+        assert!(matches!(
+            acquired,
+            Ok(tower_lease::Acquisition::Acquired { .. })
+        ));
+    }
+    let stranger = Token::random();
+    let nobody = b"nobody".to_vec();
+    let mut leases: Vec<(LockRef<'_>, Mode, &Token)> = (0..names.len())
+        .map(|i| (lock(i), modes[i % 3], &tokens[i]))
+        .collect();
+    leases.insert(5, (lock(5), modes[5 % 3], &stranger));
+    leases.push((
+        LockRef::new("batch", &nobody, TTL, false),
+        Mode::Exclusive,
+        &stranger,
+    ));
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(mut conn) = flush {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let answers = backend.extend_many(&leases).await;
+    assert_eq!(answers.len(), leases.len());
+    for (i, answer) in answers.into_iter().enumerate() {
+        let expected = i != 5 && i != leases.len() - 1;
+        assert_eq!(answer.unwrap(), expected, "answer {i}");
+    }
+    // Extended means the full TTL again: an exclusive lease taken 300 ms ago still blocks for
+    // longer than the 1.7 s its acquisition left it.
+    let other = Token::random();
+    match backend
+        .acquire(lock(3), Mode::Exclusive, &other)
+        .await
+        .unwrap()
+    {
+        tower_lease::Acquisition::Held { retry_after } => {
+            assert!(
+                retry_after > Duration::from_millis(1_750),
+                "{retry_after:?}"
+            );
+        }
+        acquired => panic!("not held: {acquired:?}"),
+    }
+}
+
+#[tokio::test]
+async fn redis_extends_a_batch_in_order() {
+    let server = support::RedisServer::start();
+    let store = Store::redis(server.connection().await);
+    extends_in_order(&store, None).await;
+}
+
+#[tokio::test]
+async fn redis_reloads_the_scripts_after_a_flush() {
+    let server = support::RedisServer::start();
+    let conn = server.connection().await;
+    let store = Store::redis(conn.clone());
+    extends_in_order(&store, Some(conn)).await;
+}
+
+#[tokio::test]
+async fn memory_extends_a_batch_in_order() {
+    extends_in_order(&Store::memory(), None).await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn cluster_extends_a_batch_across_nodes() {
+    let cluster = support::cluster::RedisCluster::start();
+    let store = Store::redis(cluster.connection().await);
+    extends_in_order(&store, None).await;
+}
