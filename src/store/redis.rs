@@ -4,8 +4,8 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::ConnectionLike;
+use redis::{RedisWrite, Script, ToRedisArgs};
 
 use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
 use crate::{Error, Result};
@@ -43,6 +43,10 @@ impl Lua {
 
 const DEFAULT_PREFIX: &str = "tower-lease";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Room for the short arguments of a command besides its keys and script: verb, token, TTL,
+/// key count, `NX PX`.
+const ARGS_LEN: usize = 64;
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
@@ -112,26 +116,60 @@ impl KeyLayout {
     /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for inspecting
     /// leases with `redis-cli`.
     pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
-        let (family, suffix) = match role {
-            KeyRole::Lock => ("lock", ""),
-            KeyRole::LockFence => ("lock", ":fence"),
-            KeyRole::Writer => ("rwlock", ":w"),
-            KeyRole::Readers => ("rwlock", ":r"),
-            KeyRole::RwLockFence => ("rwlock", ":fence"),
-        };
-        let mut key = Vec::with_capacity(
-            self.prefix.len() + family.len() + namespace.len() + name.len() + suffix.len() + 5,
-        );
-        key.extend_from_slice(self.prefix.as_bytes());
-        key.push(b':');
-        key.extend_from_slice(family.as_bytes());
-        key.extend_from_slice(b":{");
-        key.extend_from_slice(namespace.as_bytes());
-        key.push(b':');
-        key.extend_from_slice(name);
-        key.push(b'}');
-        key.extend_from_slice(suffix.as_bytes());
+        let parts = self.parts(role, namespace, name);
+        let mut key = Vec::with_capacity(parts.iter().map(|part| part.len()).sum());
+        parts.iter().for_each(|part| key.extend_from_slice(part));
         key
+    }
+
+    /// The pieces of a key, in order: [`key`](Self::key) joins them, and [`Key`] writes them
+    /// straight into a command without building the key on its own first.
+    fn parts<'a>(&'a self, role: KeyRole, namespace: &'a str, name: &'a [u8]) -> [&'a [u8]; 7] {
+        let (family, suffix): (&[u8], &[u8]) = match role {
+            KeyRole::Lock => (b":lock:{", b""),
+            KeyRole::LockFence => (b":lock:{", b":fence"),
+            KeyRole::Writer => (b":rwlock:{", b":w"),
+            KeyRole::Readers => (b":rwlock:{", b":r"),
+            KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
+        };
+        let prefix = self.prefix.as_bytes();
+        [
+            prefix,
+            family,
+            namespace.as_bytes(),
+            b":",
+            name,
+            b"}",
+            suffix,
+        ]
+    }
+}
+
+/// A key as a command argument, written into the command without a `Vec` of its own.
+#[derive(Clone, Copy)]
+struct Key<'a>([&'a [u8]; 7]);
+
+impl Key<'_> {
+    fn len(&self) -> usize {
+        self.0.iter().map(|part| part.len()).sum()
+    }
+}
+
+impl ToRedisArgs for Key<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Joined on the stack and handed over whole: writing the pieces one by one through
+        // `writer_for_next_arg` costs twice as much.
+        let mut buf = [0; 256];
+        let len = self.len();
+        if len > buf.len() {
+            return out.write_arg(&self.0.concat());
+        }
+        let mut at = 0;
+        for part in self.0 {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        out.write_arg(&buf[..len]);
     }
 }
 
@@ -209,14 +247,17 @@ where
         token: &Token,
         with_ttl: bool,
     ) -> Result<redis::Value> {
-        let keys: Vec<Vec<u8>> = roles
-            .iter()
-            .chain(fence.filter(|_| lock.fenced).as_ref())
-            .map(|role| self.key(*role, lock.namespace, lock.name))
-            .collect();
+        let fence = fence.filter(|_| lock.fenced);
+        let keys = || roles.iter().chain(fence.as_ref());
+        let keys = || keys().map(|&role| self.key_arg(role, lock));
         let command = |verb: &str, script: &str| {
-            let mut command = redis::cmd(verb);
-            command.arg(script).arg(keys.len()).arg(&keys);
+            // Sized once: growing the buffers argument by argument costs more than filling them.
+            let len = verb.len() + script.len() + keys().map(|key| key.len()).sum::<usize>();
+            let mut command = redis::Cmd::with_capacity(8, len + ARGS_LEN);
+            command.arg(verb).arg(script).arg(keys().count());
+            keys().for_each(|key| {
+                command.arg(key);
+            });
             command.arg(token.as_bytes().as_slice());
             if with_ttl {
                 command.arg(lock.ttl.as_millis() as u64);
@@ -246,18 +287,31 @@ where
     /// (the `throughput` benchmark measures both). The `PTTL` only feeds `retry_after`: if the
     /// holder releases between the two commands it answers -2, and "retry now" is then true.
     async fn set_nx(&self, lock: LockRef<'_>, token: &Token) -> Result<Acquisition> {
-        let key = self.key(KeyRole::Lock, lock.namespace, lock.name);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&key)
+        let key = self.key_arg(KeyRole::Lock, lock);
+        let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
+        set.arg("SET")
+            .arg(key)
             .arg(token.as_bytes().as_slice())
             .arg("NX")
             .arg("PX")
-            .arg(lock.ttl.as_millis() as u64)
-            .cmd("PTTL")
-            .arg(&key);
+            .arg(lock.ttl.as_millis() as u64);
+        let mut pttl = redis::Cmd::with_capacity(2, key.len() + 4);
+        pttl.arg("PTTL").arg(key);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(set).add_command(pttl);
         let mut conn = self.conn.clone();
-        let (set, pttl): (redis::Value, i64) = self.deadline(pipe.query_async(&mut conn)).await?;
+        // What `Pipeline::query_async` does, without collecting the replies into one more array
+        // and converting that back.
+        let replies = self.deadline(conn.req_packed_commands(&pipe, 0, 2)).await?;
+        let unexpected = |what: String| Error::UnexpectedReply(format!("SET NX + PTTL: {what}"));
+        let [set, pttl]: [redis::Value; 2] = replies
+            .try_into()
+            .map_err(|replies: Vec<_>| unexpected(format!("{} replies", replies.len())))?;
+        let set = set.extract_error()?;
+        let pttl = match pttl.extract_error()? {
+            redis::Value::Int(pttl) => pttl,
+            other => return Err(unexpected(format!("PTTL answered {other:?}"))),
+        };
         match set {
             redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
             // PTTL is -1 for a key someone set without expiry: "retry soon" rather than never.
@@ -266,6 +320,10 @@ where
             }),
             other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
         }
+    }
+
+    fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
+        Key(self.layout.parts(role, lock.namespace, lock.name))
     }
 
     async fn deadline<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
@@ -313,9 +371,12 @@ where
         mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<Acquisition>> {
+        if mode == Mode::Exclusive && !lock.fenced {
+            // Boxed on its own, without room for the scripts' state it never uses.
+            return Box::pin(self.set_nx(lock, token));
+        }
         Box::pin(async move {
             let reply = match mode {
-                Mode::Exclusive if !lock.fenced => return self.set_nx(lock, token).await,
                 Mode::Exclusive => {
                     let roles = [KeyRole::Lock];
                     let fence = Some(KeyRole::LockFence);
