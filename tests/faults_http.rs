@@ -181,18 +181,7 @@ async fn script_flush_under_http_load_never_reaches_a_client() {
             statuses
         }));
     }
-    let mut flusher = server.connection().await;
-    let started = Instant::now();
-    let mut flushes = 0;
-    while started.elapsed() < Duration::from_secs(2) {
-        let () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut flusher)
-            .await
-            .unwrap();
-        flushes += 1;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let flushes = server.flush_scripts_for(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     let mut statuses = Vec::new();
     for client in clients {

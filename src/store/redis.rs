@@ -348,6 +348,25 @@ fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
     })
 }
 
+/// What a holder asks of its lease.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Extend,
+    Release,
+}
+
+/// The script for `action` on a lease held in `mode`, and the key it acts on.
+fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRole) {
+    match (mode, action) {
+        (Mode::Exclusive, Holder::Extend) => (&EXTEND, KeyRole::Lock),
+        (Mode::Write, Holder::Extend) => (&EXTEND, KeyRole::Writer),
+        (Mode::Read, Holder::Extend) => (&READ_EXTEND, KeyRole::Readers),
+        (Mode::Exclusive, Holder::Release) => (&RELEASE, KeyRole::Lock),
+        (Mode::Write, Holder::Release) => (&RELEASE, KeyRole::Writer),
+        (Mode::Read, Holder::Release) => (&READ_RELEASE, KeyRole::Readers),
+    }
+}
+
 fn answered_one(reply: redis::Value) -> Result<bool> {
     let n: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
@@ -404,11 +423,7 @@ where
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let (script, role) = match mode {
-                Mode::Exclusive => (&EXTEND, KeyRole::Lock),
-                Mode::Write => (&EXTEND, KeyRole::Writer),
-                Mode::Read => (&READ_EXTEND, KeyRole::Readers),
-            };
+            let (script, role) = holder_script(mode, Holder::Extend);
             answered_one(self.run(script, lock, &[role], None, token, true).await?)
         })
     }
@@ -427,11 +442,7 @@ where
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let (script, role) = match mode {
-                Mode::Exclusive => (&RELEASE, KeyRole::Lock),
-                Mode::Write => (&RELEASE, KeyRole::Writer),
-                Mode::Read => (&READ_RELEASE, KeyRole::Readers),
-            };
+            let (script, role) = holder_script(mode, Holder::Release);
             answered_one(self.run(script, lock, &[role], None, token, false).await?)
         })
     }
@@ -516,11 +527,7 @@ where
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for &(lock, mode, token) in leases {
-            let (lua, role) = match mode {
-                Mode::Exclusive => (&EXTEND, KeyRole::Lock),
-                Mode::Write => (&EXTEND, KeyRole::Writer),
-                Mode::Read => (&READ_EXTEND, KeyRole::Readers),
-            };
+            let (lua, role) = holder_script(mode, Holder::Extend);
             pipe.cmd(verb)
                 .arg(script(lua))
                 .arg(1)

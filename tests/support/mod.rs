@@ -77,6 +77,24 @@ impl RedisServer {
             .expect("connect to the test redis-server")
     }
 
+    /// Sends `SCRIPT FLUSH` every 2 ms for `how_long`, as a hostile operator would under load;
+    /// answers how many flushes went through.
+    pub async fn flush_scripts_for(&self, how_long: Duration) -> usize {
+        let mut conn = self.connection().await;
+        let started = Instant::now();
+        let mut flushes = 0;
+        while started.elapsed() < how_long {
+            let () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .expect("SCRIPT FLUSH");
+            flushes += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        flushes
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit. The port stays reserved for
     /// [`restart`](Self::restart) only by convention: nothing else on this machine binds it in
     /// between in practice.
