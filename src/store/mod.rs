@@ -228,9 +228,8 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Vec<Result<bool>>> {
         let calls = leases
             .iter()
-            .map(|&(lock, mode, token)| self.extend(lock, mode, token))
-            .collect();
-        Box::pin(join_all(calls))
+            .map(|&(lock, mode, token)| self.extend(lock, mode, token));
+        Box::pin(futures_util::future::join_all(calls))
     }
 
     /// Looks for setup problems that can break the guarantees, for [`Store::check`]. The
@@ -238,32 +237,4 @@ pub trait Backend: Send + Sync + 'static {
     fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-}
-
-/// Runs `calls` concurrently and answers their outputs in order.
-///
-/// Polls every unfinished call on each wake-up, which is fine for the few hundred of one
-/// heartbeat batch (most finish on their first poll or together with their pipeline).
-pub(crate) async fn join_all<T>(calls: Vec<BoxFuture<'_, T>>) -> Vec<T> {
-    let mut calls: Vec<_> = calls.into_iter().map(Some).collect();
-    let mut outputs: Vec<Option<T>> = calls.iter().map(|_| None).collect();
-    let mut pending = calls.len();
-    std::future::poll_fn(|cx| {
-        for (call, output) in calls.iter_mut().zip(&mut outputs) {
-            if let Some(future) = call
-                && let std::task::Poll::Ready(value) = future.as_mut().poll(cx)
-            {
-                *output = Some(value);
-                *call = None;
-                pending -= 1;
-            }
-        }
-        if pending == 0 {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }

@@ -542,9 +542,8 @@ where
     async fn extend_each(&self, leases: &[(LockRef<'_>, Mode, &Token)]) -> Vec<Result<bool>> {
         let calls = leases
             .iter()
-            .map(|&(lock, mode, token)| self.extend(lock, mode, token))
-            .collect();
-        super::join_all(calls).await
+            .map(|&(lock, mode, token)| self.extend(lock, mode, token));
+        futures_util::future::join_all(calls).await
     }
 }
 
