@@ -14,7 +14,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tower_lease::{KeyLayout, KeyRole, Lock, RedisStore, RwLock, Store};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{Lock, RedisStore, RwLock, Store};
 
 const TTL: Duration = Duration::from_secs(30);
 const LOCK: Lock<str> = Lock::new("bench", TTL);

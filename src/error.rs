@@ -8,14 +8,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong when taking, extending or releasing a lease.
 ///
 /// "The lock is held" is not an error: acquisition answers it with `None` (or
-/// [`Attempt::Held`](crate::Attempt::Held)), and `release`/`extend` answer `false` when the lease
+/// [`Attempt::Busy`](crate::Attempt::Busy)), and `release`/`extend` answer `false` when the lease
 /// had already run out.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Redis answered with an error or the connection failed.
+    /// Redis answered with an error or the connection to it failed.
     #[error("redis command failed: {0}")]
-    Backend(#[from] redis::RedisError),
+    Redis(#[from] redis::RedisError),
 
     /// A lock name was empty or longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
     #[error("lock names must be 1 to 1024 bytes long, this one is {len} bytes")]
@@ -54,7 +54,7 @@ pub enum Error {
     #[error("the lock store answered unexpectedly: {0}")]
     UnexpectedReply(String),
 
-    /// An error from a third-party [`Backend`](crate::Backend).
+    /// An error from a third-party [`Backend`](crate::store::Backend).
     #[error(transparent)]
-    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
 }

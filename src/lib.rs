@@ -5,14 +5,13 @@
 mod error;
 pub mod layer;
 mod lock;
-mod store;
+mod name;
+pub mod store;
 mod token;
 
 pub use crate::error::{Error, Result};
 pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extract};
-pub use crate::lock::{Lock, LockName, MAX_NAME_LEN, MAX_NAMESPACE_LEN, RwLock};
-pub use crate::store::{
-    Acquisition, Backend, BoxFuture, KeyLayout, KeyRole, LockRef, MemoryStore, Mode, RedisStore,
-    Store, Token, Warning,
-};
+pub use crate::lock::{Lock, MAX_NAMESPACE_LEN, RwLock};
+pub use crate::name::{LockName, MAX_NAME_LEN};
+pub use crate::store::{Mode, RedisStore, Store, Warning};
 pub use crate::token::{Attempt, LockToken, ReadToken};

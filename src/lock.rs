@@ -1,16 +1,13 @@
-//! Lock definitions ([`Lock`], [`RwLock`]) and the names they lock ([`LockName`]).
+//! Lock definitions: [`Lock`] and [`RwLock`], each a `const` namespace, TTL and fencing choice.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use crate::name::LockName;
 use crate::store::{Mode, Store};
-use crate::token::{Attempt, Held, LockToken, ReadToken};
+use crate::token::{Attempt, Holding, LockToken, ReadToken};
 use crate::{Error, Result};
-
-/// The longest lock name, in bytes.
-pub const MAX_NAME_LEN: usize = 1024;
 
 /// The longest namespace, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
@@ -100,11 +97,11 @@ impl Spec {
         })
     }
 
-    async fn acquire<N>(self, store: &Store, mode: Mode, name: &N) -> Result<Attempt<Held>>
+    async fn acquire<N>(self, store: &Store, mode: Mode, name: &N) -> Result<Attempt<Holding>>
     where
         N: LockName + ?Sized,
     {
-        Held::acquire(store.clone(), self, mode, name.lock_name()).await
+        Holding::acquire(store.clone(), self, mode, name.lock_name()).await
     }
 }
 
@@ -298,88 +295,4 @@ impl<N: LockName + ?Sized> RwLock<N> {
         let attempt = self.spec.acquire(store, Mode::Write, name).await?;
         Ok(attempt.map(LockToken::new))
     }
-}
-
-/// A type whose values name locks: it encodes itself as 1 to [`MAX_NAME_LEN`] bytes.
-///
-/// Names are binary-safe: any bytes are allowed, including `:`, braces, NUL and non-UTF-8.
-/// Integers are encoded as their decimal digits, so `Lock<u64>` and `Lock<str>` with the same
-/// namespace share the name `42`.
-pub trait LockName {
-    /// The bytes of this name.
-    fn lock_name(&self) -> Cow<'_, [u8]>;
-}
-
-impl LockName for str {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-impl LockName for [u8] {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self)
-    }
-}
-
-impl<const LEN: usize> LockName for [u8; LEN] {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self)
-    }
-}
-
-impl LockName for String {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-impl LockName for Vec<u8> {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self)
-    }
-}
-
-impl LockName for bytes::Bytes {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self)
-    }
-}
-
-impl<T: LockName + ?Sized> LockName for &T {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        (**self).lock_name()
-    }
-}
-
-impl<T: LockName + ?Sized> LockName for Box<T> {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        (**self).lock_name()
-    }
-}
-
-impl<T: LockName + ?Sized> LockName for std::sync::Arc<T> {
-    fn lock_name(&self) -> Cow<'_, [u8]> {
-        (**self).lock_name()
-    }
-}
-
-macro_rules! integer_names {
-    ($($int:ty)*) => {$(
-        impl LockName for $int {
-            fn lock_name(&self) -> Cow<'_, [u8]> {
-                Cow::Owned(self.to_string().into_bytes())
-            }
-        }
-    )*};
-}
-
-integer_names!(u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize);
-
-/// Checks the length rule every name must satisfy.
-pub(crate) fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(Error::InvalidName { len: name.len() });
-    }
-    Ok(())
 }

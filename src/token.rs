@@ -6,8 +6,9 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
-use crate::lock::{Spec, check_name};
-use crate::store::{Acquisition, LockRef, Mode, Store, Token};
+use crate::lock::Spec;
+use crate::name::check_name;
+use crate::store::{Acquisition, LeaseRef, LockRef, Mode, Secret, Store};
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
 #[derive(Debug)]
@@ -16,7 +17,7 @@ pub enum Attempt<T> {
     /// The lease was taken.
     Acquired(T),
     /// Someone else holds the lock.
-    Held {
+    Busy {
         /// How long until the blocking lease ends, unless its holder extends or releases it.
         retry_after: Duration,
     },
@@ -27,7 +28,7 @@ impl<T> Attempt<T> {
     pub fn acquired(self) -> Option<T> {
         match self {
             Attempt::Acquired(token) => Some(token),
-            Attempt::Held { .. } => None,
+            Attempt::Busy { .. } => None,
         }
     }
 
@@ -35,87 +36,77 @@ impl<T> Attempt<T> {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Attempt::Acquired(_) => None,
-            Attempt::Held { retry_after } => Some(*retry_after),
+            Attempt::Busy { retry_after } => Some(*retry_after),
         }
     }
 
-    /// Maps the token, keeping a `Held` answer as it is.
+    /// Maps the token, keeping a `Busy` answer as it is.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Attempt<U> {
         match self {
             Attempt::Acquired(token) => Attempt::Acquired(f(token)),
-            Attempt::Held { retry_after } => Attempt::Held { retry_after },
+            Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
         }
     }
 }
 
-/// A held lease of any mode: what both token types and the layer are built on.
-pub(crate) struct Held {
+/// A lease we hold, of any mode: what both token types and the layer are built on.
+pub(crate) struct Holding {
     store: Store,
     spec: Spec,
     mode: Mode,
     name: Box<[u8]>,
-    token: Token,
+    secret: Secret,
     fence: Option<u64>,
 }
 
-impl Held {
+impl Holding {
     pub(crate) async fn acquire(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
-    ) -> Result<Attempt<Held>> {
+    ) -> Result<Attempt<Holding>> {
         check_name(&name)?;
-        let token = Token::random();
-        let lock = LockRef {
-            namespace: spec.namespace,
-            name: &name,
-            ttl: spec.ttl,
-            fenced: spec.fenced,
-        };
-        match store.backend().acquire(lock, mode, &token).await? {
-            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Held {
+        let secret = Secret::random();
+        let lock = LockRef::new(spec.namespace, &name, spec.ttl, spec.fenced);
+        match store
+            .backend()
+            .acquire(LeaseRef::new(lock, mode, &secret))
+            .await?
+        {
+            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
                 store,
                 spec,
                 mode,
                 name: name.into_owned().into_boxed_slice(),
-                token,
+                secret,
                 fence,
             })),
-            Acquisition::Held { retry_after } => Ok(Attempt::Held { retry_after }),
+            Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
         }
     }
 
-    /// What [`Backend::extend_many`](crate::Backend::extend_many) takes for this lease.
-    pub(crate) fn extend_args(&self) -> (LockRef<'_>, Mode, &Token) {
-        (self.lock_ref(), self.mode, &self.token)
+    /// This lease, as [`Backend`](crate::store::Backend) calls take it.
+    pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
+        let lock = LockRef::new(
+            self.spec.namespace,
+            &self.name,
+            self.spec.ttl,
+            self.spec.fenced,
+        );
+        LeaseRef::new(lock, self.mode, &self.secret)
     }
 
     pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
-    fn lock_ref(&self) -> LockRef<'_> {
-        LockRef {
-            namespace: self.spec.namespace,
-            name: &self.name,
-            ttl: self.spec.ttl,
-            fenced: self.spec.fenced,
-        }
-    }
-
     pub(crate) async fn extend(&self) -> Result<bool> {
-        self.store
-            .backend()
-            .extend(self.lock_ref(), self.mode, &self.token)
-            .await
+        self.store.backend().extend(self.lease_ref()).await
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
-        self.store
-            .backend()
-            .release(self.lock_ref(), self.mode, &self.token)
-            .await
+        self.store.backend().release(self.lease_ref()).await
     }
 
     pub(crate) fn fence(&self) -> Option<u64> {
@@ -139,9 +130,9 @@ impl Held {
     }
 }
 
-impl fmt::Debug for Held {
+impl fmt::Debug for Holding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The token is a secret: whoever has it can release the lock.
+        // The secret stays out: whoever has it can release the lock.
         f.debug_struct("Lease")
             .field("namespace", &self.spec.namespace)
             .field("name", &String::from_utf8_lossy(&self.name))
@@ -156,13 +147,13 @@ macro_rules! token {
         $(#[$doc])*
         #[must_use = "a lease that is not released blocks others until its TTL runs out"]
         pub struct $ty<L> {
-            held: Held,
+            holding: Holding,
             lock: PhantomData<fn() -> L>,
         }
 
         impl<L> $ty<L> {
-            pub(crate) fn new(held: Held) -> Self {
-                Self { held, lock: PhantomData }
+            pub(crate) fn new(holding: Holding) -> Self {
+                Self { holding, lock: PhantomData }
             }
 
             /// Gives the lease up so others can take it at once.
@@ -170,41 +161,41 @@ macro_rules! token {
             /// Answers `false` when the lease had already run out (someone else may hold the lock
             /// now, and their lease is left alone).
             pub async fn release(self) -> Result<bool> {
-                self.held.release().await
+                self.holding.release().await
             }
 
             /// Restarts the lease for one full TTL from now.
             ///
             /// Answers `false` when the lease had already run out; it is then *not* taken again.
             pub async fn extend(&self) -> Result<bool> {
-                self.held.extend().await
+                self.holding.extend().await
             }
 
             /// The fencing token of this acquisition, when the lock is
             /// [fenced](crate::Lock::fenced).
             pub fn fence(&self) -> Option<u64> {
-                self.held.fence()
+                self.holding.fence()
             }
 
             /// The locked name, as encoded by [`LockName`](crate::LockName).
             pub fn name(&self) -> &[u8] {
-                self.held.name()
+                self.holding.name()
             }
 
             /// The namespace of the lock.
             pub fn namespace(&self) -> &'static str {
-                self.held.namespace()
+                self.holding.namespace()
             }
 
             /// How long the lease lasts from an acquisition or extension.
             pub fn ttl(&self) -> Duration {
-                self.held.ttl()
+                self.holding.ttl()
             }
         }
 
         impl<L> fmt::Debug for $ty<L> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Debug::fmt(&self.held, f)
+                fmt::Debug::fmt(&self.holding, f)
             }
         }
     };

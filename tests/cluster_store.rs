@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use support::cluster::RedisCluster;
-use tower_lease::{KeyLayout, KeyRole, Lock, RwLock, Store, Warning};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{Lock, RwLock, Store, Warning};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();

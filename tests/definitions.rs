@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use tower_lease::{Error, KeyLayout, KeyRole, Lock, RwLock};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{Error, Lock, RwLock};
 
 #[test]
 fn try_new_rejects_bad_definitions_with_clear_errors() {

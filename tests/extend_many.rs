@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use tower_lease::{LockRef, Mode, Store, Token};
+use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::{Mode, Store};
 
 const TTL: Duration = Duration::from_millis(2_000);
 
@@ -17,26 +18,22 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
     let backend = store.backend();
     let names: Vec<Vec<u8>> = (0..40).map(|i| format!("n{i}").into_bytes()).collect();
     let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
-    let tokens: Vec<Token> = names.iter().map(|_| Token::random()).collect();
+    let tokens: Vec<Secret> = names.iter().map(|_| Secret::random()).collect();
     let lock = |i: usize| LockRef::new("batch", &names[i], TTL, i.is_multiple_of(7));
+    let lease = |i: usize, secret| LeaseRef::new(lock(i), modes[i % 3], secret);
     for i in 0..names.len() {
-        let acquired = backend.acquire(lock(i), modes[i % 3], &tokens[i]).await;
+        let acquired = backend.acquire(lease(i, &tokens[i])).await;
         assert!(matches!(
             acquired,
-            Ok(tower_lease::Acquisition::Acquired { .. })
+            Ok(tower_lease::store::Acquisition::Acquired { .. })
         ));
     }
-    let stranger = Token::random();
+    let stranger = Secret::random();
     let nobody = b"nobody".to_vec();
-    let mut leases: Vec<(LockRef<'_>, Mode, &Token)> = (0..names.len())
-        .map(|i| (lock(i), modes[i % 3], &tokens[i]))
-        .collect();
-    leases.insert(5, (lock(5), modes[5 % 3], &stranger));
-    leases.push((
-        LockRef::new("batch", &nobody, TTL, false),
-        Mode::Exclusive,
-        &stranger,
-    ));
+    let mut leases: Vec<LeaseRef<'_>> = (0..names.len()).map(|i| lease(i, &tokens[i])).collect();
+    leases.insert(5, lease(5, &stranger));
+    let nobody = LockRef::new("batch", &nobody, TTL, false);
+    leases.push(LeaseRef::new(nobody, Mode::Exclusive, &stranger));
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     if let Some(mut conn) = flush {
@@ -54,13 +51,13 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
     }
     // Extended means the full TTL again: an exclusive lease taken 300 ms ago still blocks for
     // longer than the 1.7 s its acquisition left it.
-    let other = Token::random();
+    let other = Secret::random();
     match backend
-        .acquire(lock(3), Mode::Exclusive, &other)
+        .acquire(LeaseRef::new(lock(3), Mode::Exclusive, &other))
         .await
         .unwrap()
     {
-        tower_lease::Acquisition::Held { retry_after } => {
+        tower_lease::store::Acquisition::Busy { retry_after } => {
             assert!(
                 retry_after > Duration::from_millis(1_750),
                 "{retry_after:?}"

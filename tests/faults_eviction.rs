@@ -7,7 +7,8 @@ mod support;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_lease::{Error, KeyLayout, KeyRole, Lock, Store, Warning};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{Error, Lock, Store, Warning};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(30));
 
@@ -144,7 +145,7 @@ async fn noeviction_with_memory_full_refuses_new_leases_with_an_error() {
         .unwrap();
 
     let refused = JOBS.try_lock(&store, "new").await;
-    let Err(Error::Backend(e)) = &refused else {
+    let Err(Error::Redis(e)) = &refused else {
         panic!("expected an OOM error, got {refused:?}")
     };
     assert!(e.to_string().contains("maxmemory"), "{e}");

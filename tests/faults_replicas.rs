@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use support::RedisServer;
 use support::proxy::{Fault, Proxy};
-use tower_lease::{KeyLayout, KeyRole};
+use tower_lease::store::{KeyLayout, KeyRole};
 
 use common_http::Http;
 

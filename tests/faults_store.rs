@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use support::RedisServer;
 use support::proxy::{Fault, Proxy};
-use tower_lease::{Error, KeyLayout, KeyRole, Lock, RedisStore, RwLock, Store};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{Error, Lock, RedisStore, RwLock, Store};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(10));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));

@@ -3,7 +3,8 @@
 //! name's `{…}` hash tag, so all keys of one name live in one cluster slot.
 
 use proptest::prelude::*;
-use tower_lease::{KeyLayout, KeyRole, MAX_NAME_LEN};
+use tower_lease::MAX_NAME_LEN;
+use tower_lease::store::{KeyLayout, KeyRole};
 
 const ROLES: [KeyRole; 5] = [
     KeyRole::Lock,

@@ -17,7 +17,8 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::{KeyRole, Lease, LeaseLost, Lock, LockLayer, extract};
+use tower_lease::store::KeyRole;
+use tower_lease::{Lease, LeaseLost, Lock, LockLayer, extract};
 
 use common_http::{Env, Http, serve};
 

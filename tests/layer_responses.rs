@@ -12,7 +12,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use http::{Method, StatusCode};
-use tower_lease::{KeyRole, Lock, LockLayer, extract};
+use tower_lease::store::KeyRole;
+use tower_lease::{Lock, LockLayer, extract};
 
 use common_http::{Env, Http, serve};
 

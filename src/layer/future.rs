@@ -17,11 +17,11 @@ use super::layer::Config;
 use super::lease::{LeaseGuard, LeaseLost};
 use super::problem::{NameDefect, Problem};
 use crate::store::BoxFuture;
-use crate::token::{Attempt, Held};
+use crate::token::{Attempt, Holding};
 use crate::{Error, Result};
 
 /// The acquisition in flight, with the instant its command was sent.
-pub(crate) type Acquire = BoxFuture<'static, (Instant, Result<Attempt<Held>>)>;
+pub(crate) type Acquire = BoxFuture<'static, (Instant, Result<Attempt<Holding>>)>;
 
 /// A store call in flight that is finished in a spawned task if the request is dropped first.
 ///
@@ -47,7 +47,7 @@ impl<T: Send + 'static> InFlight<T> {
     }
 }
 
-fn acquisition(acquire: Acquire) -> InFlight<(Instant, Result<Attempt<Held>>)> {
+fn acquisition(acquire: Acquire) -> InFlight<(Instant, Result<Attempt<Holding>>)> {
     InFlight::new(acquire, |(_, attempt)| match attempt {
         Ok(Attempt::Acquired(held)) => Some(Box::pin(async move {
             if let Err(error) = held.release().await {
@@ -115,7 +115,7 @@ pin_project! {
     {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
-            acquire: InFlight<(Instant, Result<Attempt<Held>>)>,
+            acquire: InFlight<(Instant, Result<Attempt<Holding>>)>,
             call: Option<(S, Request<B>)>,
         },
         // The inner service runs; `guard` is `None` for a request that runs unlocked.
@@ -210,10 +210,10 @@ where
                             }
                         }
                         // Acquiring → Respond: someone else holds it.
-                        Ok(Attempt::Held { retry_after }) => {
+                        Ok(Attempt::Busy { retry_after }) => {
                             tracing::debug!(namespace, ?retry_after, "lock held, request refused");
                             State::Respond {
-                                problem: Problem::Held { retry_after },
+                                problem: Problem::Busy { retry_after },
                                 status: config.held_status,
                             }
                         }

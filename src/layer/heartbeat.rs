@@ -3,7 +3,7 @@
 //!
 //! A task per lease costs a timer, a task and a store round trip per lease and beat; at ten
 //! thousand held leases that is a good part of a core. One driver sends a due batch with one
-//! [`Backend::extend_many`](crate::Backend::extend_many) call (one pipeline on Redis) instead.
+//! [`Backend::extend_many`](crate::store::Backend::extend_many) call (one pipeline on Redis) instead.
 //!
 //! The driver runs only while it has leases: the first lease whose first extension falls due
 //! spawns it, and it ends when its last lease is released or lost. So an idle layer owns no
@@ -227,10 +227,7 @@ impl Driver {
                 .expect("a batch is never empty");
             let sent_at = Instant::now();
             let answers = {
-                let leases: Vec<_> = entries
-                    .iter()
-                    .map(|e| e.shared.held.extend_args())
-                    .collect();
+                let leases: Vec<_> = entries.iter().map(|e| e.shared.held.lease_ref()).collect();
                 tokio::select! {
                     biased;
                     () = sleep_until(deadline) => None,
@@ -328,8 +325,8 @@ mod tests {
 
     use super::*;
     use crate::layer::lease::{Heartbeat, LeaseGuard};
-    use crate::store::{Acquisition, Backend, LockRef, MemoryStore, Mode, Token};
-    use crate::token::{Attempt, Held};
+    use crate::store::{Acquisition, Backend, LeaseRef, MemoryStore, Mode};
+    use crate::token::{Attempt, Holding};
     use crate::{Error, Lock, Store};
 
     const LOCK: Lock<str> = Lock::new("driver", Duration::from_millis(300));
@@ -350,36 +347,21 @@ mod tests {
     }
 
     impl Backend for Arc<Scripted> {
-        fn acquire<'a>(
-            &'a self,
-            lock: LockRef<'a>,
-            mode: Mode,
-            token: &'a Token,
-        ) -> BoxFuture<'a, Result<Acquisition>> {
-            self.memory.acquire(lock, mode, token)
+        fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+            self.memory.acquire(lease)
         }
 
-        fn extend<'a>(
-            &'a self,
-            _: LockRef<'a>,
-            _: Mode,
-            _: &'a Token,
-        ) -> BoxFuture<'a, Result<bool>> {
+        fn extend<'a>(&'a self, _: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
             unreachable!("the driver extends in batches")
         }
 
-        fn release<'a>(
-            &'a self,
-            lock: LockRef<'a>,
-            mode: Mode,
-            token: &'a Token,
-        ) -> BoxFuture<'a, Result<bool>> {
-            self.memory.release(lock, mode, token)
+        fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+            self.memory.release(lease)
         }
 
         fn extend_many<'a>(
             &'a self,
-            leases: &'a [(LockRef<'a>, Mode, &'a Token)],
+            leases: &'a [LeaseRef<'a>],
         ) -> BoxFuture<'a, Vec<Result<bool>>> {
             self.batches.lock().unwrap().push(leases.len());
             match self.extends.load(Ordering::SeqCst) {
@@ -403,12 +385,12 @@ mod tests {
     async fn hold(store: &Store, beats: &Beats, name: &str) -> LeaseGuard {
         let sent_at = Instant::now();
         let name = Cow::Owned(name.as_bytes().to_vec());
-        let held = match Held::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
+        let held = match Holding::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
             .await
             .unwrap()
         {
             Attempt::Acquired(held) => held,
-            Attempt::Held { .. } => panic!("free at first"),
+            Attempt::Busy { .. } => panic!("free at first"),
         };
         let config = Heartbeat {
             every: EVERY,

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::heartbeat::Beats;
 use crate::store::{BoxFuture, Mode};
-use crate::token::Held;
+use crate::token::Holding;
 
 /// What happens when a lease is lost while the inner service is still working on the request.
 ///
@@ -107,7 +107,7 @@ impl fmt::Debug for Lease {
 
 /// What the guard, the heartbeat and every [`Lease`] clone share.
 pub(super) struct Shared {
-    pub(super) held: Held,
+    pub(super) held: Holding,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
     /// Cancelled when the lease is lost or released.
@@ -171,7 +171,7 @@ pub(crate) struct Heartbeat {
 impl LeaseGuard {
     /// Takes charge of `held`, acquired by a command sent at `sent_at`; its heartbeat starts
     /// when the first extension is due (see [`poll_heartbeat`](Self::poll_heartbeat)).
-    pub(crate) fn start(held: Held, sent_at: Instant, config: Heartbeat) -> Self {
+    pub(crate) fn start(held: Holding, sent_at: Instant, config: Heartbeat) -> Self {
         let shared = Arc::new(Shared {
             held,
             valid_until: Mutex::new(sent_at),
@@ -318,12 +318,12 @@ mod tests {
     async fn guard(store: &Store, heartbeat: Heartbeat) -> (LeaseGuard, Instant) {
         let spec: Spec = LOCK.spec();
         let sent_at = Instant::now();
-        let held = match Held::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
+        let held = match Holding::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
             .await
             .unwrap()
         {
             Attempt::Acquired(held) => held,
-            Attempt::Held { .. } => panic!("free at first"),
+            Attempt::Busy { .. } => panic!("free at first"),
         };
         let mut guard = LeaseGuard::start(held, sent_at, heartbeat);
         guard.spawn_heartbeat(&Beats::default());
@@ -337,7 +337,7 @@ mod tests {
             every: Duration::from_millis(100),
             max_hold: None,
         };
-        let (held, sent_at) = match Held::acquire(
+        let (held, sent_at) = match Holding::acquire(
             store.clone(),
             LOCK.spec(),
             Mode::Exclusive,
@@ -347,7 +347,7 @@ mod tests {
         .unwrap()
         {
             Attempt::Acquired(held) => (held, Instant::now()),
-            Attempt::Held { .. } => panic!("free at first"),
+            Attempt::Busy { .. } => panic!("free at first"),
         };
         let mut guard = LeaseGuard::start(held, sent_at, heartbeat);
         assert!(

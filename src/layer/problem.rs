@@ -15,7 +15,7 @@ const PROBLEM_JSON: &str = "application/problem+json";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Problem {
     /// Someone else holds the lock; their lease has `retry_after` left.
-    Held { retry_after: Duration },
+    Busy { retry_after: Duration },
     /// The extractor produced a name the layer refuses to lock.
     InvalidName(NameDefect),
     /// The store failed or did not answer in time, and the layer fails closed.
@@ -29,7 +29,7 @@ impl Problem {
     /// be dereferenced, so they name no host.
     fn type_uri(self) -> &'static str {
         match self {
-            Problem::Held { .. } => "urn:tower-lease:lock-held",
+            Problem::Busy { .. } => "urn:tower-lease:lock-held",
             Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
             Problem::Lost => "urn:tower-lease:lease-lost",
@@ -38,7 +38,7 @@ impl Problem {
 
     fn title(self) -> &'static str {
         match self {
-            Problem::Held { .. } => "The resource is locked by another request",
+            Problem::Busy { .. } => "The resource is locked by another request",
             Problem::InvalidName(_) => "The request names a resource that cannot be locked",
             Problem::Unavailable => "The lock service is unavailable",
             Problem::Lost => "The lock was lost while the request was being served",
@@ -47,7 +47,7 @@ impl Problem {
 
     fn detail(self, namespace: &str) -> String {
         match self {
-            Problem::Held { retry_after } => format!(
+            Problem::Busy { retry_after } => format!(
                 "Another request holds the {namespace} lock for this resource; \
                  retry in {} s.",
                 retry_after_secs(retry_after)
@@ -94,7 +94,7 @@ impl Problem {
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         match self {
-            Problem::Held { retry_after } => {
+            Problem::Busy { retry_after } => {
                 headers.insert(
                     RETRY_AFTER,
                     HeaderValue::from(retry_after_secs(retry_after)),

@@ -16,7 +16,7 @@ use super::layer::Config;
 use super::problem::{NameDefect, Problem};
 use crate::LockName;
 use crate::store::Mode;
-use crate::token::Held;
+use crate::token::Holding;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
@@ -104,7 +104,7 @@ where
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
             let attempt =
-                Held::acquire(config.store.clone(), config.spec, mode, Cow::Owned(name)).await;
+                Holding::acquire(config.store.clone(), config.spec, mode, Cow::Owned(name)).await;
             (sent_at, attempt)
         });
         ResponseFuture::acquiring(acquire, self.config.clone(), inner, req)

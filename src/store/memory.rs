@@ -5,8 +5,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
+use super::{Acquisition, Backend, BoxFuture, LeaseRef, Secret};
 use crate::Result;
+use crate::store::Mode;
 
 /// A [`Backend`] that keeps leases in a map in this process; use it through
 /// [`Store::memory`](crate::Store::memory).
@@ -28,31 +29,31 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Namespace {
-    locks: HashMap<Box<[u8]>, Lease>,
-    rwlocks: HashMap<Box<[u8]>, Shared>,
+    locks: HashMap<Box<[u8]>, StoredLease>,
+    rwlocks: HashMap<Box<[u8]>, RwEntry>,
     lock_fences: HashMap<Box<[u8]>, u64>,
     rwlock_fences: HashMap<Box<[u8]>, u64>,
 }
 
 #[derive(Debug)]
-struct Lease {
-    token: Token,
+struct StoredLease {
+    secret: Secret,
     ends: Instant,
 }
 
 #[derive(Debug, Default)]
-struct Shared {
-    writer: Option<Lease>,
-    readers: HashMap<Token, Instant>,
+struct RwEntry {
+    writer: Option<StoredLease>,
+    readers: HashMap<Secret, Instant>,
 }
 
-impl Lease {
+impl StoredLease {
     fn live(&self, now: Instant) -> bool {
         self.ends > now
     }
 }
 
-impl Shared {
+impl RwEntry {
     fn forget_expired(&mut self, now: Instant) {
         self.readers.retain(|_, ends| *ends > now);
         if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
@@ -79,7 +80,8 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn acquire_now(&self, lock: LockRef<'_>, mode: Mode, token: &Token) -> Acquisition {
+    fn acquire_now(&self, lease: LeaseRef<'_>) -> Acquisition {
+        let LeaseRef { lock, mode, .. } = lease;
         let now = Instant::now();
         let mut state = self.lock();
         state.sweep_sometimes(now);
@@ -87,16 +89,16 @@ impl MemoryStore {
         let ends = now + lock.ttl;
         match mode {
             Mode::Exclusive => {
-                if let Some(lease) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
-                    return Acquisition::Held {
-                        retry_after: lease.ends - now,
+                if let Some(holder) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
+                    return Acquisition::Busy {
+                        retry_after: holder.ends - now,
                     };
                 }
-                let lease = Lease {
-                    token: token.clone(),
+                let stored = StoredLease {
+                    secret: lease.secret.clone(),
                     ends,
                 };
-                ns.locks.insert(lock.name.into(), lease);
+                ns.locks.insert(lock.name.into(), stored);
                 Acquisition::Acquired {
                     fence: lock
                         .fenced
@@ -107,11 +109,11 @@ impl MemoryStore {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
                 if let Some(writer) = &shared.writer {
-                    return Acquisition::Held {
+                    return Acquisition::Busy {
                         retry_after: writer.ends - now,
                     };
                 }
-                shared.readers.insert(token.clone(), ends);
+                shared.readers.insert(lease.secret.clone(), ends);
                 let fence = lock
                     .fenced
                     .then(|| ns.rwlock_fences.get(lock.name).copied().unwrap_or(0));
@@ -126,12 +128,12 @@ impl MemoryStore {
                     .map(|w| w.ends)
                     .or_else(|| shared.readers.values().max().copied());
                 if let Some(until) = blocked_until {
-                    return Acquisition::Held {
+                    return Acquisition::Busy {
                         retry_after: until - now,
                     };
                 }
-                shared.writer = Some(Lease {
-                    token: token.clone(),
+                shared.writer = Some(StoredLease {
+                    secret: lease.secret.clone(),
                     ends,
                 });
                 Acquisition::Acquired {
@@ -143,8 +145,9 @@ impl MemoryStore {
         }
     }
 
-    /// Extends (`extend`) or releases the lease held with `token`; `false` if it is not held.
-    fn update_now(&self, lock: LockRef<'_>, mode: Mode, token: &Token, extend: bool) -> bool {
+    /// Extends (`extend`) or releases `lease`; `false` if it is not held with its secret.
+    fn update_now(&self, lease: LeaseRef<'_>, extend: bool) -> bool {
+        let LeaseRef { lock, mode, secret } = lease;
         let now = Instant::now();
         let new_end = now + lock.ttl;
         let mut state = self.lock();
@@ -154,18 +157,18 @@ impl MemoryStore {
         };
         match mode {
             Mode::Exclusive => {
-                let Some(lease) = ns.locks.get_mut(lock.name) else {
+                let Some(stored) = ns.locks.get_mut(lock.name) else {
                     return false;
                 };
-                if !lease.live(now) {
+                if !stored.live(now) {
                     ns.locks.remove(lock.name);
                     return false;
                 }
-                if lease.token != *token {
+                if stored.secret != *secret {
                     return false;
                 }
                 if extend {
-                    lease.ends = new_end;
+                    stored.ends = new_end;
                 } else {
                     ns.locks.remove(lock.name);
                 }
@@ -177,17 +180,17 @@ impl MemoryStore {
                 };
                 shared.forget_expired(now);
                 let done = if mode == Mode::Read {
-                    match shared.readers.get_mut(token) {
+                    match shared.readers.get_mut(secret) {
                         Some(ends) if extend => {
                             *ends = new_end;
                             true
                         }
-                        Some(_) => shared.readers.remove(token).is_some(),
+                        Some(_) => shared.readers.remove(secret).is_some(),
                         None => false,
                     }
                 } else {
                     match &mut shared.writer {
-                        Some(writer) if writer.token == *token => {
+                        Some(writer) if writer.secret == *secret => {
                             if extend {
                                 writer.ends = new_end;
                             } else {
@@ -249,30 +252,15 @@ impl State {
 }
 
 impl Backend for MemoryStore {
-    fn acquire<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<Acquisition>> {
-        Box::pin(async move { Ok(self.acquire_now(lock, mode, token)) })
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        Box::pin(async move { Ok(self.acquire_now(lease)) })
     }
 
-    fn extend<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.update_now(lock, mode, token, true)) })
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.update_now(lease, true)) })
     }
 
-    fn release<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.update_now(lock, mode, token, false)) })
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.update_now(lease, false)) })
     }
 }

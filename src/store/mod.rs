@@ -1,4 +1,9 @@
-//! Where leases live: the [`Store`] handle and the [`Backend`] trait behind it.
+//! Where leases live: the [`Store`] handle, and the [`Backend`] trait behind it with the types
+//! a backend implementation needs.
+//!
+//! Applications need only [`Store`] (re-exported at the crate root, with [`RedisStore`] for
+//! its options). Implement [`Backend`] to keep leases somewhere else: [`MemoryStore`] is a
+//! short example, and the crate's conformance suite shows what every backend must answer.
 
 use std::fmt;
 use std::future::Future;
@@ -9,12 +14,14 @@ use std::time::Duration;
 use crate::Result;
 
 mod check;
+mod keys;
 mod memory;
 mod redis;
 
 pub use self::check::Warning;
+pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
-pub use self::redis::{KeyLayout, KeyRole, RedisStore};
+pub use self::redis::RedisStore;
 
 /// A boxed, `Send` future, as [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -75,7 +82,7 @@ impl Store {
 
     /// Checks the store's setup for what can break the locks' guarantees: for Redis, a server
     /// older than 5.0 or a `maxmemory-policy` that can evict lock keys (on every primary of a
-    /// cluster). Call it once at startup; each warning is also logged at `WARN` level.
+    /// cluster). Call it once at startup and report what it finds; it logs nothing itself.
     ///
     /// ```
     /// # async fn startup(store: tower_lease::Store) -> Result<(), tower_lease::Error> {
@@ -86,11 +93,7 @@ impl Store {
     /// # }
     /// ```
     pub async fn check(&self) -> Result<Vec<Warning>> {
-        let warnings = self.backend.check().await?;
-        for warning in &warnings {
-            tracing::warn!(%warning, "tower-lease store check");
-        }
-        Ok(warnings)
+        self.backend.check().await
     }
 }
 
@@ -141,7 +144,7 @@ impl<'a> LockRef<'a> {
     }
 }
 
-/// What an acquisition found.
+/// What an acquisition found: the lease is the caller's now, or someone else's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquisition {
     /// The lease is now held with the caller's token.
@@ -151,31 +154,54 @@ pub enum Acquisition {
         fence: Option<u64>,
     },
     /// Someone else holds it.
-    Held {
+    Busy {
         /// How long the blocking lease has left.
         retry_after: Duration,
     },
 }
 
-/// The random secret that identifies one lease. Its `Debug` output does not show it.
+/// The random secret that identifies one lease: whoever has it can extend or release the lease.
+/// Its `Debug` output does not show it.
+///
+/// The [tokens](crate::LockToken) that applications hold keep it private; only a [`Backend`]
+/// sees it.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token([u8; 16]);
+pub struct Secret([u8; 16]);
 
-impl Token {
-    /// A fresh token of 16 random bytes.
+impl Secret {
+    /// A fresh secret of 16 random bytes.
     pub fn random() -> Self {
-        Token(rand::random())
+        Secret(rand::random())
     }
 
-    /// The token's bytes, as stored.
+    /// The secret's bytes, as stored.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
 }
 
-impl fmt::Debug for Token {
+impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The lease a [`Backend`] call acts on: which lock, in which mode, held with which secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseRef<'a> {
+    /// The lock.
+    pub lock: LockRef<'a>,
+    /// Which of the lock's leases.
+    pub mode: Mode,
+    /// The secret the lease is (or is to be) held with.
+    pub secret: &'a Secret,
+}
+
+impl<'a> LeaseRef<'a> {
+    /// Names a lease for a direct [`Backend`] call.
+    pub fn new(lock: LockRef<'a>, mode: Mode, secret: &'a Secret) -> Self {
+        Self { lock, mode, secret }
     }
 }
 
@@ -184,37 +210,22 @@ impl fmt::Debug for Token {
 /// Implement it to keep leases somewhere else; [`MemoryStore`] is a short example. Every
 /// implementation must give the semantics of the Redis scripts:
 ///
-/// - `acquire` never waits: it takes the lease or answers [`Acquisition::Held`] with the blocking
+/// - `acquire` never waits: it takes the lease or answers [`Acquisition::Busy`] with the blocking
 ///   lease's remaining time. A writer is refused while a writer or any live reader holds; a
 ///   reader is refused while a writer holds.
-/// - `extend` and `release` act only when the lease is still held with *this* token and answer
+/// - `extend` and `release` act only when the lease is still held with *this* secret and answer
 ///   `false` otherwise; `extend` never re-acquires a lease that ran out.
 /// - Fenced exclusive and write acquisitions take the next value of a per-name counter that
 ///   never goes backwards.
 pub trait Backend: Send + Sync + 'static {
-    /// Takes the lease named by `lock` in `mode` with `token` if it is free.
-    fn acquire<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<Acquisition>>;
+    /// Takes `lease` if it is free.
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;
 
-    /// Restarts the lease held with `token` for one TTL; `false` if it is not held any more.
-    fn extend<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>>;
+    /// Restarts `lease` for one TTL; `false` if it is not held with its secret any more.
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
 
-    /// Ends the lease held with `token`; `false` if it was not held any more.
-    fn release<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>>;
+    /// Ends `lease`; `false` if it was not held with its secret any more.
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
 
     /// Extends many leases at once, answering in the order of `leases` what
     /// [`extend`](Self::extend) would have answered for each.
@@ -222,13 +233,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The layer's heartbeat sends the extensions that fall due together through this. The
     /// default runs the single `extend`s concurrently; [`RedisStore`] sends them in one
     /// pipeline, which costs the client and the server far less per lease.
-    fn extend_many<'a>(
-        &'a self,
-        leases: &'a [(LockRef<'a>, Mode, &'a Token)],
-    ) -> BoxFuture<'a, Vec<Result<bool>>> {
-        let calls = leases
-            .iter()
-            .map(|&(lock, mode, token)| self.extend(lock, mode, token));
+    fn extend_many<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Result<bool>>> {
+        let calls = leases.iter().map(|&lease| self.extend(lease));
         Box::pin(futures_util::future::join_all(calls))
     }
 

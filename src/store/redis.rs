@@ -1,13 +1,14 @@
 //! Leases in Redis: the key layout and the Lua scripts that act on it.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use redis::Script;
 use redis::aio::ConnectionLike;
-use redis::{RedisWrite, Script, ToRedisArgs};
 
-use super::{Acquisition, Backend, BoxFuture, LockRef, Mode, Token};
+use super::keys::{Key, KeyLayout, KeyRole};
+use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
 
 static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
@@ -41,10 +42,9 @@ impl Lua {
     }
 }
 
-const DEFAULT_PREFIX: &str = "tower-lease";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Room for the short arguments of a command besides its keys and script: verb, token, TTL,
+/// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
 /// key count, `NX PX`.
 const ARGS_LEN: usize = 64;
 
@@ -54,9 +54,9 @@ const ARGS_LEN: usize = 64;
 ///
 /// | lock | key | holds |
 /// |---|---|---|
-/// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's token, `PX ttl` |
-/// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's token, `PX ttl` |
-/// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader tokens scored by lease end (server ms) |
+/// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's secret, `PX ttl` |
+/// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's secret, `PX ttl` |
+/// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | counter, never expires |
 ///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
@@ -67,125 +67,6 @@ pub struct RedisStore<C> {
     conn: C,
     layout: KeyLayout,
     timeout: Duration,
-}
-
-/// The key layout of a [`RedisStore`]: its prefix, and how keys are built from it.
-///
-/// ```
-/// use tower_lease::{KeyLayout, KeyRole};
-///
-/// let layout = KeyLayout::default();
-/// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");
-/// assert_eq!(layout.key(KeyRole::Readers, "catalog", b"s1"), b"tower-lease:rwlock:{catalog:s1}:r");
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyLayout {
-    prefix: Arc<str>,
-}
-
-impl Default for KeyLayout {
-    fn default() -> Self {
-        Self {
-            prefix: DEFAULT_PREFIX.into(),
-        }
-    }
-}
-
-impl KeyLayout {
-    /// A layout that puts every key under `prefix` (the default is `tower-lease`).
-    ///
-    /// # Panics
-    ///
-    /// If `prefix` is empty or holds `{` or `}` (they would move the cluster hash tag).
-    pub fn new(prefix: impl Into<String>) -> Self {
-        let prefix = prefix.into();
-        assert!(
-            !prefix.is_empty() && !prefix.contains(['{', '}']),
-            "tower-lease: a key prefix must be non-empty and hold no '{{' or '}}', got {prefix:?}"
-        );
-        Self {
-            prefix: prefix.into(),
-        }
-    }
-
-    /// The prefix of every key.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for inspecting
-    /// leases with `redis-cli`.
-    pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
-        let parts = self.parts(role, namespace, name);
-        let mut key = Vec::with_capacity(parts.iter().map(|part| part.len()).sum());
-        parts.iter().for_each(|part| key.extend_from_slice(part));
-        key
-    }
-
-    /// The pieces of a key, in order: [`key`](Self::key) joins them, and [`Key`] writes them
-    /// straight into a command without building the key on its own first.
-    fn parts<'a>(&'a self, role: KeyRole, namespace: &'a str, name: &'a [u8]) -> [&'a [u8]; 7] {
-        let (family, suffix): (&[u8], &[u8]) = match role {
-            KeyRole::Lock => (b":lock:{", b""),
-            KeyRole::LockFence => (b":lock:{", b":fence"),
-            KeyRole::Writer => (b":rwlock:{", b":w"),
-            KeyRole::Readers => (b":rwlock:{", b":r"),
-            KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
-        };
-        let prefix = self.prefix.as_bytes();
-        [
-            prefix,
-            family,
-            namespace.as_bytes(),
-            b":",
-            name,
-            b"}",
-            suffix,
-        ]
-    }
-}
-
-/// A key as a command argument, written into the command without a `Vec` of its own.
-#[derive(Clone, Copy)]
-struct Key<'a>([&'a [u8]; 7]);
-
-impl Key<'_> {
-    fn len(&self) -> usize {
-        self.0.iter().map(|part| part.len()).sum()
-    }
-}
-
-impl ToRedisArgs for Key<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        // Joined on the stack and handed over whole: writing the pieces one by one through
-        // `writer_for_next_arg` costs twice as much.
-        let mut buf = [0; 256];
-        let len = self.len();
-        if len > buf.len() {
-            return out.write_arg(&self.0.concat());
-        }
-        let mut at = 0;
-        for part in self.0 {
-            buf[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        out.write_arg(&buf[..len]);
-    }
-}
-
-/// Which of a name's keys [`KeyLayout::key`] builds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KeyRole {
-    /// The holder's key of a [`Lock`](crate::Lock).
-    Lock,
-    /// The fence counter of a [`Lock`](crate::Lock).
-    LockFence,
-    /// The writer's key of an [`RwLock`](crate::RwLock).
-    Writer,
-    /// The reader set of an [`RwLock`](crate::RwLock).
-    Readers,
-    /// The fence counter of an [`RwLock`](crate::RwLock).
-    RwLockFence,
 }
 
 impl<C> RedisStore<C>
@@ -244,7 +125,7 @@ where
         lock: LockRef<'_>,
         roles: &[KeyRole],
         fence: Option<KeyRole>,
-        token: &Token,
+        secret: &Secret,
         with_ttl: bool,
     ) -> Result<redis::Value> {
         let fence = fence.filter(|_| lock.fenced);
@@ -258,7 +139,7 @@ where
             keys().for_each(|key| {
                 command.arg(key);
             });
-            command.arg(token.as_bytes().as_slice());
+            command.arg(secret.as_bytes().as_slice());
             if with_ttl {
                 command.arg(lock.ttl.as_millis() as u64);
             }
@@ -286,12 +167,12 @@ where
     /// plain commands instead of a Lua call, which costs it about half as much
     /// (the `throughput` benchmark measures both). The `PTTL` only feeds `retry_after`: if the
     /// holder releases between the two commands it answers -2, and "retry now" is then true.
-    async fn set_nx(&self, lock: LockRef<'_>, token: &Token) -> Result<Acquisition> {
+    async fn set_nx(&self, lock: LockRef<'_>, secret: &Secret) -> Result<Acquisition> {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
         set.arg("SET")
             .arg(key)
-            .arg(token.as_bytes().as_slice())
+            .arg(secret.as_bytes().as_slice())
             .arg("NX")
             .arg("PX")
             .arg(lock.ttl.as_millis() as u64);
@@ -315,7 +196,7 @@ where
         match set {
             redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
             // PTTL is -1 for a key someone set without expiry: "retry soon" rather than never.
-            redis::Value::Nil => Ok(Acquisition::Held {
+            redis::Value::Nil => Ok(Acquisition::Busy {
                 retry_after: Duration::from_millis(pttl.max(0) as u64),
             }),
             other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
@@ -342,7 +223,7 @@ fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
             fence: fenced.then_some(value.max(0) as u64),
         },
         // PTTL is -1 for a key someone set without expiry: report "retry soon" rather than never.
-        _ => Acquisition::Held {
+        _ => Acquisition::Busy {
             retry_after: Duration::from_millis(value.max(0) as u64),
         },
     })
@@ -384,22 +265,19 @@ where
         })
     }
 
-    fn acquire<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<Acquisition>> {
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        let LeaseRef { lock, mode, secret } = lease;
         if mode == Mode::Exclusive && !lock.fenced {
             // Boxed on its own, without room for the scripts' state it never uses.
-            return Box::pin(self.set_nx(lock, token));
+            return Box::pin(self.set_nx(lock, secret));
         }
         Box::pin(async move {
             let reply = match mode {
                 Mode::Exclusive => {
                     let roles = [KeyRole::Lock];
                     let fence = Some(KeyRole::LockFence);
-                    self.run(&ACQUIRE, lock, &roles, fence, token, true).await?
+                    self.run(&ACQUIRE, lock, &roles, fence, secret, true)
+                        .await?
                 }
                 Mode::Read | Mode::Write => {
                     let script = if mode == Mode::Read {
@@ -409,41 +287,30 @@ where
                     };
                     let roles = [KeyRole::Writer, KeyRole::Readers];
                     let fence = Some(KeyRole::RwLockFence);
-                    self.run(script, lock, &roles, fence, token, true).await?
+                    self.run(script, lock, &roles, fence, secret, true).await?
                 }
             };
             acquisition(reply, lock.fenced)
         })
     }
 
-    fn extend<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let (script, role) = holder_script(mode, Holder::Extend);
-            answered_one(self.run(script, lock, &[role], None, token, true).await?)
+            let (script, role) = holder_script(lease.mode, Holder::Extend);
+            let (lock, secret) = (lease.lock, lease.secret);
+            answered_one(self.run(script, lock, &[role], None, secret, true).await?)
         })
     }
 
-    fn extend_many<'a>(
-        &'a self,
-        leases: &'a [(LockRef<'a>, Mode, &'a Token)],
-    ) -> BoxFuture<'a, Vec<Result<bool>>> {
+    fn extend_many<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Result<bool>>> {
         Box::pin(self.extend_pipelined(leases))
     }
 
-    fn release<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let (script, role) = holder_script(mode, Holder::Release);
-            answered_one(self.run(script, lock, &[role], None, token, false).await?)
+            let (script, role) = holder_script(lease.mode, Holder::Release);
+            let (lock, secret) = (lease.lock, lease.secret);
+            answered_one(self.run(script, lock, &[role], None, secret, false).await?)
         })
     }
 }
@@ -466,7 +333,7 @@ where
     ///
     /// A cluster pipeline goes to one slot's node, and every name has its own slot, so on a
     /// cluster connection the extends run as concurrent single calls.
-    async fn extend_pipelined(&self, leases: &[(LockRef<'_>, Mode, &Token)]) -> Vec<Result<bool>> {
+    async fn extend_pipelined(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
         if leases.len() < 2 || is_cluster::<C>() {
             return self.extend_each(leases).await;
         }
@@ -477,7 +344,7 @@ where
             Ok(replies) => replies,
             // A cluster connection behind some wrapper: it refuses the cross-slot pipeline
             // before sending anything.
-            Err(Error::Backend(e)) if e.kind() == redis::ErrorKind::Server(CROSS_SLOT) => {
+            Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::Server(CROSS_SLOT) => {
                 return self.extend_each(leases).await;
             }
             Err(e) => return leases.iter().map(|_| Err(copy(&e))).collect(),
@@ -520,29 +387,27 @@ where
     /// of single commands come back as [`redis::Value::ServerError`] in their place.
     async fn extend_pipeline(
         &self,
-        leases: &[(LockRef<'_>, Mode, &Token)],
+        leases: &[LeaseRef<'_>],
         script: fn(&'static Lua) -> &'static str,
         verb: &str,
     ) -> Result<Vec<redis::Value>> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for &(lock, mode, token) in leases {
-            let (lua, role) = holder_script(mode, Holder::Extend);
+        for lease in leases {
+            let (lua, role) = holder_script(lease.mode, Holder::Extend);
             pipe.cmd(verb)
                 .arg(script(lua))
                 .arg(1)
-                .arg(self.key(role, lock.namespace, lock.name))
-                .arg(token.as_bytes().as_slice())
-                .arg(lock.ttl.as_millis() as u64);
+                .arg(self.key_arg(role, lease.lock))
+                .arg(lease.secret.as_bytes().as_slice())
+                .arg(lease.lock.ttl.as_millis() as u64);
         }
         let mut conn = self.conn.clone();
         self.deadline(pipe.query_async(&mut conn)).await
     }
 
-    async fn extend_each(&self, leases: &[(LockRef<'_>, Mode, &Token)]) -> Vec<Result<bool>> {
-        let calls = leases
-            .iter()
-            .map(|&(lock, mode, token)| self.extend(lock, mode, token));
+    async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
+        let calls = leases.iter().map(|&lease| self.extend(lease));
         futures_util::future::join_all(calls).await
     }
 }
@@ -563,7 +428,7 @@ fn is_cluster<C: 'static>() -> bool {
 
 fn answer(reply: redis::Value) -> Result<bool> {
     match reply {
-        redis::Value::ServerError(e) => Err(Error::Backend(e.into())),
+        redis::Value::ServerError(e) => Err(Error::Redis(e.into())),
         reply => answered_one(reply),
     }
 }
@@ -571,7 +436,7 @@ fn answer(reply: redis::Value) -> Result<bool> {
 /// The same failure again, for each lease of a batch that failed as a whole.
 fn copy(error: &Error) -> Error {
     match error {
-        Error::Backend(e) => Error::Backend(e.clone()),
+        Error::Redis(e) => Error::Redis(e.clone()),
         Error::Timeout(d) => Error::Timeout(*d),
         other => Error::UnexpectedReply(other.to_string()),
     }

@@ -13,7 +13,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
-use tower_lease::{KeyLayout, KeyRole, RedisStore, Store};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{RedisStore, Store};
 
 use crate::support::RedisServer;
 

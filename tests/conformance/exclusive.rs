@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::{Attempt, Lock, LockRef, Mode, Token};
+use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::{Attempt, Lock, Mode};
 
 use super::{Fixture, ROUNDING, first_success};
 
@@ -79,18 +80,18 @@ pub async fn only_the_holder_releases_or_extends(f: Fixture) {
 
     // Anyone without the token is refused, whatever they ask for.
     let lock = LockRef::new(LONG.namespace(), b"holder-only", LONG.ttl(), false);
-    let stranger = Token::random();
+    let stranger = Secret::random();
     assert!(
         !f.store
             .backend()
-            .release(lock, Mode::Exclusive, &stranger)
+            .release(LeaseRef::new(lock, Mode::Exclusive, &stranger))
             .await
             .unwrap()
     );
     assert!(
         !f.store
             .backend()
-            .extend(lock, Mode::Exclusive, &stranger)
+            .extend(LeaseRef::new(lock, Mode::Exclusive, &stranger))
             .await
             .unwrap()
     );
@@ -200,7 +201,7 @@ pub async fn retry_after_is_the_holders_remaining_lease(f: Fixture) {
     let asked = Instant::now();
     let attempt = lock.attempt(&f.store, "busy").await.unwrap();
     let told = Instant::now();
-    let Attempt::Held { retry_after } = attempt else {
+    let Attempt::Busy { retry_after } = attempt else {
         panic!("the lock is held")
     };
     // The holder's lease ends between `sent + ttl` and `answered + ttl`.

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use redis::FromRedisValue;
 use tokio::time::Instant;
-use tower_lease::{KeyLayout, KeyRole, RedisStore, Store};
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{RedisStore, Store};
 
 /// What a test runs against: a store, and for Redis a raw connection to look behind it.
 pub struct Fixture {

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use tokio::time::sleep;
-use tower_lease::{KeyRole, Lock, RwLock};
+use tower_lease::store::KeyRole;
+use tower_lease::{Lock, RwLock};
 
 use super::Fixture;
 

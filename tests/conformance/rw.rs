@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::{Attempt, LockRef, Mode, RwLock, Token};
+use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::{Attempt, Mode, RwLock};
 
 use super::{Fixture, ROUNDING, first_success};
 
@@ -85,20 +86,20 @@ pub async fn crashed_reader_stops_blocking_after_ttl(f: Fixture) {
 pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
     let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
     let lock = LockRef::new(short.namespace(), b"tokens", short.ttl(), false);
-    let stranger = Token::random();
+    let stranger = Secret::random();
 
     let reader = short.try_read(&f.store, "tokens").await.unwrap().unwrap();
     assert!(
         !f.store
             .backend()
-            .release(lock, Mode::Read, &stranger)
+            .release(LeaseRef::new(lock, Mode::Read, &stranger))
             .await
             .unwrap()
     );
     assert!(
         !f.store
             .backend()
-            .extend(lock, Mode::Read, &stranger)
+            .extend(LeaseRef::new(lock, Mode::Read, &stranger))
             .await
             .unwrap()
     );
@@ -120,14 +121,14 @@ pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
     assert!(
         !f.store
             .backend()
-            .release(lock, Mode::Write, &stranger)
+            .release(LeaseRef::new(lock, Mode::Write, &stranger))
             .await
             .unwrap()
     );
     assert!(
         !f.store
             .backend()
-            .extend(lock, Mode::Write, &stranger)
+            .extend(LeaseRef::new(lock, Mode::Write, &stranger))
             .await
             .unwrap()
     );
@@ -163,7 +164,7 @@ fn assert_retry_after<T>(
     (asked, told): (Instant, Instant),
     (earliest, latest): (Instant, Instant),
 ) {
-    let Attempt::Held { retry_after } = attempt else {
+    let Attempt::Busy { retry_after } = attempt else {
         panic!("the lock is held")
     };
     let at_most = latest.saturating_duration_since(asked) + ROUNDING;

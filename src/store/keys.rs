@@ -1,0 +1,131 @@
+//! The key layout of a [`RedisStore`](super::RedisStore): which Redis keys hold a name's leases.
+
+use std::sync::Arc;
+
+use redis::{RedisWrite, ToRedisArgs};
+
+const DEFAULT_PREFIX: &str = "tower-lease";
+
+/// The key layout of a [`RedisStore`](super::RedisStore): its prefix, and how keys are built from it.
+///
+/// ```
+/// use tower_lease::{KeyLayout, KeyRole};
+///
+/// let layout = KeyLayout::default();
+/// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");
+/// assert_eq!(layout.key(KeyRole::Readers, "catalog", b"s1"), b"tower-lease:rwlock:{catalog:s1}:r");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLayout {
+    prefix: Arc<str>,
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.into(),
+        }
+    }
+}
+
+impl KeyLayout {
+    /// A layout that puts every key under `prefix` (the default is `tower-lease`).
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` is empty or holds `{` or `}` (they would move the cluster hash tag).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        assert!(
+            !prefix.is_empty() && !prefix.contains(['{', '}']),
+            "tower-lease: a key prefix must be non-empty and hold no '{{' or '}}', got {prefix:?}"
+        );
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix of every key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The key that holds `role` for `name` in `namespace`, as the scripts use it; for inspecting
+    /// leases with `redis-cli`.
+    pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
+        let parts = self.parts(role, namespace, name);
+        let mut key = Vec::with_capacity(parts.iter().map(|part| part.len()).sum());
+        parts.iter().for_each(|part| key.extend_from_slice(part));
+        key
+    }
+
+    /// The pieces of a key, in order: [`key`](Self::key) joins them, and [`Key`] writes them
+    /// straight into a command without building the key on its own first.
+    pub(super) fn parts<'a>(
+        &'a self,
+        role: KeyRole,
+        namespace: &'a str,
+        name: &'a [u8],
+    ) -> [&'a [u8]; 7] {
+        let (family, suffix): (&[u8], &[u8]) = match role {
+            KeyRole::Lock => (b":lock:{", b""),
+            KeyRole::LockFence => (b":lock:{", b":fence"),
+            KeyRole::Writer => (b":rwlock:{", b":w"),
+            KeyRole::Readers => (b":rwlock:{", b":r"),
+            KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
+        };
+        let prefix = self.prefix.as_bytes();
+        [
+            prefix,
+            family,
+            namespace.as_bytes(),
+            b":",
+            name,
+            b"}",
+            suffix,
+        ]
+    }
+}
+
+/// A key as a command argument, written into the command without a `Vec` of its own.
+#[derive(Clone, Copy)]
+pub(super) struct Key<'a>(pub(super) [&'a [u8]; 7]);
+
+impl Key<'_> {
+    pub(super) fn len(&self) -> usize {
+        self.0.iter().map(|part| part.len()).sum()
+    }
+}
+
+impl ToRedisArgs for Key<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Joined on the stack and handed over whole: writing the pieces one by one through
+        // `writer_for_next_arg` costs twice as much.
+        let mut buf = [0; 256];
+        let len = self.len();
+        if len > buf.len() {
+            return out.write_arg(&self.0.concat());
+        }
+        let mut at = 0;
+        for part in self.0 {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        out.write_arg(&buf[..len]);
+    }
+}
+
+/// Which of a name's keys [`KeyLayout::key`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyRole {
+    /// The holder's key of a [`Lock`](crate::Lock).
+    Lock,
+    /// The fence counter of a [`Lock`](crate::Lock).
+    LockFence,
+    /// The writer's key of an [`RwLock`](crate::RwLock).
+    Writer,
+    /// The reader set of an [`RwLock`](crate::RwLock).
+    Readers,
+    /// The fence counter of an [`RwLock`](crate::RwLock).
+    RwLockFence,
+}
