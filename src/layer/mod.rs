@@ -1,49 +1,17 @@
-//! Tower middleware that runs each request under a lease: [`LockLayer`] and [`RwLockLayer`].
+//! Tower middleware that runs each request under a lease: [`LockLayer`] and
+//! [`RwLockLayer`].
 //!
-//! For each request the layer asks its extractor ([`ExtractName`]) for a lock name, tries the
-//! lease once (no waiting), and then:
+//! This page is the reference for the layer: where the name comes from, the options, every answer
+//! the layer makes over HTTP, and what happens while a request runs.
 //!
-//! | outcome | what the client gets |
-//! |---|---|
-//! | extractor answers `None` | the inner service's response, unlocked |
-//! | name empty or over 1024 bytes | `400`, problem+json |
-//! | lock held by someone else | `409` (or [`held_status`](LockLayer::held_status)), `Retry-After`, problem+json |
-//! | store failed or timed out | `503`, `Retry-After: 1`, problem+json (or the inner response, with [`fail_open`](LockLayer::fail_open)) |
-//! | acquired | the inner service's response, the lease released before it is returned |
-//! | lease lost while running | `503`, problem+json (or the inner response, with [`LeaseLost::Continue`]) |
-//!
-//! Every store call has a deadline ([`RedisStore::timeout`](crate::RedisStore::timeout), 1 s
-//! by default), so when Redis is down or blackholed a request gets its `503` within about that
-//! deadline, never hangs.
-//!
-//! Problem bodies follow RFC 9457 (`type`, `title`, `status`, `detail`, plus the lock's
-//! `namespace`) and never contain a lease token. `Retry-After` is the holder's remaining lease in
-//! whole seconds, rounded up, at least 1.
-//!
-//! # The lease while the request runs
-//!
-//! An acquired request carries a [`Lease`] extension. The layer's heartbeat, one task on the
-//! tokio runtime for all the leases of a layer, extends it every third of the TTL
-//! ([`heartbeat`](LockLayer::heartbeat)) whether or not the server polls the response, sending
-//! the extensions that fall due together as one batch (one pipeline on Redis), and retries
-//! failed extensions until the lease would run out. The task runs only while the layer holds
-//! leases past their first beat; most requests end before that and never touch it. The lease counts as lost when the store says it is no longer ours or no
-//! extension was confirmed in time. Validity is judged on the monotonic clock from the moment
-//! each confirmed command was *sent*, minus a drift margin of 1 % of the TTL + 2 ms.
-//!
-//! Under the default [`LeaseLost::Abort`], a lost lease drops the inner future and answers
-//! `503`, and a response produced after the lease's validity ended is replaced by `503` too: a
-//! process that was frozen past its lease does not answer `200`. [`max_hold`](LockLayer::max_hold)
-//! stops the heartbeat after a while, so a stuck handler ends this way.
-//!
-//! The release is awaited before the response head is returned, so the client's next request
-//! finds the lock free. With [`hold_through_body`](LockLayer::hold_through_body) the
-//! [`LeaseBody`] holds the lease until the body ends. When the future or body is dropped early
-//! (the client went away), the release is spawned; if even that fails, the TTL frees the lock.
-//!
-//! A lease is not a mutex: a holder that is paused or partitioned long enough loses it while
-//! it still works. Give the resource a fencing token ([`Lock::fenced`](crate::Lock::fenced),
-//! [`Lease::fence`]) when that must never cause a lost update.
+//! For each request the layer asks its extractor for a lock name, tries the lease once (no
+//! waiting), and then answers or runs the inner service as the [HTTP contract](#http-contract)
+//! says.
+//! [`LockLayer::new(store, lock, extractor)`](crate::LockLayer::new) takes an exclusive
+//! `Lock<str>`; [`RwLockLayer::new(store, rwlock, extractor)`](crate::RwLockLayer::new) takes
+//! the shared read lease for `GET`, `HEAD`, `OPTIONS` and `TRACE` and the write lease otherwise.
+//! Both are `Clone + Send + Sync`, keep the inner service's error type (every rejection is a
+//! response, so axum needs no `HandleErrorLayer`), and need a tokio runtime.
 //!
 //! # With axum
 //!
@@ -71,8 +39,7 @@
 //!     .route_layer(RwLockLayer::new(store, CATALOG, extract::path_segment(1)));
 //! ```
 //!
-//! `route_layer` runs the layer only for matched routes, so unknown paths still get axum's
-//! `404`. Rejections are responses, so no `HandleErrorLayer` is needed.
+//! `route_layer` runs the layer only for matched routes, so unknown paths still get axum's `404`.
 //!
 //! # With hyper or `tower::ServiceBuilder`
 //!
@@ -114,6 +81,117 @@
 //!
 //! To serve it with hyper, wrap the service in `hyper_util::service::TowerToHyperService`; the
 //! layer's futures and bodies are `Send + 'static` whenever the inner service's are.
+//!
+//! # Where the name comes from
+//!
+//! An extractor is anything that implements [`extract::ExtractName`],
+//! including every closure `Fn(&Request<B>) -> Option<N>` that returns an owned name (`String`,
+//! `Vec<u8>`, `Bytes`, an integer, …). `None` means "not locked": the request goes straight to the
+//! inner service. The helpers in [`extract`]:
+//!
+//! | helper | name | `None` when |
+//! |---|---|---|
+//! | [`path_segment(i)`](crate::extract::path_segment) | the `i`th path segment counting from 0 after the leading `/` (`/invoices/{id}/finalize`: `1` is the id), percent-decoded to raw bytes | the path has fewer segments |
+//! | [`path()`](crate::extract::path) | the whole path, percent-decoded (so every spelling of a path takes the same lock) | never |
+//! | [`header(name)`](crate::extract::header) | the first value of the header, raw bytes | the header is missing |
+//! | [`constant(name)`](crate::extract::constant) | always `name`: one lock for the whole route | never |
+//!
+//! A name that is empty (`/invoices//finalize`) or longer than 1024 bytes gets `400`, and so, by
+//! default, does one that is not UTF-8 text or holds a control character (NUL included) or a
+//! brace (`/invoices/%00`, `/invoices/%7Bx%7D`, `/invoices/%FF`). The store takes any bytes, but
+//! from a request such names are a bug or a probe: control bytes make keys unreadable in
+//! `redis-cli`, and a `}` shortens the cluster hash tag, so crafted names could pile onto one slot.
+//! `.binary_names()` lifts the text rule for extractors that produce binary names (raw UUIDs,
+//! say). Inside axum's `Router::nest`, the path is the nested router's, without its prefix.
+//!
+//! # Options
+//!
+//! Both layers have these, except `.read_when`:
+//!
+//! | option | default | effect |
+//! |---|---|---|
+//! | [`.held_status(StatusCode)`](crate::LockLayer::held_status) | `409 Conflict` | the status when the lock is held; `StatusCode::LOCKED` for `423` (must be a 4xx) |
+//! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or misses its deadline, run the request unlocked and log a warning |
+//! | [`.heartbeat(Duration)`](crate::LockLayer::heartbeat) | TTL / 3 | how often the lease is extended while the request runs (must be shorter than the TTL) |
+//! | [`.max_hold(Duration)`](crate::LockLayer::max_hold) | no limit | stop extending this long after acquiring: a stuck handler loses the lease at most one TTL later |
+//! | [`.on_lease_lost(LeaseLost)`](crate::LockLayer::on_lease_lost) | [`LeaseLost::Abort`] | `Abort`: drop the handler's future and answer `503`; `Continue`: only flag the [`Lease`] |
+//! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
+//! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
+//! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
+//!
+//! The store's own options matter too: [`RedisStore::timeout`](crate::RedisStore::timeout)
+//! (default 1 s) bounds every acquire, extend and release, and so how long a request can wait on a
+//! sick Redis. redis-rs connections have their own response timeout (500 ms by default); whichever
+//! is shorter answers first.
+//!
+//! # HTTP contract
+//!
+//! | situation | status | headers | body |
+//! |---|---|---|---|
+//! | extractor answers `None` | the inner service's | the inner service's | the inner service's |
+//! | name empty, over 1024 bytes, or (without `.binary_names()`) not UTF-8 text or holding a control character or a brace | `400 Bad Request` | `content-type: application/problem+json` | problem `urn:tower-lease:invalid-lock-name` |
+//! | lock held by another request | `409 Conflict`, or `.held_status(…)` | `retry-after`, problem+json | problem `urn:tower-lease:lock-held` |
+//! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
+//! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
+//! | acquired | the inner service's | the inner service's | the inner service's, released before it is returned |
+//!
+//! - `Retry-After` on a held lock is the holder's remaining lease in whole seconds, rounded up, at
+//!   least 1. A holder that keeps extending is still there when it runs out: clients should treat
+//!   it as a hint.
+//! - With Redis down or blackholed, the `503` comes within `RedisStore::timeout` (1 s by default)
+//!   plus a round trip, never later.
+//! - Problem bodies are RFC 9457 documents (`type`, `title`, `status`, `detail`) with the lock's
+//!   namespace as an extension member. They never contain a lease token, and the `type` URIs are
+//!   stable identifiers (not links):
+//!
+//! ```json
+//! {"type":"urn:tower-lease:lock-held","title":"The resource is locked by another request","status":409,
+//!  "detail":"Another request holds the invoice lock for this resource; retry in 30 s.","namespace":"invoice"}
+//! ```
+//!
+//! - Under `.hold_through_body()`, a lease lost while the body streams (default policy) ends the
+//!   body with an error, so the client sees a truncated response rather than a complete one. The
+//!   body's last frame is written after the release's round trip, so set `TCP_NODELAY` on the
+//!   listener (in axum, `listener.tap_io(|tcp| tcp.set_nodelay(true))` from
+//!   `axum::serve::ListenerExt`); otherwise Nagle's algorithm can hold that frame back for a
+//!   delayed ACK (about 20 ms per response on loopback).
+//!
+//! # While the request runs
+//!
+//! An acquired request carries a [`Lease`] extension (`Extension<Lease>` in axum):
+//! `name()`, `namespace()`, `mode()`, `fence()`, `is_held()`, and two futures for handlers that
+//! stop cooperatively under [`LeaseLost::Continue`]:
+//! [`lost()`](crate::Lease::lost) resolves only when the lease is lost, and
+//! [`ended()`](crate::Lease::ended) when it is lost or released.
+//!
+//! The layer's heartbeat extends each lease every `heartbeat` interval, whether or not the server
+//! is polling the response (a client that reads slowly does not let the lease lapse). It is one
+//! task per layer, not one per lease: the extensions that fall due together (within an eighth of
+//! the interval) go out as one batch, one pipeline of `EVALSHA`s on Redis (concurrent single calls
+//! on a cluster, where a pipeline cannot span slots). The task is spawned when a lease's first
+//! extension falls due, and ends when the layer's last such lease is released or lost; a request
+//! that ends sooner never touches it. Failed extensions are retried with a short backoff until the
+//! lease would end; a batch the store does not answer is abandoned at the earliest deadline in it.
+//!
+//! Validity is counted on the monotonic clock from the moment each confirmed acquire or extend
+//! was *sent*, less 1 % of the TTL + 2 ms for clock drift; when no extension is confirmed by then,
+//! or the store answers that the lease is gone, it is lost. Under the default
+//! [`LeaseLost::Abort`] a lost lease drops the inner future and answers
+//! `503`, and a handler that finishes after that moment (a process that was frozen, an executor
+//! that was starved) gets `503`, not its `200`. [`max_hold`](crate::LockLayer::max_hold) stops
+//! the heartbeat after a while, so a stuck handler ends this way.
+//!
+//! The release is awaited before the response head is returned, so the client's next request
+//! finds the lock free; with `.hold_through_body()` the [`LeaseBody`] holds
+//! the lease until the body ends instead. When a client disconnects mid-request, hyper drops the
+//! future (or the body); the layer then stops extending and releases in a spawned task, and a store
+//! call still on the wire is finished in a task of its own, giving back any lease it took. If even
+//! that release fails, the TTL frees the lock.
+//!
+//! A lease is not a mutex: a holder that is paused or partitioned long enough loses it while it
+//! still works. Give the resource a fencing token ([`Lock::fenced`](crate::Lock::fenced),
+//! [`Lease::fence`]) when that must never cause a lost update; see
+//! [what a lease cannot promise](crate#what-a-lease-cannot-promise).
 
 #[allow(
     clippy::module_inception,
