@@ -21,8 +21,8 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
     let tokens: Vec<Secret> = names.iter().map(|_| Secret::random()).collect();
     let lock = |i: usize| LockRef::new("batch", &names[i], TTL, i.is_multiple_of(7));
     let lease = |i: usize, secret| LeaseRef::new(lock(i), modes[i % 3], secret);
-    for i in 0..names.len() {
-        let acquired = backend.acquire(lease(i, &tokens[i])).await;
+    for (i, secret) in tokens.iter().enumerate() {
+        let acquired = backend.acquire(lease(i, secret)).await;
         assert!(matches!(
             acquired,
             Ok(tower_lease::store::Acquisition::Acquired { .. })
@@ -63,7 +63,9 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
                 "{retry_after:?}"
             );
         }
-        acquired => panic!("not held: {acquired:?}"),
+        acquired @ tower_lease::store::Acquisition::Acquired { .. } => {
+            panic!("not held: {acquired:?}")
+        }
     }
 }
 

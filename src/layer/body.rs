@@ -5,13 +5,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use super::finish_on_drop::FinishOnDrop;
+use super::future::AbortOnLoss;
+use super::guard::LeaseGuard;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio_util::sync::WaitForCancellationFutureOwned;
-
-use super::future::{InFlight, in_flight_release};
-use super::lease::LeaseGuard;
 
 /// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -38,30 +37,37 @@ pin_project! {
     where
         B: Body,
     {
+        // The inner service's body, its lease already released (or never taken).
         Inner {
             #[pin]
             body: B,
         },
-        Held {
+        // The inner service's body, holding the lease until it ends.
+        Holding {
             #[pin]
             body: B,
-            // `None` once the body has ended and the release has been started.
-            hold: Option<Hold>,
-            releasing: Option<InFlight<()>>,
-            // The inner body's last frame, returned once the release is done.
-            last: Option<Frame<B::Data>>,
+            lease: BodyLease<B::Data>,
         },
+        // The layer's own problem+json document; `None` once it has been handed on.
         Problem {
             data: Option<Bytes>,
         },
     }
 }
 
-/// The lease a body holds, and whether losing it ends the body.
-pub(crate) struct Hold {
-    pub(crate) guard: LeaseGuard,
-    /// `Some` under [`LeaseLost::Abort`](crate::LeaseLost::Abort).
-    pub(crate) abort_on: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+/// Where the lease of a [`Kind::Holding`] body stands.
+enum BodyLease<D> {
+    Held {
+        guard: LeaseGuard,
+        abort_on_loss: Option<AbortOnLoss>,
+    },
+    // The body has ended; its last frame (if it had one) waits for the release.
+    Releasing {
+        release: FinishOnDrop<()>,
+        last: Option<Frame<D>>,
+    },
+    // Released, or dropped (which releases in the background) after an error.
+    Ended,
 }
 
 impl<B: Body> LeaseBody<B> {
@@ -71,14 +77,15 @@ impl<B: Body> LeaseBody<B> {
         }
     }
 
-    pub(crate) fn held(body: B, hold: Hold) -> Self {
+    /// `body`, holding the lease of `guard` until it ends; `abort_on_loss` is set under
+    /// [`LeaseLost::Abort`](crate::LeaseLost::Abort).
+    pub(crate) fn holding(body: B, guard: LeaseGuard, abort_on_loss: Option<AbortOnLoss>) -> Self {
+        let lease = BodyLease::Held {
+            guard,
+            abort_on_loss,
+        };
         Self {
-            kind: Kind::Held {
-                body,
-                hold: Some(hold),
-                releasing: None,
-                last: None,
-            },
+            kind: Kind::Holding { body, lease },
         }
     }
 
@@ -107,45 +114,52 @@ where
             KindProj::Problem { data } => {
                 Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into()))))
             }
-            KindProj::Held {
-                mut body,
-                hold,
-                releasing,
-                last,
-            } => loop {
-                if let Some(release) = releasing {
-                    // Answer the end of the body only once the lease is given back, so the
-                    // client's next request finds the lock free.
-                    ready!(Pin::new(release).poll(cx));
-                    *releasing = None;
-                    return Poll::Ready(last.take().map(Ok));
-                }
-                let Some(held) = hold else {
-                    return Poll::Ready(None);
-                };
-                if let Some(lost) = &mut held.abort_on
-                    && lost.as_mut().poll(cx).is_ready()
-                {
-                    // Truncate rather than finish a response whose lease is gone; the dropped
-                    // guard releases in the background.
-                    *hold = None;
-                    return Poll::Ready(Some(Err(Box::new(LeaseLostError(())))));
-                }
-                match ready!(body.as_mut().poll_frame(cx)) {
-                    Some(Ok(frame)) if !body.is_end_stream() => {
-                        return Poll::Ready(Some(Ok(frame)));
+            KindProj::Holding { mut body, lease } => loop {
+                match lease {
+                    BodyLease::Held { abort_on_loss, .. } => {
+                        if let Some(lost) = abort_on_loss
+                            && lost.as_mut().poll(cx).is_ready()
+                        {
+                            // Held → Ended: truncate rather than finish a response whose lease
+                            // is gone; the dropped guard releases in the background.
+                            *lease = BodyLease::Ended;
+                            return Poll::Ready(Some(Err(Box::new(LeaseLostError(())))));
+                        }
+                        let last = match ready!(body.as_mut().poll_frame(cx)) {
+                            Some(Ok(frame)) if !body.is_end_stream() => {
+                                return Poll::Ready(Some(Ok(frame)));
+                            }
+                            // The last frame: a server that knows the length may not poll
+                            // again, and the client has the whole response as soon as it is
+                            // written.
+                            Some(Ok(frame)) => Some(frame),
+                            None => None,
+                            Some(Err(error)) => {
+                                // Held → Ended.
+                                *lease = BodyLease::Ended;
+                                return Poll::Ready(Some(Err(error.into())));
+                            }
+                        };
+                        // Held → Releasing.
+                        let BodyLease::Held { guard, .. } =
+                            std::mem::replace(lease, BodyLease::Ended)
+                        else {
+                            unreachable!("in the Held state")
+                        };
+                        let release = FinishOnDrop::release(guard.release());
+                        *lease = BodyLease::Releasing { release, last };
                     }
-                    // The last frame: a server that knows the length may not poll again, and
-                    // the client has the whole response as soon as it is written.
-                    Some(Ok(frame)) => *last = Some(frame),
-                    None => {}
-                    Some(Err(error)) => {
-                        *hold = None;
-                        return Poll::Ready(Some(Err(error.into())));
+                    BodyLease::Releasing { release, last } => {
+                        // Answer the end of the body only once the lease is given back, so the
+                        // client's next request finds the lock free.
+                        ready!(Pin::new(release).poll(cx));
+                        let last = last.take();
+                        // Releasing → Ended.
+                        *lease = BodyLease::Ended;
+                        return Poll::Ready(last.map(Ok));
                     }
+                    BodyLease::Ended => return Poll::Ready(None),
                 }
-                let guard = hold.take().expect("checked above").guard;
-                *releasing = Some(in_flight_release(guard.release()));
             },
         }
     }
@@ -156,15 +170,13 @@ where
             Kind::Problem { data } => data.is_none(),
             // Holding a lease, claim more is coming even if the inner body has ended, so the
             // server polls once more and the release is awaited there.
-            Kind::Held {
-                hold, releasing, ..
-            } => hold.is_none() && releasing.is_none(),
+            Kind::Holding { lease, .. } => matches!(lease, BodyLease::Ended),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } | Kind::Held { body, .. } => body.size_hint(),
+            Kind::Inner { body } | Kind::Holding { body, .. } => body.size_hint(),
             Kind::Problem { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -176,7 +188,7 @@ impl<B: Body> fmt::Debug for LeaseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",
-            Kind::Held { .. } => "Held",
+            Kind::Holding { .. } => "Holding",
             Kind::Problem { .. } => "Problem",
         };
         f.debug_struct("LeaseBody")

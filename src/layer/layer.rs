@@ -8,8 +8,8 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use super::extract::SafeMethods;
-use super::heartbeat::Beats;
-use super::lease::{Heartbeat, LeaseLost};
+use super::heartbeat::{Heartbeat, HeartbeatTiming};
+use super::lease::LeaseLost;
 use super::service::{Access, LockService};
 use crate::lock::Spec;
 use crate::{Lock, RwLock, Store};
@@ -21,9 +21,9 @@ pub(crate) struct Config {
     pub(crate) spec: Spec,
     pub(crate) held_status: StatusCode,
     pub(crate) fail_open: bool,
+    pub(crate) timing: HeartbeatTiming,
+    /// The heartbeat of this layer's leases, shared by every service it makes.
     pub(crate) heartbeat: Heartbeat,
-    /// The heartbeat driver of this layer's leases, shared by every service it makes.
-    pub(crate) beats: Beats,
     pub(crate) on_lease_lost: LeaseLost,
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
@@ -36,11 +36,11 @@ impl Config {
             spec,
             held_status: StatusCode::CONFLICT,
             fail_open: false,
-            heartbeat: Heartbeat {
+            timing: HeartbeatTiming {
                 every: spec.ttl / 3,
                 max_hold: None,
             },
-            beats: Beats::default(),
+            heartbeat: Heartbeat::default(),
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
             binary_names: false,
@@ -179,7 +179,7 @@ macro_rules! options {
                      the TTL ({:?})",
                     self.config.spec.ttl
                 );
-                self.config.heartbeat.every = every;
+                self.config.timing.every = every;
                 self
             }
 
@@ -187,7 +187,7 @@ macro_rules! options {
             /// keep the lock forever: the lease then runs out at most one TTL later and counts
             /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
             pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.config.heartbeat.max_hold = Some(max_hold);
+                self.config.timing.max_hold = Some(max_hold);
                 self
             }
 
@@ -250,7 +250,7 @@ impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R> {
             inner,
             Arc::new(self.config.clone()),
             self.extractor.clone(),
-            Access::Shared(self.read_when.clone()),
+            Access::ReadWrite(self.read_when.clone()),
         )
     }
 }

@@ -201,7 +201,9 @@ mod layer;
 
 mod body;
 pub mod extract;
+mod finish_on_drop;
 mod future;
+mod guard;
 mod heartbeat;
 mod lease;
 mod problem;

@@ -10,10 +10,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
+use super::extract::NameDefect;
 use super::extract::{ExtractName, ReadWhen, SafeMethods};
 use super::future::ResponseFuture;
 use super::layer::Config;
-use super::problem::{NameDefect, Problem};
+use super::problem::Problem;
 use crate::LockName;
 use crate::store::Mode;
 use crate::token::Holding;
@@ -21,8 +22,10 @@ use crate::token::Holding;
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
 pub(crate) enum Access<R> {
+    /// A [`Lock`](crate::Lock)'s one lease for every request.
     Exclusive,
-    Shared(R),
+    /// An [`RwLock`](crate::RwLock)'s read or write lease, as `R` decides per request.
+    ReadWrite(R),
 }
 
 /// The middleware [`LockLayer`](crate::LockLayer) and [`RwLockLayer`](crate::RwLockLayer)
@@ -86,8 +89,8 @@ where
         };
         let mode = match &self.access {
             Access::Exclusive => Mode::Exclusive,
-            Access::Shared(read_when) if read_when.is_read(&req) => Mode::Read,
-            Access::Shared(_) => Mode::Write,
+            Access::ReadWrite(read_when) if read_when.is_read(&req) => Mode::Read,
+            Access::ReadWrite(_) => Mode::Write,
         };
         let name = name.lock_name().into_owned();
         if let Some(defect) = NameDefect::of(&name, self.config.binary_names) {

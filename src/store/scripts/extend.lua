@@ -1,6 +1,6 @@
 -- Extend an exclusive or writer lease to one full TTL from now. Never re-acquires: once the key
 -- is gone or belongs to someone else, the answer is 0.
--- KEYS[1] lock key; ARGV[1] token, ARGV[2] TTL in ms. Returns 1 when extended, 0 otherwise.
+-- KEYS[1] lock key; ARGV[1] secret, ARGV[2] TTL in ms. Returns 1 when extended, 0 otherwise.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

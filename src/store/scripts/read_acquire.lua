@@ -1,6 +1,6 @@
 -- Shared acquire for `RwLock`. Readers live in a sorted set scored by lease end (server ms).
 -- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] fence counter (only when fenced)
--- ARGV[1] token, ARGV[2] TTL in ms
+-- ARGV[1] secret, ARGV[2] TTL in ms
 -- Returns {1, fence} when acquired (the current write generation, 0 when unfenced or never
 -- written), {0, ms until the writer's lease ends} when a writer holds.
 local time = redis.call('TIME')

@@ -1,5 +1,5 @@
 -- Extend one reader lease to one full TTL from now; an expired reader is not re-added.
--- KEYS[1] reader set; ARGV[1] token, ARGV[2] TTL in ms. Returns 1 when extended, 0 otherwise.
+-- KEYS[1] reader set; ARGV[1] secret, ARGV[2] TTL in ms. Returns 1 when extended, 0 otherwise.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)

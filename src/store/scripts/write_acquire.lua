@@ -1,6 +1,6 @@
 -- Exclusive acquire for `RwLock`: refused while a writer holds or any reader lease is live.
 -- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] fence counter (only when fenced)
--- ARGV[1] token, ARGV[2] TTL in ms
+-- ARGV[1] secret, ARGV[2] TTL in ms
 -- Returns {1, fence} when acquired (fence 0 when unfenced), {0, ms until the blocking lease ends}.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

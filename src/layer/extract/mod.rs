@@ -35,11 +35,17 @@ use percent_encoding::percent_decode_str;
 
 use crate::LockName;
 
+mod name_rules;
+
+pub(crate) use self::name_rules::NameDefect;
+
 /// Picks the lock name for a request.
 ///
 /// `None` means the request is not locked: it passes straight through to the inner service. A
-/// name the store cannot take (empty, or longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)
-/// bytes) is answered with `400 Bad Request`.
+/// name that is empty or longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes is answered
+/// with `400 Bad Request`, and so, unless the layer takes
+/// [`binary_names`](crate::LockLayer::binary_names), is one that is not UTF-8 text or holds a
+/// control character or a brace.
 ///
 /// Implemented for every `Fn(&Request<B>) -> Option<N> + Clone + Send + Sync + 'static`.
 pub trait ExtractName<B> {

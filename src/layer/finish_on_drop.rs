@@ -1,0 +1,100 @@
+//! [`FinishOnDrop`]: a store call that runs to its end even when the request that made it is
+//! dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::time::Instant;
+
+use crate::Result;
+use crate::store::BoxFuture;
+use crate::token::{Attempt, Holding};
+
+/// An acquisition's answer, with the instant its command was sent.
+pub(crate) type Acquired = (Instant, Result<Attempt<Holding>>);
+
+/// A store call that is finished in a spawned task if the request is dropped first.
+///
+/// Once a command has left, the store acts on it whether or not anyone waits for the answer: a
+/// request cancelled while its acquisition is in flight would leave a lease nobody holds, and one
+/// cancelled while its release is in flight might never send it. Either way the lock would stay
+/// taken for a whole TTL. So a dropped call runs on to its end, and a lease it took is given back.
+pub(crate) struct FinishOnDrop<T: Send + 'static> {
+    /// `None` once the call has answered.
+    call: Option<BoxFuture<'static, T>>,
+    /// A call never polled has sent nothing and can simply be dropped.
+    polled: bool,
+    /// What to do with the answer of a call nobody waits for any more.
+    if_abandoned: fn(T) -> Option<BoxFuture<'static, ()>>,
+}
+
+impl FinishOnDrop<Acquired> {
+    /// An acquisition: abandoned, a lease it took is released at once.
+    pub(crate) fn acquisition(call: BoxFuture<'static, Acquired>) -> Self {
+        Self::new(call, |(_, attempt)| match attempt {
+            Ok(Attempt::Acquired(holding)) => Some(Box::pin(async move {
+                if let Err(error) = holding.release().await {
+                    tracing::warn!(
+                        namespace = holding.namespace(),
+                        %error,
+                        "releasing the lease of a cancelled request failed; it stays held until its TTL runs out"
+                    );
+                }
+            })),
+            _ => None,
+        })
+    }
+}
+
+impl FinishOnDrop<()> {
+    /// A release: abandoned, it is still sent and awaited in the background.
+    pub(crate) fn release(call: BoxFuture<'static, ()>) -> Self {
+        Self::new(call, |()| None)
+    }
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    fn new(
+        call: BoxFuture<'static, T>,
+        if_abandoned: fn(T) -> Option<BoxFuture<'static, ()>>,
+    ) -> Self {
+        Self {
+            call: Some(call),
+            polled: false,
+            if_abandoned,
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        self.polled = true;
+        let call = self
+            .call
+            .as_mut()
+            .expect("FinishOnDrop polled after completion");
+        let answer = ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take().filter(|_| self.polled) else {
+            return;
+        };
+        // Outside a runtime the call cannot go on; the TTL frees whatever it took.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let if_abandoned = self.if_abandoned;
+            runtime.spawn(async move {
+                if let Some(follow_up) = if_abandoned(call.await) {
+                    follow_up.await;
+                }
+            });
+        }
+    }
+}
