@@ -17,6 +17,7 @@ mod check;
 mod keys;
 mod memory;
 mod redis;
+mod scripts;
 
 pub use self::check::Warning;
 pub use self::keys::{KeyLayout, KeyRole};

@@ -1,46 +1,14 @@
-//! Leases in Redis: the key layout and the Lua scripts that act on it.
+//! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
 
 use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::ConnectionLike;
 
 use super::keys::{Key, KeyLayout, KeyRole};
+use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_script};
 use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
-
-static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
-static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));
-static RELEASE: Lua = Lua::new(include_str!("scripts/release.lua"));
-static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquire.lua"));
-static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
-static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
-static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
-
-/// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
-///
-/// `redis::Script`'s fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails when another
-/// `SCRIPT FLUSH` lands between the two, and in a cluster `SCRIPT LOAD` goes to every node, so
-/// one node down would fail calls for the slots of the others. `EVAL` runs the script in one
-/// command on the slot's node and caches it there for the next `EVALSHA`.
-struct Lua {
-    code: &'static str,
-    sha: OnceLock<String>,
-}
-
-impl Lua {
-    const fn new(code: &'static str) -> Self {
-        let sha = OnceLock::new();
-        Self { code, sha }
-    }
-
-    fn sha(&self) -> &str {
-        let hash = || Script::new(self.code).get_hash().to_owned();
-        self.sha.get_or_init(hash)
-    }
-}
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -227,25 +195,6 @@ fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
             retry_after: Duration::from_millis(value.max(0) as u64),
         },
     })
-}
-
-/// What a holder asks of its lease.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Holder {
-    Extend,
-    Release,
-}
-
-/// The script for `action` on a lease held in `mode`, and the key it acts on.
-fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRole) {
-    match (mode, action) {
-        (Mode::Exclusive, Holder::Extend) => (&EXTEND, KeyRole::Lock),
-        (Mode::Write, Holder::Extend) => (&EXTEND, KeyRole::Writer),
-        (Mode::Read, Holder::Extend) => (&READ_EXTEND, KeyRole::Readers),
-        (Mode::Exclusive, Holder::Release) => (&RELEASE, KeyRole::Lock),
-        (Mode::Write, Holder::Release) => (&RELEASE, KeyRole::Writer),
-        (Mode::Read, Holder::Release) => (&READ_RELEASE, KeyRole::Readers),
-    }
 }
 
 fn answered_one(reply: redis::Value) -> Result<bool> {

@@ -1,0 +1,58 @@
+//! The Lua scripts a [`RedisStore`](super::RedisStore) runs, one `.lua` file each beside this
+//! module, and how they are sent.
+
+use std::sync::OnceLock;
+
+use redis::Script;
+
+use super::{KeyRole, Mode};
+
+pub(super) static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
+pub(super) static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));
+pub(super) static RELEASE: Lua = Lua::new(include_str!("scripts/release.lua"));
+pub(super) static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquire.lua"));
+pub(super) static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
+pub(super) static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
+pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
+
+/// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
+///
+/// `redis::Script`'s fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails when another
+/// `SCRIPT FLUSH` lands between the two, and in a cluster `SCRIPT LOAD` goes to every node, so
+/// one node down would fail calls for the slots of the others. `EVAL` runs the script in one
+/// command on the slot's node and caches it there for the next `EVALSHA`.
+pub(super) struct Lua {
+    pub(super) code: &'static str,
+    sha: OnceLock<String>,
+}
+
+impl Lua {
+    const fn new(code: &'static str) -> Self {
+        let sha = OnceLock::new();
+        Self { code, sha }
+    }
+
+    pub(super) fn sha(&self) -> &str {
+        let hash = || Script::new(self.code).get_hash().to_owned();
+        self.sha.get_or_init(hash)
+    }
+}
+
+/// What a holder asks of its lease.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holder {
+    Extend,
+    Release,
+}
+
+/// The script for `action` on a lease held in `mode`, and the key it acts on.
+pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRole) {
+    match (mode, action) {
+        (Mode::Exclusive, Holder::Extend) => (&EXTEND, KeyRole::Lock),
+        (Mode::Write, Holder::Extend) => (&EXTEND, KeyRole::Writer),
+        (Mode::Read, Holder::Extend) => (&READ_EXTEND, KeyRole::Readers),
+        (Mode::Exclusive, Holder::Release) => (&RELEASE, KeyRole::Lock),
+        (Mode::Write, Holder::Release) => (&RELEASE, KeyRole::Writer),
+        (Mode::Read, Holder::Release) => (&READ_RELEASE, KeyRole::Readers),
+    }
+}
