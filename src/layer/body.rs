@@ -4,13 +4,16 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
-use super::finish_on_drop::FinishOnDrop;
-use super::future::AbortOnLoss;
-use super::guard::LeaseGuard;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::{Sleep, sleep};
+
+use super::finish_on_drop::FinishOnDrop;
+use super::future::{AbortOnLoss, poll_release};
+use super::guard::LeaseGuard;
 
 /// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -60,11 +63,15 @@ enum BodyLease<D> {
     Held {
         guard: LeaseGuard,
         abort_on_loss: Option<AbortOnLoss>,
+        release_wait: Duration,
     },
-    // The body has ended; its last frame (if it had one) waits for the release.
+    // The body has ended; its last frame (if it had one) waits for the release, for at most
+    // the layer's `release_wait`.
     Releasing {
         release: FinishOnDrop<()>,
+        wait: Pin<Box<Sleep>>,
         last: Option<Frame<D>>,
+        namespace: &'static str,
     },
     // Released, or dropped (which releases in the background) after an error.
     Ended,
@@ -79,10 +86,16 @@ impl<B: Body> LeaseBody<B> {
 
     /// `body`, holding the lease of `guard` until it ends; `abort_on_loss` is set under
     /// [`LeaseLost::Abort`](crate::LeaseLost::Abort).
-    pub(crate) fn holding(body: B, guard: LeaseGuard, abort_on_loss: Option<AbortOnLoss>) -> Self {
+    pub(crate) fn holding(
+        body: B,
+        guard: LeaseGuard,
+        abort_on_loss: Option<AbortOnLoss>,
+        release_wait: Duration,
+    ) -> Self {
         let lease = BodyLease::Held {
             guard,
             abort_on_loss,
+            release_wait,
         };
         Self {
             kind: Kind::Holding { body, lease },
@@ -141,18 +154,34 @@ where
                             }
                         };
                         // Held → Releasing.
-                        let BodyLease::Held { guard, .. } =
-                            std::mem::replace(lease, BodyLease::Ended)
+                        let BodyLease::Held {
+                            guard,
+                            release_wait,
+                            ..
+                        } = std::mem::replace(lease, BodyLease::Ended)
                         else {
                             unreachable!("in the Held state")
                         };
+                        let namespace = guard.namespace();
                         let release = FinishOnDrop::release(guard.release());
-                        *lease = BodyLease::Releasing { release, last };
+                        let wait = Box::pin(sleep(release_wait));
+                        *lease = BodyLease::Releasing {
+                            release,
+                            wait,
+                            last,
+                            namespace,
+                        };
                     }
-                    BodyLease::Releasing { release, last } => {
-                        // Answer the end of the body only once the lease is given back, so the
-                        // client's next request finds the lock free.
-                        ready!(Pin::new(release).poll(cx));
+                    BodyLease::Releasing {
+                        release,
+                        wait,
+                        last,
+                        namespace,
+                    } => {
+                        // Answer the end of the body only once the lease is given back (or
+                        // `release_wait` is over), so the client's next request finds the
+                        // lock free.
+                        ready!(poll_release(release, wait.as_mut(), cx, namespace));
                         let last = last.take();
                         // Releasing → Ended.
                         *lease = BodyLease::Ended;

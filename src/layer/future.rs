@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep, sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
@@ -63,15 +63,20 @@ pin_project! {
             // `Some` under `LeaseLost::Abort`.
             abort_on_loss: Option<AbortOnLoss>,
         },
-        // Giving the lease back before the inner service's response goes out.
+        // Giving the lease back before the inner service's response goes out, for at most
+        // the layer's `release_wait`.
         Releasing {
             release: FinishOnDrop<()>,
+            #[pin]
+            wait: Sleep,
             response: Result<S::Response, S::Error>,
         },
         // Giving a lost lease back (it may still be in the store for the drift margin) before
-        // answering 503.
+        // answering 503, for at most the layer's `release_wait`.
         ReleasingLost {
             release: FinishOnDrop<()>,
+            #[pin]
+            wait: Sleep,
         },
         // The layer answers by itself.
         Refusing {
@@ -208,7 +213,8 @@ where
                                 unreachable!("in the Locked state")
                             };
                             let release = FinishOnDrop::release(guard.release());
-                            this.state.set(State::ReleasingLost { release });
+                            let wait = sleep(config.release_wait);
+                            this.state.set(State::ReleasingLost { release, wait });
                             continue;
                         }
                     };
@@ -229,23 +235,31 @@ where
                         );
                         // Locked → ReleasingLost.
                         let release = FinishOnDrop::release(guard.release());
-                        this.state.set(State::ReleasingLost { release });
+                        let wait = sleep(config.release_wait);
+                        this.state.set(State::ReleasingLost { release, wait });
                     } else if config.hold_through_body {
                         // Locked → Done: the body owns the lease from here on, and nobody may
                         // poll it while the client reads slowly, so the heartbeat must run.
                         guard.enrol_now(&config.heartbeat);
                         return Poll::Ready(response.map(|res| {
-                            res.map(|body| LeaseBody::holding(body, guard, abort_on_loss))
+                            res.map(|body| {
+                                LeaseBody::holding(body, guard, abort_on_loss, config.release_wait)
+                            })
                         }));
                     } else {
                         // Locked → Releasing: give the lease back before the head goes out.
                         let release = FinishOnDrop::release(guard.release());
-                        this.state.set(State::Releasing { release, response });
+                        let wait = sleep(config.release_wait);
+                        this.state.set(State::Releasing {
+                            release,
+                            wait,
+                            response,
+                        });
                     }
                 }
-                StateProj::Releasing { release, .. } => {
-                    ready!(Pin::new(release).poll(cx));
-                    // Releasing → Done.
+                StateProj::Releasing { release, wait, .. } => {
+                    ready!(poll_release(release, wait, cx, namespace));
+                    // Releasing → Done; a release still in flight finishes in the background.
                     let StateOwned::Releasing { response, .. } =
                         this.state.as_mut().project_replace(State::Done)
                     else {
@@ -253,8 +267,8 @@ where
                     };
                     return Poll::Ready(response.map(|res| res.map(LeaseBody::inner)));
                 }
-                StateProj::ReleasingLost { release } => {
-                    ready!(Pin::new(release).poll(cx));
+                StateProj::ReleasingLost { release, wait } => {
+                    ready!(poll_release(release, wait, cx, namespace));
                     // ReleasingLost → Done.
                     this.state.set(State::Done);
                     let status = StatusCode::SERVICE_UNAVAILABLE;
@@ -270,6 +284,25 @@ where
             }
         }
     }
+}
+
+/// Waits for `release` until `wait` fires; after that the caller drops `release`, which
+/// finishes it in the background.
+pub(crate) fn poll_release(
+    release: &mut FinishOnDrop<()>,
+    wait: Pin<&mut Sleep>,
+    cx: &mut Context<'_>,
+    namespace: &str,
+) -> Poll<()> {
+    if Pin::new(release).poll(cx).is_ready() {
+        return Poll::Ready(());
+    }
+    ready!(wait.poll(cx));
+    tracing::warn!(
+        namespace,
+        "the store did not confirm the release in time; answering, and finishing it in the background"
+    );
+    Poll::Ready(())
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

@@ -102,6 +102,11 @@ impl LeaseGuard {
         true
     }
 
+    /// The lease's namespace.
+    pub(crate) fn namespace(&self) -> &'static str {
+        self.state.holding.namespace()
+    }
+
     /// The request extension for this lease.
     pub(crate) fn lease(&self) -> Lease {
         Lease::new(self.state.clone())

@@ -14,6 +14,10 @@ use super::service::{Access, LockService};
 use crate::lock::Spec;
 use crate::{Lock, RwLock, Store};
 
+/// How long a response waits for its release by default: a healthy store answers in a round
+/// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
+const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
+
 /// What the layer does, shared by every service and future it makes.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -27,6 +31,9 @@ pub(crate) struct Config {
     pub(crate) on_lease_lost: LeaseLost,
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
+    pub(crate) require_name: bool,
+    /// How long the response waits for the release before it goes out anyway.
+    pub(crate) release_wait: Duration,
 }
 
 impl Config {
@@ -44,6 +51,8 @@ impl Config {
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
             binary_names: false,
+            require_name: false,
+            release_wait: DEFAULT_RELEASE_WAIT,
         }
     }
 }
@@ -74,7 +83,12 @@ pub struct LockLayer<E> {
 
 impl<E> LockLayer<E> {
     /// A layer that takes `lock` in `store` on the name `extractor` picks from each request.
-    pub fn new(store: Store, lock: Lock<str>, extractor: E) -> Self {
+    ///
+    /// The lock may have any name type: `Lock<str>` with an extractor of text, `Lock<u64>` with
+    /// one that parses an id, and so on. Names are compared as the bytes [`LockName`](crate::LockName) encodes,
+    /// so the extractor should yield `N`'s owned form (`String` for `str`, `u64` for `u64`) for
+    /// the layer and direct callers of `lock` to meet on the same names.
+    pub fn new<N: ?Sized>(store: Store, lock: Lock<N>, extractor: E) -> Self {
         Self {
             config: Config::new(store, lock.spec()),
             extractor,
@@ -114,7 +128,10 @@ pub struct RwLockLayer<E, R = SafeMethods> {
 
 impl<E> RwLockLayer<E> {
     /// A layer that takes `lock` in `store` on the name `extractor` picks from each request.
-    pub fn new(store: Store, lock: RwLock<str>, extractor: E) -> Self {
+    ///
+    /// As with [`LockLayer::new`], the lock may have any name type `N`, and the extractor
+    /// should yield its owned form.
+    pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
         Self {
             config: Config::new(store, lock.spec()),
             extractor,
@@ -220,6 +237,31 @@ macro_rules! options {
             /// shortens the cluster hash tag, so crafted names could pile onto one slot.
             pub fn binary_names(mut self) -> Self {
                 self.config.binary_names = true;
+                self
+            }
+
+            /// Answers `400 Bad Request` (problem `urn:tower-lease:missing-lock-name`) when the
+            /// extractor finds no name, instead of running the request unlocked (the default).
+            ///
+            /// Use it where every request on the route must be locked, such as handlers that
+            /// take `Extension<Lease>`: without it, a request the extractor answers `None` for
+            /// reaches the handler with no [`Lease`](crate::Lease), and axum rejects it with
+            /// `500 Missing request extension`. Handlers that also serve unlocked requests take
+            /// `Option<Extension<Lease>>` instead.
+            pub fn require_name(mut self) -> Self {
+                self.config.require_name = true;
+                self
+            }
+
+            /// How long a finished response waits for its lease's release before it goes out
+            /// anyway (250 ms by default); the release then finishes in the background.
+            ///
+            /// A healthy store answers the release in a round trip, so the client's next
+            /// request finds the lock free. A failing one would otherwise hold every finished
+            /// response for the store's whole deadline; the lease's TTL frees the lock if the
+            /// release never lands.
+            pub fn release_wait(mut self, wait: Duration) -> Self {
+                self.config.release_wait = wait;
                 self
             }
         }

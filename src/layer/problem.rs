@@ -19,6 +19,8 @@ pub(crate) enum Problem {
     Busy { retry_after: Duration },
     /// The extractor produced a name the layer refuses to lock.
     InvalidName(NameDefect),
+    /// The extractor found no name, and the layer requires one.
+    MissingName,
     /// The store failed or did not answer in time, and the layer fails closed.
     Unavailable,
     /// The lease ran out (or was taken away) while the request was being served.
@@ -32,6 +34,7 @@ impl Problem {
         match self {
             Problem::Busy { .. } => "urn:tower-lease:lock-held",
             Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
+            Problem::MissingName => "urn:tower-lease:missing-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
             Problem::Lost => "urn:tower-lease:lease-lost",
         }
@@ -41,6 +44,7 @@ impl Problem {
         match self {
             Problem::Busy { .. } => "The resource is locked by another request",
             Problem::InvalidName(_) => "The request names a resource that cannot be locked",
+            Problem::MissingName => "The request does not name the resource to lock",
             Problem::Unavailable => "The lock service is unavailable",
             Problem::Lost => "The lock was lost while the request was being served",
         }
@@ -61,6 +65,10 @@ impl Problem {
                 "Lock names in {namespace} must be UTF-8 text without control characters or \
                  braces; this one {}.",
                 defect.what()
+            ),
+            Problem::MissingName => format!(
+                "Requests here must name the {namespace} resource they act on, and this one \
+                 does not."
             ),
             Problem::Unavailable => format!(
                 "The {namespace} lock could not be taken because the lock store failed or \
@@ -106,7 +114,7 @@ impl Problem {
             Problem::Unavailable => {
                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            Problem::InvalidName(_) | Problem::Lost => {}
+            Problem::InvalidName(_) | Problem::MissingName | Problem::Lost => {}
         }
         response
     }

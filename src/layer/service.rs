@@ -85,6 +85,18 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
 
         let Some(name) = self.extractor.extract(&req) else {
+            if self.config.require_name {
+                tracing::debug!(
+                    namespace = self.config.spec.namespace,
+                    "no lock name, request refused"
+                );
+                let problem = Problem::MissingName;
+                return ResponseFuture::refused(
+                    problem,
+                    StatusCode::BAD_REQUEST,
+                    self.config.clone(),
+                );
+            }
             return ResponseFuture::unlocked(inner.call(req), self.config.clone());
         };
         let mode = match &self.access {

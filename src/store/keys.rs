@@ -9,7 +9,7 @@ const DEFAULT_PREFIX: &str = "tower-lease";
 /// The key layout of a [`RedisStore`](super::RedisStore): its prefix, and how keys are built from it.
 ///
 /// ```
-/// use tower_lease::{KeyLayout, KeyRole};
+/// use tower_lease::store::{KeyLayout, KeyRole};
 ///
 /// let layout = KeyLayout::default();
 /// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");

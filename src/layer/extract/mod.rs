@@ -99,6 +99,64 @@ impl<B> ExtractName<B> for PathSegment {
     }
 }
 
+/// Several segments of the request path, each percent-decoded, joined with `/` into one name:
+/// for `/events/{event}/seats/{seat}/buy`, `path_segments([1, 3])` locks `"{event}/{seat}"`.
+///
+/// Segments count from 0 after the leading `/`, as in [`path_segment`]. A path with fewer
+/// segments passes through unlocked; an empty segment (`/events//seats/4/buy`) makes the whole
+/// name invalid, so it gets `400`. Within each decoded segment `%` and `/` are written back as
+/// `%25` and `%2F`, so no two different segment lists make the same name.
+///
+/// ```
+/// use http::Request;
+/// use tower_lease::extract::{self, ExtractName};
+///
+/// let seats = extract::path_segments([1, 3]);
+/// let req = Request::post("/events/gala/seats/12/buy").body(()).unwrap();
+/// assert_eq!(seats.extract(&req), Some(b"gala/12".to_vec()));
+/// let req = Request::post("/events/a%2Fb/seats/12/buy").body(()).unwrap();
+/// assert_eq!(seats.extract(&req), Some(b"a%2Fb/12".to_vec()));
+/// let req = Request::post("/events//seats/12/buy").body(()).unwrap();
+/// assert_eq!(seats.extract(&req), Some(Vec::new()), "an invalid name: 400");
+/// ```
+pub fn path_segments<const COUNT: usize>(indexes: [usize; COUNT]) -> PathSegments<COUNT> {
+    PathSegments { indexes }
+}
+
+/// The extractor [`path_segments`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathSegments<const COUNT: usize> {
+    indexes: [usize; COUNT],
+}
+
+impl<B, const COUNT: usize> ExtractName<B> for PathSegments<COUNT> {
+    type Name = Vec<u8>;
+
+    fn extract(&self, req: &Request<B>) -> Option<Vec<u8>> {
+        let path = req.uri().path();
+        let path = path.strip_prefix('/').unwrap_or(path);
+        let mut name = Vec::with_capacity(path.len());
+        for (i, &index) in self.indexes.iter().enumerate() {
+            let segment = path.split('/').nth(index)?;
+            if segment.is_empty() {
+                // One empty part makes the whole name invalid, whatever the others hold.
+                return Some(Vec::new());
+            }
+            if i > 0 {
+                name.push(b'/');
+            }
+            for byte in percent_decode_str(segment) {
+                match byte {
+                    b'%' => name.extend_from_slice(b"%25"),
+                    b'/' => name.extend_from_slice(b"%2F"),
+                    byte => name.push(byte),
+                }
+            }
+        }
+        Some(name)
+    }
+}
+
 /// The whole request path, percent-decoded (without the query).
 ///
 /// Decoding makes every spelling of one path (`/a%62c` and `/abc`) take the same lock; it also
@@ -239,6 +297,18 @@ mod tests {
         assert_eq!(seg("/i/%00%7B%7D"), b"\0{}");
         assert_eq!(seg("/i/%FF%FE"), [0xff, 0xfe]);
         assert_eq!(seg("/i/caf%C3%A9"), "café".as_bytes());
+    }
+
+    #[test]
+    fn several_segments_make_one_name_that_tells_them_apart() {
+        let name = |uri: &str| path_segments([0, 2]).extract(&req(uri));
+        assert_eq!(name("/a/x/b"), Some(b"a/b".to_vec()));
+        assert_eq!(name("/a%2Fb/x/c"), Some(b"a%2Fb/c".to_vec()));
+        assert_ne!(name("/a%2Fb/x/c"), name("/a/x/b%2Fc"));
+        assert_eq!(name("/100%25/x/c"), Some(b"100%25/c".to_vec()));
+        assert_eq!(name("/a/x"), None, "too few segments: unlocked");
+        assert_eq!(name("/a/x/"), Some(Vec::new()), "an empty segment: invalid");
+        assert_eq!(name("//x/b"), Some(Vec::new()), "an empty segment: invalid");
     }
 
     #[test]
