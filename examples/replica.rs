@@ -89,7 +89,7 @@ where
     for warning in store.check().await? {
         eprintln!("warning: {warning}");
     }
-    let lock = Lock::try_new("counter", ttl)?;
+    let lock: Lock<str> = Lock::try_new("counter", ttl)?;
     let app = Router::new().route("/counters/{name}/increment", post(increment::<C>));
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
         app
