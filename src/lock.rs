@@ -133,9 +133,14 @@ macro_rules! definition {
                 Ok(Self { spec: Spec::try_new(namespace, ttl)?, name: PhantomData })
             }
 
-            /// Makes every exclusive acquisition take the next value of a per-name counter,
-            /// available as `fence()` on the token: a *fencing token* the protected resource can
-            /// check to refuse writes from a holder whose lease has already run out.
+            /// Makes every exclusive acquisition take a *fencing token*, available as `fence()` on
+            /// the token, that the protected resource can check to refuse writes from a holder
+            /// whose lease has already run out.
+            ///
+            /// Per name, each fence is larger than every fence before it: it is
+            /// `max(last + 1, the store's clock in µs)`, so it keeps growing even when Redis
+            /// loses the counter (a restart without persistence, a failover, a flush), as long
+            /// as the clock of the Redis that issues it is not behind the last one's.
             pub const fn fenced(self) -> Self {
                 Self { spec: Spec { fenced: true, ..self.spec }, name: PhantomData }
             }

@@ -78,10 +78,10 @@ async fn every_operation_works_on_names_spread_over_all_nodes() {
         let one = first.fence().unwrap();
         assert!(first.release().await.unwrap());
         let second = FENCED.try_lock(&store, name).await.unwrap().unwrap();
-        assert_eq!(
-            second.fence(),
-            Some(one + 1),
-            "the fence counter shares the slot"
+        let two = second.fence().unwrap();
+        assert!(
+            two > one,
+            "the fence counter shares the slot: {two} after {one}"
         );
         assert!(second.release().await.unwrap());
 

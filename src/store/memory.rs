@@ -210,12 +210,17 @@ impl MemoryStore {
     }
 }
 
+/// The next fence of `name`: `max(last + 1, wall-clock time in µs)`, as the Redis scripts
+/// compute it, so memory and Redis hand out fences of the same shape.
 fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
     let counter = match fences.get_mut(name) {
         Some(counter) => counter,
         None => fences.entry(name.into()).or_insert(0),
     };
-    *counter += 1;
+    *counter = (*counter + 1).max(now);
     *counter
 }
 

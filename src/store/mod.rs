@@ -150,8 +150,8 @@ impl<'a> LockRef<'a> {
 pub enum Acquisition {
     /// The lease is now held with the caller's token.
     Acquired {
-        /// For a fenced lock: the next value of the name's counter (for a reader, the current
-        /// one). `None` for an unfenced lock.
+        /// For a fenced lock: the fence of this acquisition, `max(last + 1, store time in µs)`
+        /// (for a reader, the last writer's, 0 before any). `None` for an unfenced lock.
         fence: Option<u64>,
     },
     /// Someone else holds it.
@@ -216,8 +216,9 @@ impl<'a> LeaseRef<'a> {
 ///   reader is refused while a writer holds.
 /// - `extend` and `release` act only when the lease is still held with *this* secret and answer
 ///   `false` otherwise; `extend` never re-acquires a lease that ran out.
-/// - Fenced exclusive and write acquisitions take the next value of a per-name counter that
-///   never goes backwards.
+/// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
+///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
+///   counter is lost.
 pub trait Backend: Send + Sync + 'static {
     /// Takes `lease` if it is free.
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;

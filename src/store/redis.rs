@@ -25,7 +25,7 @@ const ARGS_LEN: usize = 64;
 /// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
-/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | counter, never expires |
+/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, never expires |
 ///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
 /// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a

@@ -15,6 +15,10 @@ if last[2] then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if KEYS[3] then
-  return {1, redis.call('INCR', KEYS[3])}
+  -- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter.
+  local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, micros)
+  redis.call('SET', KEYS[3], string.format('%d', fence))
+  return {1, fence}
 end
 return {1, 0}
