@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::Result;
 
 mod check;
+mod connect;
 mod keys;
 mod memory;
 mod redis;

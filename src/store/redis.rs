@@ -10,7 +10,7 @@ use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_s
 use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
 /// key count, `NX PX`.

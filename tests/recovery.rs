@@ -1,0 +1,55 @@
+//! How soon a store answers again once Redis is back after an outage, with the connection
+//! `RedisStore::connect` builds, while requests keep arriving every 20 ms.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use tower_lease::{Lock, RedisStore, Store};
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
+
+/// Stops the server for `down`, with a lock attempt every 20 ms, and answers how long after the
+/// restart the first attempt succeeded.
+async fn recovery_after(
+    store: &Store,
+    server: &mut support::RedisServer,
+    down: Duration,
+) -> Duration {
+    let token = JOBS.try_lock(store, "before").await.unwrap().unwrap();
+    assert!(token.release().await.unwrap());
+    server.stop();
+    let stopped = Instant::now();
+    while stopped.elapsed() < down {
+        assert!(JOBS.try_lock(store, "down").await.is_err(), "Redis is down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.restart();
+    let restarted = Instant::now();
+    loop {
+        if let Ok(Some(token)) = JOBS.try_lock(store, "after").await {
+            let took = restarted.elapsed();
+            assert!(token.release().await.unwrap());
+            return took;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(30),
+            "never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_connected_store_answers_within_a_second_of_redis_coming_back() {
+    let mut server = support::RedisServer::start();
+    let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    for down in [Duration::from_secs(1), Duration::from_secs(10)] {
+        let took = recovery_after(&store, &mut server, down).await;
+        println!("down {down:?}: answering again {took:?} after the restart");
+        assert!(
+            took < Duration::from_secs(1),
+            "down {down:?}: answered again only {took:?} after the restart"
+        );
+    }
+}
