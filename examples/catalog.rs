@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::extract::Path;
 use axum::routing::get;
 use axum::{Extension, Router};
-use tower_lease::{Lease, RwLock, RwLockLayer, Store, extract};
+use tower_lease::{Lease, RedisStore, RwLock, RwLockLayer, Store, extract};
 
 /// Repricing takes seconds; the heartbeat keeps the lease while it runs.
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(5));
@@ -39,10 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     let store = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-            Store::redis(conn)
-        }
+        Ok(url) => RedisStore::connect(&url).await?.into(),
         Err(_) => Store::memory(),
     };
     let app = Router::new()

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, MissedTickBehavior, interval};
-use tower_lease::{Lock, Store};
+use tower_lease::{Lock, RedisStore, Store};
 
 /// The TTL is the interval: a taken lease blocks the job for one interval.
 const NIGHTLY_REPORT: Lock<str> = Lock::new("cron", Duration::from_secs(2));
@@ -44,10 +44,7 @@ async fn replica(id: usize, store: Store, job: String, started: Instant) -> usiz
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-            Store::redis(conn)
-        }
+        Ok(url) => RedisStore::connect(&url).await?.into(),
         Err(_) => Store::memory(),
     };
     // One job name per run, so a Redis shared with earlier runs holds no stale lease.

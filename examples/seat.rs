@@ -26,7 +26,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
-use tower_lease::{Lease, Lock, LockLayer, Store, extract};
+use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 
 /// One lock per seat; a reservation takes well under a second, the TTL is a safety net.
 const SEATS: Lock<str> = Lock::new("seat", Duration::from_secs(10));
@@ -70,12 +70,11 @@ fn replica(db: Arc<Database>, store: Option<Store>) -> Router {
     app.with_state(db)
 }
 
-async fn store() -> Result<Store, redis::RedisError> {
+async fn store() -> Result<Store, tower_lease::Error> {
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("leases in Redis at {url}");
-            let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-            Ok(Store::redis(conn))
+            Ok(RedisStore::connect(&url).await?.into())
         }
         Err(_) => {
             println!("leases in memory (set REDIS_URL to use Redis)");
