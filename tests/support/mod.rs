@@ -1,206 +1,98 @@
-//! Test support: real `redis-server` processes on free loopback ports, started by the tests.
+//! Test support, included by every test binary (`#[path = "../support/mod.rs"] mod support;`):
 //!
-//! Every server runs without persistence, is asked to die with the test process (so a crashed
-//! test leaves nothing behind), and is killed when its handle drops.
+//! - [`server`]: real `redis-server` processes on free loopback ports, started by the tests;
+//! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
+//! - [`proxy`]: a TCP fault proxy between a store and its Redis;
+//! - [`env`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
+//!   behind it, and the `store_tests!` macro that runs a test on each;
+//! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
+//! - below: polling, drop flags and a witness of how many holders are inside at once.
 #![allow(dead_code, unreachable_pub)]
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod env;
+pub mod http;
 pub mod proxy;
+pub mod server;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
-/// A `redis-server` child process listening on `127.0.0.1:port`.
-#[derive(Debug)]
-pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    extra_args: Vec<String>,
-}
+use tokio::time::Instant;
 
-impl RedisServer {
-    /// Starts a server on a free port and waits until it answers `PING`.
-    pub fn start() -> Self {
-        Self::start_with(&[])
-    }
+// What the tests use most, at the top; not every binary uses each.
+#[allow(unused_imports)]
+pub use env::{Env, Raw, STORE_TIMEOUT, Setup};
+#[allow(unused_imports)]
+pub use server::{Endpoint, RedisServer};
 
-    /// Like [`start`](Self::start), with extra `redis-server` arguments (`--maxmemory 1mb` …).
-    pub fn start_with(extra_args: &[&str]) -> Self {
-        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
-        // Another process may take the free port between our probe and redis-server's bind: try
-        // a few ports before giving up.
-        for _ in 0..10 {
-            let port = free_port();
-            let mut server = RedisServer {
-                child: None,
-                port,
-                extra_args: extra_args.clone(),
-            };
-            if server.spawn_and_wait() {
-                return server;
-            }
+/// Calls `attempt` every `every` until it answers `Some`, for at most `limit` (at least once);
+/// answers the value and when the attempt that gave it was sent.
+///
+/// It keeps time with tokio's clock, so it works under `tokio::time::pause` too.
+pub async fn poll<T, F, Fut>(
+    every: Duration,
+    limit: Duration,
+    mut attempt: F,
+) -> Option<(T, Instant)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let sent = Instant::now();
+        if let Some(value) = attempt().await {
+            return Some((value, sent));
         }
-        panic!("redis-server did not start on any of 10 free ports");
-    }
-
-    /// The port the server listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:port/`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// A redis-rs client for this server.
-    pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("valid url")
-    }
-
-    /// A multiplexed connection to this server.
-    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        self.client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the test redis-server")
-    }
-
-    /// A connection manager (reconnects by itself) to this server.
-    pub async fn connection_manager(&self) -> redis::aio::ConnectionManager {
-        redis::aio::ConnectionManager::new(self.client())
-            .await
-            .expect("connect to the test redis-server")
-    }
-
-    /// Sends `SCRIPT FLUSH` every 2 ms for `how_long`, as a hostile operator would under load;
-    /// answers how many flushes went through.
-    pub async fn flush_scripts_for(&self, how_long: Duration) -> usize {
-        let mut conn = self.connection().await;
-        let started = Instant::now();
-        let mut flushes = 0;
-        while started.elapsed() < how_long {
-            let () = redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query_async(&mut conn)
-                .await
-                .expect("SCRIPT FLUSH");
-            flushes += 1;
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        if Instant::now() >= deadline {
+            return None;
         }
-        flushes
-    }
-
-    /// Kills the server (SIGKILL) and waits for it to exit. The port stays reserved for
-    /// [`restart`](Self::restart) only by convention: nothing else on this machine binds it in
-    /// between in practice.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts the server again on the same port, empty (no persistence).
-    pub fn restart(&mut self) {
-        self.stop();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.spawn_and_wait() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not restart on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The OS process id, for tests that signal the server.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Spawns redis-server on `self.port`; `false` when it exited (port taken) before answering.
-    fn spawn_and_wait(&mut self) -> bool {
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--protected-mode", "no"])
-            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        die_with_parent(&mut command);
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed: run scripts/test (it installs it), \
-                 or `apt-get install redis-server`"
-            ),
-            Err(e) => panic!("could not start redis-server: {e}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            if ping(self.port) {
-                self.child = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        tokio::time::sleep(every).await;
     }
 }
 
-impl Drop for RedisServer {
+/// Sets its flag when dropped: tells whether a handler's future was dropped.
+pub struct DropFlag(pub Arc<AtomicBool>);
+
+impl Drop for DropFlag {
     fn drop(&mut self) {
-        self.stop();
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a: SocketAddr| a.port())
-        .expect("bind a probe socket on 127.0.0.1")
+/// A witness of mutual exclusion: every holder [`enter`](Self::enter)s while it believes it
+/// holds the lock, and [`most`](Self::most) tells how many were ever inside at once. Clones
+/// share the count, so the holders may sit in different tasks or replicas.
+#[derive(Clone, Debug, Default)]
+pub struct Holders {
+    inside: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
 }
 
-/// Whether something on `port` answers `PING` with `+PONG`.
-pub fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
+impl Holders {
+    /// Counts one more holder inside until the guard drops.
+    #[must_use = "the holder is inside until the guard drops"]
+    pub fn enter(&self) -> Inside {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Inside(self.clone())
     }
-    let mut reply = [0u8; 7];
-    matches!(stream.read_exact(&mut reply), Ok(())) && &reply == b"+PONG\r\n"
+
+    /// The most holders that were inside at the same time.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
 }
 
-/// Asks the kernel to kill `command`'s process when the test process dies, so servers never
-/// outlive a test that panicked or was killed.
-pub fn die_with_parent(command: &mut Command) {
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+/// One holder inside; leaves when dropped.
+pub struct Inside(Holders);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
     }
 }

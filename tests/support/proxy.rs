@@ -18,6 +18,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::server::{Endpoint, RedisServer};
+
 /// What the proxy does with the bytes it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -89,24 +91,14 @@ impl Proxy {
         Proxy { addr, shared, stop }
     }
 
-    /// Starts a proxy to the redis-server on `127.0.0.1:port`.
-    pub async fn to_port(port: u16) -> Self {
-        Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await
+    /// Starts a proxy to `server`.
+    pub async fn to(server: &RedisServer) -> Self {
+        Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()))).await
     }
 
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// `redis://127.0.0.1:port/` of the proxy.
-    pub fn url(&self) -> String {
-        format!("redis://{}/", self.addr)
-    }
-
-    /// A redis-rs client that connects through the proxy.
-    pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("valid url")
     }
 
     /// Switches the fault mode; open connections follow it from their next chunk.
@@ -134,6 +126,13 @@ impl Proxy {
     /// How many connections the proxy has accepted so far.
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::Relaxed)
+    }
+}
+
+/// Connections to the proxy reach the server behind it, faults included.
+impl Endpoint for Proxy {
+    fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
     }
 }
 

@@ -1,16 +1,17 @@
 //! The store on a real local Redis Cluster (three masters made with `redis-cli --cluster create`):
 //! every script runs on the node that owns its name's slot, multi-key scripts never cross slots,
-//! and scripts load where they are missing.
-#![cfg(feature = "cluster")]
-
-mod support;
+//! scripts load where they are missing, `check` looks at every primary, and a master that dies
+//! fails calls promptly until it is back.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use support::cluster::RedisCluster;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RwLock, Store, Warning};
+
+use crate::support::Endpoint;
+use crate::support::cluster::RedisCluster;
+use crate::support::server::config_set;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();
@@ -215,19 +216,9 @@ async fn check_looks_at_every_primary() {
     assert_eq!(store.check().await.unwrap(), []);
 
     let node = &cluster.nodes()[1];
-    let mut conn = node.client().get_connection().unwrap();
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("100mb")
-        .query(&mut conn)
-        .unwrap();
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("volatile-lru")
-        .query(&mut conn)
-        .unwrap();
+    let mut conn = node.connection().await;
+    config_set(&mut conn, "maxmemory", "100mb").await;
+    config_set(&mut conn, "maxmemory-policy", "volatile-lru").await;
     let warnings = store.check().await.unwrap();
     let [
         Warning::EvictingPolicy {

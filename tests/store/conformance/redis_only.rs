@@ -6,14 +6,27 @@ use tokio::time::sleep;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, RwLock};
 
-use super::Fixture;
+use crate::support::{Env, Raw};
+
+crate::store_tests!(
+    Core: [],
+    redis: [
+        pttl_right_after_acquire_is_the_ttl,
+        crashed_reader_member_is_removed,
+        reader_set_key_expires,
+        every_operation_survives_script_flush,
+        exact_key_names,
+        custom_prefix,
+        abandoned_lock_key_is_gone_after_ttl,
+    ]
+);
 
 const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(30));
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_millis(300));
 
-pub async fn pttl_right_after_acquire_is_the_ttl(f: Fixture) {
-    let raw = f.raw();
-    let _token = INVOICES.try_lock(&f.store, &7).await.unwrap().unwrap();
+async fn pttl_right_after_acquire_is_the_ttl(env: Env) {
+    let raw = env.raw();
+    let _token = INVOICES.try_lock(&env.store, &7).await.unwrap().unwrap();
     let pttl = raw.pttl(&raw.key(KeyRole::Lock, "invoice", b"7")).await;
     let ttl = INVOICES.ttl().as_millis() as i64;
     assert!(
@@ -22,18 +35,22 @@ pub async fn pttl_right_after_acquire_is_the_ttl(f: Fixture) {
     );
 }
 
-pub async fn crashed_reader_member_is_removed(f: Fixture) {
-    let raw = f.raw();
+async fn crashed_reader_member_is_removed(env: Env) {
+    let raw = env.raw();
     let long = RwLock::<str>::new("catalog", Duration::from_secs(30));
     let readers = raw.key(KeyRole::Readers, "catalog", b"shop");
-    drop(CATALOG.try_read(&f.store, "shop").await.unwrap().unwrap()); // crashes: 300 ms lease
-    let survivor = long.try_read(&f.store, "shop").await.unwrap().unwrap();
+    drop(CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap()); // crashes: 300 ms lease
+    let survivor = long.try_read(&env.store, "shop").await.unwrap().unwrap();
     assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&readers)).await, 2);
     sleep(Duration::from_millis(400)).await;
 
     // Any script on the name drops the expired member; the live one stays.
     assert!(
-        CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(),
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none(),
         "survivor blocks"
     );
     assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&readers)).await, 1);
@@ -44,10 +61,10 @@ pub async fn crashed_reader_member_is_removed(f: Fixture) {
     );
 }
 
-pub async fn reader_set_key_expires(f: Fixture) {
-    let raw = f.raw();
+async fn reader_set_key_expires(env: Env) {
+    let raw = env.raw();
     let readers = raw.key(KeyRole::Readers, "catalog", b"idle");
-    drop(CATALOG.try_read(&f.store, "idle").await.unwrap().unwrap());
+    drop(CATALOG.try_read(&env.store, "idle").await.unwrap().unwrap());
     let pttl = raw.pttl(&readers).await;
     assert!(
         pttl > 0 && pttl <= 300,
@@ -60,13 +77,13 @@ pub async fn reader_set_key_expires(f: Fixture) {
     );
 }
 
-pub async fn every_operation_survives_script_flush(f: Fixture) {
-    let raw = f.raw();
+async fn every_operation_survives_script_flush(env: Env) {
+    let raw = env.raw();
     for round in 0..2 {
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
         let token = INVOICES
             .fenced()
-            .try_lock(&f.store, &round)
+            .try_lock(&env.store, &round)
             .await
             .unwrap()
             .unwrap();
@@ -76,13 +93,21 @@ pub async fn every_operation_survives_script_flush(f: Fixture) {
         assert!(token.release().await.unwrap());
 
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
-        let reader = CATALOG.try_read(&f.store, "flush").await.unwrap().unwrap();
+        let reader = CATALOG
+            .try_read(&env.store, "flush")
+            .await
+            .unwrap()
+            .unwrap();
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
         assert!(reader.extend().await.unwrap());
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
         assert!(reader.release().await.unwrap());
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
-        let writer = CATALOG.try_write(&f.store, "flush").await.unwrap().unwrap();
+        let writer = CATALOG
+            .try_write(&env.store, "flush")
+            .await
+            .unwrap()
+            .unwrap();
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
         assert!(writer.extend().await.unwrap());
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
@@ -90,23 +115,23 @@ pub async fn every_operation_survives_script_flush(f: Fixture) {
     }
 }
 
-async fn keys(raw: &super::Raw) -> Vec<Vec<u8>> {
+async fn keys(raw: &Raw) -> Vec<Vec<u8>> {
     let mut keys: Vec<Vec<u8>> = raw.query(redis::cmd("KEYS").arg("*")).await;
     keys.sort();
     keys
 }
 
-pub async fn exact_key_names(f: Fixture) {
-    let raw = f.raw();
+async fn exact_key_names(env: Env) {
+    let raw = env.raw();
     let invoice = INVOICES
         .fenced()
-        .try_lock(&f.store, &42)
+        .try_lock(&env.store, &42)
         .await
         .unwrap()
         .unwrap();
     let writer = CATALOG
         .fenced()
-        .try_write(&f.store, "shop-1")
+        .try_write(&env.store, "shop-1")
         .await
         .unwrap()
         .unwrap();
@@ -127,7 +152,11 @@ pub async fn exact_key_names(f: Fixture) {
     assert!(writer.release().await.unwrap());
     assert!(invoice.release().await.unwrap());
 
-    let reader = CATALOG.try_read(&f.store, "shop-1").await.unwrap().unwrap();
+    let reader = CATALOG
+        .try_read(&env.store, "shop-1")
+        .await
+        .unwrap()
+        .unwrap();
     let readers = b"tower-lease:rwlock:{catalog:shop-1}:r".to_vec();
     assert!(raw.exists(&readers).await);
     assert_eq!(
@@ -143,10 +172,10 @@ pub async fn exact_key_names(f: Fixture) {
     assert_eq!(keys(raw).await, fences);
 }
 
-pub async fn custom_prefix(f: Fixture) {
+async fn custom_prefix(env: Env) {
     // A second store over the same Redis with another prefix: its keys never meet the first's.
-    let raw = f.raw();
-    let _default = INVOICES.try_lock(&f.store, &1).await.unwrap().unwrap();
+    let raw = env.raw();
+    let _default = INVOICES.try_lock(&env.store, &1).await.unwrap().unwrap();
     let other = raw.store_with_prefix("billing");
     let token = INVOICES.try_lock(&other, &1).await.unwrap();
     assert!(token.is_some(), "another prefix is another lock space");
@@ -159,10 +188,10 @@ pub async fn custom_prefix(f: Fixture) {
     );
 }
 
-pub async fn abandoned_lock_key_is_gone_after_ttl(f: Fixture) {
-    let raw = f.raw();
+async fn abandoned_lock_key_is_gone_after_ttl(env: Env) {
+    let raw = env.raw();
     let short = Lock::<str>::new("jobs", Duration::from_millis(200));
-    drop(short.try_lock(&f.store, "gone").await.unwrap().unwrap());
+    drop(short.try_lock(&env.store, "gone").await.unwrap().unwrap());
     let key = raw.key(KeyRole::Lock, "jobs", b"gone");
     assert!(raw.exists(&key).await);
     sleep(Duration::from_millis(300)).await;

@@ -2,9 +2,6 @@
 //! long handler (and a body the client does not read), a lost lease cancels the handler,
 //! `max_hold` ends a stuck one, and a frozen process does not answer 200.
 
-mod common_http;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,116 +9,190 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::routing::post;
 use axum::{Extension, Router};
-use bytes::Bytes;
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::store::KeyRole;
-use tower_lease::{Lease, LeaseLost, Lock, LockLayer, extract};
+use tower_lease::store::{Acquisition, Backend, BoxFuture, KeyRole, LeaseRef, MemoryStore};
+use tower_lease::{Lease, LeaseLost, Lock, LockLayer, Store, extract};
 
-use common_http::{Env, Http, serve};
+use crate::support::http::{Chunks, Http, Reply, serve};
+use crate::support::{DropFlag, Env, Holders};
 
 const SHORT: Lock<str> = Lock::new("short", Duration::from_millis(300));
 
-on_both_stores!(
-    a_300ms_lease_lasts_through_a_2s_handler,
-    a_300ms_lease_lasts_while_the_client_does_not_read_the_body,
-    max_hold_ends_a_handler_that_never_finishes,
-    a_frozen_process_does_not_answer_200,
+crate::store_tests!(
+    Layer: [
+        a_300ms_lease_lasts_through_a_2s_handler,
+        a_300ms_lease_lasts_while_the_client_does_not_read_the_body,
+        max_hold_ends_a_handler_that_never_finishes,
+        a_frozen_process_does_not_answer_200,
+    ]
 );
 
 mod redis_only {
+    use crate::support::{Env, Setup};
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_lease_cancels_the_handler() {
-        super::a_lost_lease_cancels_the_handler(super::Env::redis().await).await
+        super::a_lost_lease_cancels_the_handler(Env::redis(Setup::Layer).await).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_lease_is_signalled_under_continue() {
-        super::a_lost_lease_is_signalled_under_continue(super::Env::redis().await).await
+        super::a_lost_lease_is_signalled_under_continue(Env::redis(Setup::Layer).await).await
     }
 }
 
-fn layer(env: &Env) -> LockLayer<extract::PathSegment> {
-    LockLayer::new(env.store.clone(), SHORT, extract::path_segment(1))
-}
-
-/// Sets its flag when dropped: tells whether a handler's future was dropped.
-struct DropFlag(Arc<AtomicBool>);
-
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
+fn layer(store: &Store) -> LockLayer<extract::PathSegment> {
+    LockLayer::new(store.clone(), SHORT, extract::path_segment(1))
 }
 
 /// Asks replica `addr` for `path` every 50 ms until `finished` is set, expecting 409 each time;
-/// answers how many times it asked.
+/// answers how many times it asked, or the first other answer and after how many checks it came.
 ///
-/// A 200 is only allowed once the holder's handler has finished (it sets `finished` before
-/// answering, and the lease is released after that).
-async fn always_held(addr: std::net::SocketAddr, path: &str, finished: &AtomicBool) -> usize {
+/// `finished` is the holder's alone: its handler sets it before answering, and the lease is
+/// released after that, so a 200 is only allowed once it is set. A 200 before then is a second
+/// holder.
+async fn always_held(
+    addr: std::net::SocketAddr,
+    path: &str,
+    finished: &AtomicBool,
+) -> Result<usize, (usize, Reply)> {
     let http = Http::new();
     let mut asked = 0;
     while !finished.load(Ordering::SeqCst) {
         let reply = http.post(addr, path).await;
-        if reply.status == StatusCode::OK {
-            assert!(
-                finished.load(Ordering::SeqCst),
-                "a second holder after {asked} checks"
-            );
+        if reply.status == StatusCode::OK && finished.load(Ordering::SeqCst) {
             break;
         }
-        assert_eq!(
-            reply.status,
-            StatusCode::CONFLICT,
-            "after {asked} checks: {reply:?}"
-        );
+        if reply.status != StatusCode::CONFLICT {
+            return Err((asked, reply));
+        }
         asked += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    asked
+    Ok(asked)
 }
 
-async fn a_300ms_lease_lasts_through_a_2s_handler(env: Env) {
+/// What a 2 s request on one replica got, and what was seen meanwhile on a second replica.
+#[derive(Debug)]
+struct Watched {
+    /// The 2 s request's answer, and how long it took.
+    reply: Reply,
+    took: Duration,
+    /// What [`always_held`] found on the second replica while the first handler ran.
+    checks: Result<usize, (usize, Reply)>,
+    /// The most handlers inside at once, over both replicas.
+    most_inside: usize,
+}
+
+/// Two replicas of one service on `store`: the first's handler works 2 s under a 300 ms lease,
+/// the second's answers at once. While the first holds the lease, a checker asks the second.
+async fn watch_a_2s_holder(store: &Store) -> Watched {
     let started = Arc::new(Notify::new());
-    let finished = Arc::new(AtomicBool::new(false));
-    let app = |work: Duration| {
-        let (started, finished) = (started.clone(), finished.clone());
+    let holders = Holders::default();
+    let app = |work: Duration, finished: Arc<AtomicBool>| {
+        let (started, holders) = (started.clone(), holders.clone());
         Router::new()
             .route(
                 "/jobs/{id}",
                 post(move || async move {
+                    let _inside = holders.enter();
                     started.notify_one();
                     tokio::time::sleep(work).await;
                     finished.store(true, Ordering::SeqCst);
                     "slow"
                 }),
             )
-            .route_layer(layer(&env))
+            .route_layer(layer(store))
     };
-    let first = serve(app(Duration::from_secs(2))).await;
-    let second = serve(app(Duration::ZERO)).await;
+    // Each replica's handler has a flag of its own: the checker waits for the holder's only.
+    let finished = Arc::new(AtomicBool::new(false));
+    let first = serve(app(Duration::from_secs(2), finished.clone())).await;
+    let second = serve(app(Duration::ZERO, Arc::default())).await;
 
     let begun = Instant::now();
     let slow = tokio::spawn(async move { Http::new().post(first, "/jobs/1").await });
     started.notified().await;
-    let checker = {
-        let finished = finished.clone();
-        tokio::spawn(async move { always_held(second, "/jobs/1", &finished).await })
-    };
+    let checker = tokio::spawn(async move { always_held(second, "/jobs/1", &finished).await });
     let reply = slow.await.unwrap();
+    let took = begun.elapsed();
+    Watched {
+        reply,
+        took,
+        checks: checker.await.unwrap(),
+        most_inside: holders.most(),
+    }
+}
+
+async fn a_300ms_lease_lasts_through_a_2s_handler(env: Env) {
+    let watched = watch_a_2s_holder(&env.store).await;
+    let reply = &watched.reply;
     assert_eq!(
         (reply.status, reply.text()),
         (StatusCode::OK, "slow"),
         "{reply:?}"
     );
-    assert!(begun.elapsed() >= Duration::from_secs(2));
-    let checks = checker.await.unwrap();
+    assert!(watched.took >= Duration::from_secs(2));
+    let checks = watched.checks.unwrap_or_else(|(asked, reply)| {
+        panic!("after {asked} checks, while the holder was inside: {reply:?}")
+    });
     assert!(checks >= 10, "only {checks} checks in 2 s");
+    assert_eq!(watched.most_inside, 1, "two handlers inside at once");
     // Released before the response: free at once.
     assert!(SHORT.try_lock(&env.store, "1").await.unwrap().is_some());
+}
+
+/// A broken store: from `from` on, every acquisition answers "acquired", whoever holds the
+/// lease, as if the holder's lease had been lost without anyone noticing.
+struct LetsEveryoneIn {
+    memory: MemoryStore,
+    from: Instant,
+}
+
+impl Backend for LetsEveryoneIn {
+    fn acquire<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
+        Box::pin(async move {
+            let answer = self.memory.acquire(lease).await?;
+            if Instant::now() < self.from {
+                return Ok(answer);
+            }
+            Ok(Acquisition::Acquired { fence: None })
+        })
+    }
+
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.memory.extend(lease)
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.memory.release(lease)
+    }
+}
+
+/// The checks of `a_300ms_lease_lasts_through_a_2s_handler` can fail: on a store that lets a
+/// second holder in 1 s into the 2 s request, both see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_holder_is_seen_on_a_store_that_lets_everyone_in() {
+    let store = Store::from_backend(LetsEveryoneIn {
+        memory: MemoryStore::new(),
+        from: Instant::now() + Duration::from_secs(1),
+    });
+    let watched = watch_a_2s_holder(&store).await;
+    assert_eq!(watched.reply.status, StatusCode::OK, "{watched:?}");
+    assert_eq!(watched.most_inside, 2, "{watched:?}");
+    let (asked, seen) = watched
+        .checks
+        .expect_err("the checker saw no second holder");
+    assert_eq!(
+        seen.status,
+        StatusCode::OK,
+        "after {asked} checks: {seen:?}"
+    );
 }
 
 async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
@@ -131,9 +202,9 @@ async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
     let app = Router::new()
         .route(
             "/export/{id}",
-            post(|| async { Body::new(Chunks { left: CHUNKS }) }),
+            post(|| async { Body::new(Chunks::new(CHUNKS, CHUNK)) }),
         )
-        .route_layer(layer(&env).hold_through_body());
+        .route_layer(layer(&env.store).hold_through_body());
     let first = serve(app.clone()).await;
     let second = serve(app).await;
 
@@ -148,8 +219,9 @@ async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
     // Two seconds of not reading: the lease must stay held the whole time.
     let never = AtomicBool::new(false);
     let checking = always_held(second, "/export/1", &never);
-    let checks = tokio::time::timeout(Duration::from_secs(2), checking).await;
-    assert!(checks.is_err(), "the checker stopped early");
+    if let Ok(stopped) = tokio::time::timeout(Duration::from_secs(2), checking).await {
+        panic!("the checker stopped early: {stopped:?}");
+    }
 
     // Read to the end: the terminating chunk comes only after the release.
     let mut rest = Vec::new();
@@ -164,30 +236,6 @@ async fn a_300ms_lease_lasts_while_the_client_does_not_read_the_body(env: Env) {
         Http::new().post(second, "/export/1").await.status,
         StatusCode::OK
     );
-}
-
-/// A body of `left` chunks of `CHUNK` bytes, produced as fast as the server polls.
-struct Chunks {
-    left: usize,
-}
-
-impl http_body::Body for Chunks {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        if self.left == 0 {
-            return std::task::Poll::Ready(None);
-        }
-        self.left -= 1;
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![
-            b'x';
-            CHUNK
-        ])))))
-    }
 }
 
 const CHUNK: usize = 64 * 1024;
@@ -221,7 +269,7 @@ async fn a_lost_lease_cancels_the_handler(env: Env) {
     let reply = tokio::spawn(async move { Http::new().post(addr, "/jobs/9").await });
     started.notified().await;
     assert!(
-        env.delete(KeyRole::Lock, "lost", b"9").await,
+        env.raw().delete(KeyRole::Lock, "lost", b"9").await,
         "the lease's key was not there"
     );
     let deleted = Instant::now();
@@ -265,7 +313,7 @@ async fn a_lost_lease_is_signalled_under_continue(env: Env) {
 
     let reply = tokio::spawn(async move { Http::new().post(addr, "/jobs/9").await });
     started.notified().await;
-    assert!(env.delete(KeyRole::Lock, "lost", b"9").await);
+    assert!(env.raw().delete(KeyRole::Lock, "lost", b"9").await);
     let deleted = Instant::now();
     let reply = reply.await.unwrap();
     assert!(deleted.elapsed() < Duration::from_millis(1500));
@@ -287,7 +335,7 @@ async fn max_hold_ends_a_handler_that_never_finishes(env: Env) {
     let max_hold = Duration::from_millis(400);
     let app = Router::new()
         .route("/jobs/{id}", post(handler))
-        .route_layer(layer(&env).max_hold(max_hold));
+        .route_layer(layer(&env.store).max_hold(max_hold));
     let addr = serve(app).await;
 
     let begun = Instant::now();

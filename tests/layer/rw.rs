@@ -1,8 +1,5 @@
 //! `RwLockLayer` over real TCP, on Redis and in memory: reads overlap, writes exclude both.
 
-mod common_http;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,11 +11,12 @@ use http::{Method, StatusCode};
 use tokio::sync::watch;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use common_http::{Env, Http, serve};
+use crate::support::Env;
+use crate::support::http::{Http, serve};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
 
-on_both_stores!(reads_overlap_and_writes_exclude_both);
+crate::store_tests!(Layer: [reads_overlap_and_writes_exclude_both]);
 
 /// Handlers that stay inside until the gate opens, counting who is inside.
 #[derive(Clone)]

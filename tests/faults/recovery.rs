@@ -1,21 +1,17 @@
 //! How soon a store answers again once Redis is back after an outage, with the connection
 //! `RedisStore::connect` builds, while requests keep arriving every 20 ms.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, RedisStore, Store};
+
+use crate::support::{Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
 /// Stops the server for `down`, with a lock attempt every 20 ms, and answers how long after the
 /// restart the first attempt succeeded.
-async fn recovery_after(
-    store: &Store,
-    server: &mut support::RedisServer,
-    down: Duration,
-) -> Duration {
+async fn recovery_after(store: &Store, server: &mut RedisServer, down: Duration) -> Duration {
     let token = JOBS.try_lock(store, "before").await.unwrap().unwrap();
     assert!(token.release().await.unwrap());
     server.stop();
@@ -42,7 +38,7 @@ async fn recovery_after(
 
 #[tokio::test]
 async fn a_connected_store_answers_within_a_second_of_redis_coming_back() {
-    let mut server = support::RedisServer::start();
+    let mut server = RedisServer::start();
     let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
     for down in [Duration::from_secs(1), Duration::from_secs(10)] {
         let took = recovery_after(&store, &mut server, down).await;

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tower_lease::{Error, Lock, MAX_NAME_LEN, RwLock};
 
-use super::Fixture;
+use crate::support::Env;
+
+crate::store_tests!(Core: [names_out_of_range_are_errors, binary_names_lock_independently]);
 
 const JOBS: Lock<[u8]> = Lock::new("jobs", Duration::from_secs(10));
 const SHARED: RwLock<[u8]> = RwLock::new("jobs", Duration::from_secs(10));
@@ -22,15 +24,15 @@ fn assert_invalid_name<T: std::fmt::Debug>(result: Result<T, Error>, len: usize)
     }
 }
 
-pub async fn names_out_of_range_are_errors(f: Fixture) {
+async fn names_out_of_range_are_errors(env: Env) {
     let too_long = vec![b'x'; MAX_NAME_LEN + 1];
     for name in [&b""[..], &too_long[..]] {
-        assert_invalid_name(JOBS.try_lock(&f.store, name).await, name.len());
-        assert_invalid_name(SHARED.try_read(&f.store, name).await, name.len());
-        assert_invalid_name(SHARED.try_write(&f.store, name).await, name.len());
+        assert_invalid_name(JOBS.try_lock(&env.store, name).await, name.len());
+        assert_invalid_name(SHARED.try_read(&env.store, name).await, name.len());
+        assert_invalid_name(SHARED.try_write(&env.store, name).await, name.len());
     }
     let longest = vec![b'x'; MAX_NAME_LEN];
-    let token = JOBS.try_lock(&f.store, &longest).await.unwrap();
+    let token = JOBS.try_lock(&env.store, &longest).await.unwrap();
     assert!(
         token
             .expect("a 1024-byte name is valid")
@@ -38,7 +40,7 @@ pub async fn names_out_of_range_are_errors(f: Fixture) {
             .await
             .unwrap()
     );
-    let one = JOBS.try_lock(&f.store, b"x").await.unwrap();
+    let one = JOBS.try_lock(&env.store, b"x").await.unwrap();
     assert!(
         one.expect("a 1-byte name is valid")
             .release()
@@ -48,7 +50,7 @@ pub async fn names_out_of_range_are_errors(f: Fixture) {
 }
 
 /// Names that look like key syntax, NUL and non-UTF-8 are ordinary names: each locks on its own.
-pub async fn binary_names_lock_independently(f: Fixture) {
+async fn binary_names_lock_independently(env: Env) {
     let names: [&[u8]; 10] = [
         b"a",
         b"a:b",
@@ -63,15 +65,15 @@ pub async fn binary_names_lock_independently(f: Fixture) {
     ];
     let (mut locks, mut writers) = (Vec::new(), Vec::new());
     for name in names {
-        let token = JOBS.try_lock(&f.store, name).await.unwrap();
+        let token = JOBS.try_lock(&env.store, name).await.unwrap();
         locks.push(token.unwrap_or_else(|| panic!("{name:?} collided with another name")));
-        let writer = SHARED.try_write(&f.store, name).await.unwrap();
+        let writer = SHARED.try_write(&env.store, name).await.unwrap();
         writers
             .push(writer.unwrap_or_else(|| panic!("rwlock {name:?} collided with another name")));
     }
     for name in names {
         assert!(
-            JOBS.try_lock(&f.store, name).await.unwrap().is_none(),
+            JOBS.try_lock(&env.store, name).await.unwrap().is_none(),
             "{name:?} was lost"
         );
     }

@@ -2,19 +2,19 @@
 //! lease in order, the same answers as single extends, and scripts reloaded after a flush; on
 //! one Redis, on a cluster (names on different nodes) and in memory.
 
-mod support;
-
 use std::time::Duration;
 
 use tower_lease::store::{LeaseRef, LockRef, Secret};
 use tower_lease::{Mode, Store};
+
+use crate::support::{Env, Raw, Setup};
 
 const TTL: Duration = Duration::from_millis(2_000);
 
 /// Takes `count` leases of each mode, extends them all plus two that are not held (a stranger's
 /// token, a name nobody took) in one call, and checks each answer. `flush`, if given, empties
 /// the script cache right before the batch.
-async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedConnection>) {
+async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
     let backend = store.backend();
     let names: Vec<Vec<u8>> = (0..40).map(|i| format!("n{i}").into_bytes()).collect();
     let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
@@ -36,12 +36,8 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
     leases.push(LeaseRef::new(nobody, Mode::Exclusive, &stranger));
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    if let Some(mut conn) = flush {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    if let Some(raw) = flush {
+        let () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
     }
     let answers = backend.extend_many(&leases).await;
     assert_eq!(answers.len(), leases.len());
@@ -71,17 +67,14 @@ async fn extends_in_order(store: &Store, flush: Option<redis::aio::MultiplexedCo
 
 #[tokio::test]
 async fn redis_extends_a_batch_in_order() {
-    let server = support::RedisServer::start();
-    let store = Store::redis(server.connection().await);
-    extends_in_order(&store, None).await;
+    let env = Env::redis(Setup::Core).await;
+    extends_in_order(&env.store, None).await;
 }
 
 #[tokio::test]
 async fn redis_reloads_the_scripts_after_a_flush() {
-    let server = support::RedisServer::start();
-    let conn = server.connection().await;
-    let store = Store::redis(conn.clone());
-    extends_in_order(&store, Some(conn)).await;
+    let env = Env::redis(Setup::Core).await;
+    extends_in_order(&env.store, Some(env.raw())).await;
 }
 
 #[tokio::test]
@@ -92,7 +85,6 @@ async fn memory_extends_a_batch_in_order() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn cluster_extends_a_batch_across_nodes() {
-    let cluster = support::cluster::RedisCluster::start();
-    let store = Store::redis(cluster.connection().await);
-    extends_in_order(&store, None).await;
+    let env = Env::cluster(Setup::Core).await;
+    extends_in_order(&env.store, None).await;
 }

@@ -3,9 +3,6 @@
 //! and without delays injected between the replicas and Redis, and a replica frozen with SIGSTOP
 //! past its lease.
 
-mod common_http;
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,11 +11,12 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use support::RedisServer;
-use support::proxy::{Fault, Proxy};
 use tower_lease::store::{KeyLayout, KeyRole};
 
-use common_http::Http;
+use crate::support::http::Http;
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::server::die_with_parent;
+use crate::support::{Endpoint, RedisServer};
 
 /// The `replica` example's executable, built once per test binary with the same features.
 fn replica_binary() -> &'static PathBuf {
@@ -66,7 +64,7 @@ impl Replica {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        support::die_with_parent(&mut command);
+        die_with_parent(&mut command);
         let mut child = command.spawn().expect("start the replica example");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
@@ -115,11 +113,12 @@ impl Tally {
 /// Sends `total` increments, `concurrency` at a time, each worker on one of `counters` and
 /// round robin over the replicas.
 async fn hammer(
-    replicas: &[SocketAddr],
+    replicas: &[Replica],
     counters: &[&str],
     total: usize,
     concurrency: usize,
 ) -> Tally {
+    let replicas: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
     let http = Http::new();
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
@@ -155,8 +154,8 @@ async fn hammer(
     tally
 }
 
-async fn counters(server: &RedisServer, names: &[&str]) -> Vec<usize> {
-    let mut conn = server.connection().await;
+/// The counters' values, read through `conn` (a server's or the cluster's).
+async fn counters(mut conn: impl redis::aio::ConnectionLike, names: &[&str]) -> Vec<usize> {
     let mut values = Vec::new();
     for name in names {
         let value: Option<usize> = redis::cmd("GET")
@@ -174,8 +173,16 @@ const CONCURRENCY: usize = 40;
 /// Five counters, eight concurrent clients on each.
 const COUNTERS: [&str; 5] = ["c0", "c1", "c2", "c3", "c4"];
 
-/// Asserts that every counter equals the number of 200s it answered: no update was lost.
-fn assert_no_lost_update(tally: &Tally, values: &[usize]) {
+/// Sends the 5000 contended increments to `replicas`, reads the counters through `conn`, and
+/// asserts that every counter equals the number of 200s it answered: no update was lost.
+async fn assert_no_lost_update(
+    what: &str,
+    replicas: &[Replica],
+    conn: impl redis::aio::ConnectionLike,
+) {
+    let tally = hammer(replicas, &COUNTERS, REQUESTS, CONCURRENCY).await;
+    let values = counters(conn, &COUNTERS).await;
+    eprintln!("{what}: {tally:?}, counters {values:?}");
     assert!(
         tally.other.is_empty(),
         "only 200 and 409 expected: {:?}",
@@ -196,12 +203,7 @@ fn assert_no_lost_update(tally: &Tally, values: &[usize]) {
 async fn three_replicas_lose_no_update_under_5000_contended_requests() {
     let server = RedisServer::start();
     let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&server.url(), &[])).collect();
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-
-    let tally = hammer(&addrs, &COUNTERS, REQUESTS, CONCURRENCY).await;
-    let values = counters(&server, &COUNTERS).await;
-    eprintln!("direct: {tally:?}, counters {values:?}");
-    assert_no_lost_update(&tally, &values);
+    assert_no_lost_update("direct", &replicas, server.connection().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,17 +213,12 @@ async fn three_replicas_lose_no_update_with_delays_to_redis() {
     let mut replicas = Vec::new();
     // Each replica sees Redis with another latency, so their commands interleave differently.
     for delay in [1, 4, 9] {
-        let proxy = Proxy::to_port(server.port()).await;
+        let proxy = Proxy::to(&server).await;
         proxy.set(Fault::Delay(Duration::from_millis(delay)));
         replicas.push(Replica::start(&proxy.url(), &[]));
         proxies.push(proxy);
     }
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-
-    let tally = hammer(&addrs, &COUNTERS, REQUESTS, CONCURRENCY).await;
-    let values = counters(&server, &COUNTERS).await;
-    eprintln!("delayed: {tally:?}, counters {values:?}");
-    assert_no_lost_update(&tally, &values);
+    assert_no_lost_update("delayed", &replicas, server.connection().await).await;
 }
 
 /// The control: the same replicas without `LockLayer` lose updates, so the tests above can fail.
@@ -232,9 +229,8 @@ async fn without_the_layer_the_same_load_loses_updates() {
     let replicas: Vec<Replica> = (0..3)
         .map(|_| Replica::start(&server.url(), &unlocked))
         .collect();
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let tally = hammer(&addrs, &COUNTERS, 500, CONCURRENCY).await;
-    let values = counters(&server, &COUNTERS).await;
+    let tally = hammer(&replicas, &COUNTERS, 500, CONCURRENCY).await;
+    let values = counters(server.connection().await, &COUNTERS).await;
     eprintln!("unlocked: {tally:?}, counters {values:?}");
     assert_eq!(tally.total_ok(), 500);
     let lost = tally.total_ok() - values.iter().sum::<usize>();
@@ -331,7 +327,7 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_a_redis_cluster_lose_no_update() {
-    let cluster = support::cluster::RedisCluster::start();
+    let cluster = crate::support::cluster::RedisCluster::start();
     let layout = KeyLayout::default();
     let nodes: std::collections::HashSet<u16> = COUNTERS
         .iter()
@@ -350,22 +346,6 @@ async fn three_replicas_on_a_redis_cluster_lose_no_update() {
     let replicas: Vec<Replica> = (0..3)
         .map(|_| Replica::start("redis://unused/", &[("REDIS_CLUSTER", &urls)]))
         .collect();
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-
-    let tally = hammer(&addrs, &COUNTERS, REQUESTS, CONCURRENCY).await;
-    let mut conn = cluster.connection().await;
-    let mut values = Vec::new();
-    for name in COUNTERS {
-        let value: Option<usize> = redis::cmd("GET")
-            .arg(format!("counter:{name}"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        values.push(value.unwrap_or(0));
-    }
-    eprintln!(
-        "cluster: {tally:?}, counters {values:?}, locks on {} nodes",
-        nodes.len()
-    );
-    assert_no_lost_update(&tally, &values);
+    let what = format!("cluster, locks on {} nodes", nodes.len());
+    assert_no_lost_update(&what, &replicas, cluster.connection().await).await;
 }

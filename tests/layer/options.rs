@@ -1,43 +1,30 @@
 //! The layer's options for what a first production user needs, over real TCP: a required name,
 //! names from several path segments, locks of any name type, and a bounded wait for the release.
 
-mod common_http;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
-use common_http::{Env, Http, serve};
-use support::proxy::{Fault, Proxy};
+use crate::support::http::{Http, count, serve};
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::{Endpoint, Env, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const SEATS: Lock<str> = Lock::new("seat", Duration::from_secs(5));
 const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(5));
 
-on_both_stores!(
-    require_name_answers_400_to_a_request_without_one,
-    path_segments_lock_on_two_segments_and_refuse_an_empty_one,
-    a_layer_takes_a_lock_of_any_name_type,
+crate::store_tests!(
+    Layer: [
+        require_name_answers_400_to_a_request_without_one,
+        path_segments_lock_on_two_segments_and_refuse_an_empty_one,
+        a_layer_takes_a_lock_of_any_name_type,
+    ]
 );
-
-mod redis_only {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
-        super::release_wait_bounds_how_long_a_hung_release_delays_the_response().await
-    }
-}
-
-async fn count(State(calls): State<Arc<AtomicUsize>>) -> &'static str {
-    calls.fetch_add(1, Ordering::SeqCst);
-    "done"
-}
 
 /// Every path runs `count` behind `$layer`.
 macro_rules! everywhere {
@@ -127,10 +114,11 @@ async fn a_layer_takes_a_lock_of_any_name_type(env: Env) {
 /// store's deadline (2 s here). With a `release_wait` of 200 ms the response comes at once
 /// anyway; with one longer than the deadline it waits the deadline out, which shows the bound
 /// is what makes the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
     const DEADLINE: Duration = Duration::from_secs(2);
-    let server = support::RedisServer::start();
-    let proxy = Arc::new(Proxy::to_port(server.port()).await);
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::to(&server).await);
     // redis-rs's own response timeout must not cut the store's deadline short here.
     let config = ::redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(DEADLINE * 2))

@@ -1,6 +1,7 @@
-//! The key layout is injective: no two distinct (prefix, role, namespace, name) share a key,
-//! whatever bytes a name holds (braces, colons, NUL, invalid UTF-8), and every key keeps its
-//! name's `{…}` hash tag, so all keys of one name live in one cluster slot.
+//! The key layout, checked without a store: it is injective (no two distinct (prefix, role,
+//! namespace, name) share a key, whatever bytes a name holds: braces, colons, NUL, invalid
+//! UTF-8), and every key keeps its name's `{…}` hash tag, so all keys of one name live in one
+//! cluster slot. Named examples first, then properties over generated inputs.
 
 use proptest::prelude::*;
 use tower_lease::MAX_NAME_LEN;
@@ -53,6 +54,99 @@ fn hash_tag(key: &[u8]) -> &[u8] {
         Some(0) | None => key,
         Some(len) => &key[open + 1..open + 1 + len],
     }
+}
+
+/// CRC16/XMODEM, the hash Redis Cluster uses for key slots.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= (byte as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`, hash tags included, as the cluster specification defines it.
+fn slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key)) % 16384
+}
+
+#[test]
+fn slot_function_matches_the_cluster_specification() {
+    assert_eq!(slot(b"123456789"), 12739);
+    assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+    assert_eq!(slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+}
+
+fn tricky_names() -> Vec<Vec<u8>> {
+    let mut names: Vec<Vec<u8>> = [
+        &b"a"[..],
+        b"a:b",
+        b"a}",
+        b"a}:w",
+        b"a}:r",
+        b"a}:fence",
+        b"}",
+        b"{",
+        b"{a}",
+        b"}{",
+        b"a\0b",
+        b"\0",
+        b"\xff\xfe",
+        b"x:fence",
+        b":w",
+        b"ns:a",
+    ]
+    .map(<[u8]>::to_vec)
+    .to_vec();
+    names.push(vec![b'}'; 1024]);
+    names
+}
+
+#[test]
+fn every_key_of_a_name_shares_one_slot() {
+    for prefix in ["tower-lease", "app:locks"] {
+        let layout = KeyLayout::new(prefix);
+        for name in tricky_names() {
+            let slots: Vec<u16> = ROLES
+                .iter()
+                .map(|role| slot(&layout.key(*role, "ns", &name)))
+                .collect();
+            assert!(
+                slots.windows(2).all(|w| w[0] == w[1]),
+                "{name:?} spans slots {slots:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn distinct_namespace_name_pairs_never_share_a_key() {
+    let layout = KeyLayout::default();
+    let mut seen = std::collections::HashMap::new();
+    for namespace in ["ns", "ns2", "a", "n"] {
+        for name in tricky_names() {
+            for role in ROLES {
+                let key = layout.key(role, namespace, &name);
+                let owner = (namespace, name.clone(), role);
+                if let Some(previous) = seen.insert(key.clone(), owner.clone()) {
+                    panic!("{previous:?} and {owner:?} share the key {key:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "key prefix")]
+fn a_prefix_with_braces_is_refused() {
+    let _ = KeyLayout::new("locks{1}");
 }
 
 fn role() -> impl Strategy<Value = KeyRole> {

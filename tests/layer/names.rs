@@ -3,9 +3,6 @@
 //! than 1024 bytes, or (unless `binary_names`) not text: not UTF-8, a control character or a
 //! brace. Otherwise it locks exactly that name: never a 5xx, never a look-alike.
 
-mod common_http;
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -17,8 +14,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tower_lease::{Lock, LockLayer, MAX_NAME_LEN, Store, extract};
 
-use common_http::{Http, Reply, serve};
-use support::RedisServer;
+use crate::support::http::{Http, Reply, serve};
+use crate::support::{Endpoint, RedisServer};
 
 const INVOICE: Lock<str> = Lock::new("invoice", Duration::from_secs(5));
 const RAW: Lock<[u8]> = Lock::new("invoice", Duration::from_secs(5));

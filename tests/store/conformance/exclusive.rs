@@ -6,26 +6,39 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::store::LockRef;
 use tower_lease::{Attempt, Lock, Mode};
 
-use super::{Fixture, ROUNDING, first_success};
+use super::{ROUNDING, assert_strangers_refused};
+use crate::support::{Env, Holders, poll};
+
+crate::store_tests!(
+    Core: [
+        mutual_exclusion,
+        only_the_holder_releases_or_extends,
+        stale_release_leaves_next_holder_alone,
+        extend_after_expiry_does_not_reacquire,
+        extend_keeps_the_lease,
+        abandoned_lease_frees_itself_after_ttl,
+        retry_after_is_the_holders_remaining_lease,
+        fences_increase_per_name,
+    ]
+);
 
 const LONG: Lock<str> = Lock::new("conformance", Duration::from_secs(10));
 
-pub async fn mutual_exclusion(f: Fixture) {
+async fn mutual_exclusion(env: Env) {
     const TASKS: usize = 64;
     const ROUNDS: usize = 20;
     let names = ["alpha", "beta", "gamma"];
-    let inside: Arc<HashMap<&str, AtomicUsize>> =
-        Arc::new(names.iter().map(|n| (*n, AtomicUsize::new(0))).collect());
-    let most_inside = Arc::new(AtomicUsize::new(0));
+    let holders: Arc<HashMap<&str, Holders>> =
+        Arc::new(names.iter().map(|n| (*n, Holders::default())).collect());
     let acquired = Arc::new(AtomicUsize::new(0));
     let released = Arc::new(AtomicUsize::new(0));
 
     let mut tasks = Vec::new();
     for task in 0..TASKS {
-        let (store, inside, most_inside) = (f.store.clone(), inside.clone(), most_inside.clone());
+        let (store, holders) = (env.store.clone(), holders.clone());
         let (acquired, released) = (acquired.clone(), released.clone());
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
@@ -35,10 +48,9 @@ pub async fn mutual_exclusion(f: Fixture) {
                     continue;
                 };
                 acquired.fetch_add(1, Ordering::SeqCst);
-                let now_inside = inside[name].fetch_add(1, Ordering::SeqCst) + 1;
-                most_inside.fetch_max(now_inside, Ordering::SeqCst);
+                let inside = holders[name].enter();
                 sleep(Duration::from_millis(1)).await;
-                inside[name].fetch_sub(1, Ordering::SeqCst);
+                drop(inside);
                 if token.release().await.unwrap() {
                     released.fetch_add(1, Ordering::SeqCst);
                 }
@@ -49,8 +61,8 @@ pub async fn mutual_exclusion(f: Fixture) {
         task.await.unwrap();
     }
     assert_eq!(
-        most_inside.load(Ordering::SeqCst),
-        1,
+        holders.values().map(Holders::most).max(),
+        Some(1),
         "two holders inside one critical section"
     );
     let acquired = acquired.load(Ordering::SeqCst);
@@ -65,14 +77,14 @@ pub async fn mutual_exclusion(f: Fixture) {
     );
 }
 
-pub async fn only_the_holder_releases_or_extends(f: Fixture) {
+async fn only_the_holder_releases_or_extends(env: Env) {
     let token = LONG
-        .try_lock(&f.store, "holder-only")
+        .try_lock(&env.store, "holder-only")
         .await
         .unwrap()
         .unwrap();
     assert!(
-        LONG.try_lock(&f.store, "holder-only")
+        LONG.try_lock(&env.store, "holder-only")
             .await
             .unwrap()
             .is_none()
@@ -80,23 +92,9 @@ pub async fn only_the_holder_releases_or_extends(f: Fixture) {
 
     // Anyone without the token is refused, whatever they ask for.
     let lock = LockRef::new(LONG.namespace(), b"holder-only", LONG.ttl(), false);
-    let stranger = Secret::random();
+    assert_strangers_refused(&env.store, lock, Mode::Exclusive).await;
     assert!(
-        !f.store
-            .backend()
-            .release(LeaseRef::new(lock, Mode::Exclusive, &stranger))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !f.store
-            .backend()
-            .extend(LeaseRef::new(lock, Mode::Exclusive, &stranger))
-            .await
-            .unwrap()
-    );
-    assert!(
-        LONG.try_lock(&f.store, "holder-only")
+        LONG.try_lock(&env.store, "holder-only")
             .await
             .unwrap()
             .is_none(),
@@ -105,16 +103,16 @@ pub async fn only_the_holder_releases_or_extends(f: Fixture) {
 
     assert!(token.extend().await.unwrap());
     assert!(token.release().await.unwrap());
-    let again = LONG.try_lock(&f.store, "holder-only").await.unwrap();
+    let again = LONG.try_lock(&env.store, "holder-only").await.unwrap();
     assert!(again.is_some(), "a released lock must be free at once");
 }
 
-pub async fn stale_release_leaves_next_holder_alone(f: Fixture) {
+async fn stale_release_leaves_next_holder_alone(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
-    let stale = short.try_lock(&f.store, "stale").await.unwrap().unwrap();
+    let stale = short.try_lock(&env.store, "stale").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
     let next = LONG
-        .try_lock(&f.store, "stale")
+        .try_lock(&env.store, "stale")
         .await
         .unwrap()
         .expect("the stale lease ran out");
@@ -123,21 +121,21 @@ pub async fn stale_release_leaves_next_holder_alone(f: Fixture) {
         "a stale token must not release"
     );
     assert!(
-        LONG.try_lock(&f.store, "stale").await.unwrap().is_none(),
+        LONG.try_lock(&env.store, "stale").await.unwrap().is_none(),
         "the stale release deleted the next holder's lock"
     );
     assert!(next.release().await.unwrap());
 }
 
-pub async fn extend_after_expiry_does_not_reacquire(f: Fixture) {
+async fn extend_after_expiry_does_not_reacquire(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
-    let token = short.try_lock(&f.store, "lapsed").await.unwrap().unwrap();
+    let token = short.try_lock(&env.store, "lapsed").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
     assert!(
         !token.extend().await.unwrap(),
         "extend after expiry must answer false"
     );
-    let other = LONG.try_lock(&f.store, "lapsed").await.unwrap();
+    let other = LONG.try_lock(&env.store, "lapsed").await.unwrap();
     assert!(other.is_some(), "the failed extend took the lock again");
     assert!(
         !token.extend().await.unwrap(),
@@ -146,10 +144,10 @@ pub async fn extend_after_expiry_does_not_reacquire(f: Fixture) {
     assert!(!token.release().await.unwrap());
 }
 
-pub async fn extend_keeps_the_lease(f: Fixture) {
+async fn extend_keeps_the_lease(env: Env) {
     let ttl = Duration::from_millis(400);
     let lock = Lock::<str>::new("conformance", ttl);
-    let token = lock.try_lock(&f.store, "kept").await.unwrap().unwrap();
+    let token = lock.try_lock(&env.store, "kept").await.unwrap().unwrap();
     // Three extensions at 60 % of the TTL carry the lease well past its first end.
     for _ in 0..3 {
         sleep(ttl * 6 / 10).await;
@@ -159,22 +157,26 @@ pub async fn extend_keeps_the_lease(f: Fixture) {
         );
     }
     assert!(
-        lock.try_lock(&f.store, "kept").await.unwrap().is_none(),
+        lock.try_lock(&env.store, "kept").await.unwrap().is_none(),
         "extended lease was lost"
     );
     assert!(token.release().await.unwrap());
 }
 
-pub async fn abandoned_lease_frees_itself_after_ttl(f: Fixture) {
+async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let lock = Lock::<str>::new("conformance", ttl);
     let sent = Instant::now();
-    let token = lock.try_lock(&f.store, "abandoned").await.unwrap().unwrap();
+    let token = lock
+        .try_lock(&env.store, "abandoned")
+        .await
+        .unwrap()
+        .unwrap();
     let answered = Instant::now();
     drop(token); // as a crashed holder would: nothing is sent
 
-    let (_next, freed_at) = first_success(Duration::from_secs(3), || async {
-        lock.try_lock(&f.store, "abandoned").await.unwrap()
+    let (_next, freed_at) = poll(Duration::from_millis(5), Duration::from_secs(3), || async {
+        lock.try_lock(&env.store, "abandoned").await.unwrap()
     })
     .await
     .expect("an abandoned lease must free itself");
@@ -190,16 +192,16 @@ pub async fn abandoned_lease_frees_itself_after_ttl(f: Fixture) {
     );
 }
 
-pub async fn retry_after_is_the_holders_remaining_lease(f: Fixture) {
+async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = Lock::<str>::new("conformance", ttl);
     let sent = Instant::now();
-    let _token = lock.try_lock(&f.store, "busy").await.unwrap().unwrap();
+    let _token = lock.try_lock(&env.store, "busy").await.unwrap().unwrap();
     let answered = Instant::now();
     sleep(Duration::from_millis(300)).await;
 
     let asked = Instant::now();
-    let attempt = lock.attempt(&f.store, "busy").await.unwrap();
+    let attempt = lock.attempt(&env.store, "busy").await.unwrap();
     let told = Instant::now();
     let Attempt::Busy { retry_after } = attempt else {
         panic!("the lock is held")
@@ -215,12 +217,12 @@ pub async fn retry_after_is_the_holders_remaining_lease(f: Fixture) {
     );
 }
 
-pub async fn fences_increase_per_name(f: Fixture) {
+async fn fences_increase_per_name(env: Env) {
     let fenced = LONG.fenced();
     let mut last = 0;
     for _ in 0..5 {
         let token = fenced
-            .try_lock(&f.store, "fenced-a")
+            .try_lock(&env.store, "fenced-a")
             .await
             .unwrap()
             .unwrap();
@@ -230,12 +232,16 @@ pub async fn fences_increase_per_name(f: Fixture) {
         assert!(token.release().await.unwrap());
     }
     let other = fenced
-        .try_lock(&f.store, "fenced-b")
+        .try_lock(&env.store, "fenced-b")
         .await
         .unwrap()
         .unwrap();
     let other_fence = other.fence().expect("a fenced lock hands out fences");
     assert!(other_fence > 0, "another name has a fence of its own");
-    let plain = LONG.try_lock(&f.store, "unfenced").await.unwrap().unwrap();
+    let plain = LONG
+        .try_lock(&env.store, "unfenced")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(plain.fence(), None);
 }

@@ -2,40 +2,27 @@
 //! fault proxy of the test support: a restart, `SCRIPT FLUSH` under load, a blackholed
 //! connection, and replies lost after Redis acted.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
-use support::RedisServer;
-use support::proxy::{Fault, Proxy};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Error, Lock, RedisStore, RwLock, Store};
+
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::{Endpoint, RedisServer, poll};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(10));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));
 
-async fn manager(client: redis::Client) -> ConnectionManager {
-    ConnectionManager::new(client).await.expect("connect")
-}
-
 /// Polls `f` every 10 ms until it answers `Some`, for at most `limit`.
-async fn within<T, Fut>(limit: Duration, mut f: impl FnMut() -> Fut) -> Option<T>
+async fn within<T, Fut>(limit: Duration, f: impl FnMut() -> Fut) -> Option<T>
 where
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = f().await {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll(Duration::from_millis(10), limit, f)
+        .await
+        .map(|(value, _)| value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,9 +143,9 @@ async fn script_flush_under_load_never_reaches_a_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackhole_turns_every_call_into_a_prompt_timeout() {
     let server = RedisServer::start();
-    let proxy = Proxy::to_port(server.port()).await;
+    let proxy = Proxy::to(&server).await;
     let deadline = Duration::from_millis(250);
-    let store: Store = RedisStore::new(manager(proxy.client()).await)
+    let store: Store = RedisStore::new(proxy.connection_manager().await)
         .timeout(deadline)
         .into();
     let held = JOBS.try_lock(&store, "blackhole").await.unwrap().unwrap();
@@ -213,8 +200,8 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_deadline_bounds_a_blackholed_call() {
     let server = RedisServer::start();
-    let proxy = Proxy::to_port(server.port()).await;
-    let store = Store::redis(manager(proxy.client()).await);
+    let proxy = Proxy::to(&server).await;
+    let store = Store::redis(proxy.connection_manager().await);
     JOBS.try_lock(&store, "warm")
         .await
         .unwrap()
@@ -235,8 +222,8 @@ async fn default_deadline_bounds_a_blackholed_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connections_fail_fast() {
     let server = RedisServer::start();
-    let proxy = Proxy::to_port(server.port()).await;
-    let store: Store = RedisStore::new(manager(proxy.client()).await)
+    let proxy = Proxy::to(&server).await;
+    let store: Store = RedisStore::new(proxy.connection_manager().await)
         .timeout(Duration::from_millis(500))
         .into();
     proxy.set(Fault::Reset);
@@ -269,8 +256,8 @@ async fn dropped_acquire_replies_leave_no_key_beyond_its_ttl() {
     const SHORT: Lock<str> = Lock::new("short", Duration::from_millis(600));
     const SHORT_DOCS: RwLock<str> = RwLock::new("short-docs", Duration::from_millis(600));
     let server = RedisServer::start();
-    let proxy = Proxy::to_port(server.port()).await;
-    let store: Store = RedisStore::new(manager(proxy.client()).await)
+    let proxy = Proxy::to(&server).await;
+    let store: Store = RedisStore::new(proxy.connection_manager().await)
         .timeout(Duration::from_millis(150))
         .into();
     // Cache the scripts, so that the first command of each call acts (a NOSCRIPT answer would

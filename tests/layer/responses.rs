@@ -1,36 +1,30 @@
 //! The layer's answers over real TCP, on Redis and in memory: held (409/423), pass-through,
 //! invalid names (400), and release before the response.
 
-mod common_http;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
 use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, extract};
 
-use common_http::{Env, Http, serve};
+use crate::support::Env;
+use crate::support::http::{Http, count, serve};
 
 const INVOICE: Lock<str> = Lock::new("invoice", Duration::from_millis(2500));
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
-on_both_stores!(
-    held_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
-    no_name_passes_through_and_invalid_names_get_400,
-    the_next_request_finds_the_lock_free,
-    the_next_request_finds_the_lock_free_after_a_held_body,
+crate::store_tests!(
+    Layer: [
+        held_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
+        no_name_passes_through_and_invalid_names_get_400,
+        the_next_request_finds_the_lock_free,
+        the_next_request_finds_the_lock_free_after_a_held_body,
+    ]
 );
-
-async fn count(State(calls): State<Arc<AtomicUsize>>) -> &'static str {
-    calls.fetch_add(1, Ordering::SeqCst);
-    "done"
-}
 
 fn invoices(layer: LockLayer<extract::PathSegment>, calls: &Arc<AtomicUsize>) -> Router {
     Router::new()
@@ -73,6 +67,7 @@ async fn held_answers_409_or_423_with_retry_after_and_never_calls_the_handler(en
 
         if env.is_redis() {
             let token = env
+                .raw()
                 .get(KeyRole::Lock, "invoice", b"42")
                 .await
                 .expect("the holder's key");
@@ -189,26 +184,10 @@ async fn no_name_passes_through_and_invalid_names_get_400(env: Env) {
     held.release().await.unwrap();
 }
 
-async fn the_next_request_finds_the_lock_free(env: Env) {
+/// 40 requests in a row on one name, alternating between two replicas behind `layer`: each
+/// finds the lock free, so the layer released it before the client had the response.
+async fn forty_requests_in_a_row(env: &Env, layer: LockLayer<extract::PathSegment>) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
-    let replicas = [
-        serve(invoices(layer.clone(), &calls)).await,
-        serve(invoices(layer, &calls)).await,
-    ];
-    let http = Http::new();
-    for i in 0..40 {
-        let reply = http.post(replicas[i % 2], "/invoices/7/finalize").await;
-        assert_eq!(reply.status, StatusCode::OK, "request {i}: {reply:?}");
-    }
-    assert_eq!(calls.load(Ordering::SeqCst), 40);
-    assert!(INVOICE.try_lock(&env.store, "7").await.unwrap().is_some());
-}
-
-async fn the_next_request_finds_the_lock_free_after_a_held_body(env: Env) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let layer =
-        LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1)).hold_through_body();
     let replicas = [
         serve(invoices(layer.clone(), &calls)).await,
         serve(invoices(layer, &calls)).await,
@@ -219,5 +198,17 @@ async fn the_next_request_finds_the_lock_free_after_a_held_body(env: Env) {
         assert_eq!(reply.status, StatusCode::OK, "request {i}: {reply:?}");
         assert_eq!(reply.text(), "done");
     }
+    assert_eq!(calls.load(Ordering::SeqCst), 40);
     assert!(INVOICE.try_lock(&env.store, "7").await.unwrap().is_some());
+}
+
+async fn the_next_request_finds_the_lock_free(env: Env) {
+    let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
+    forty_requests_in_a_row(&env, layer).await;
+}
+
+async fn the_next_request_finds_the_lock_free_after_a_held_body(env: Env) {
+    let layer =
+        LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1)).hold_through_body();
+    forty_requests_in_a_row(&env, layer).await;
 }

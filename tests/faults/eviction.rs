@@ -2,37 +2,15 @@
 //! policy really does evict a held lock, and with `noeviction` a full Redis refuses new leases
 //! with an error instead of anything worse.
 
-mod support;
-
 use std::time::Duration;
 
-use support::RedisServer;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Error, Lock, Store, Warning};
 
-const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(30));
+use crate::support::server::{fill, fill_until_full};
+use crate::support::{Endpoint, RedisServer};
 
-/// Writes 1 KiB values without TTL until `stop` says enough (false) or Redis refuses (true).
-async fn fill(
-    conn: &mut redis::aio::MultiplexedConnection,
-    mut stop: impl AsyncFnMut() -> bool,
-) -> bool {
-    let value = vec![b'x'; 1024];
-    for batch in 0..400 {
-        let mut pipe = redis::pipe();
-        for i in 0..100 {
-            pipe.set(format!("filler:{batch}:{i}"), &value).ignore();
-        }
-        let refused = pipe.query_async::<()>(conn).await.is_err();
-        if stop().await {
-            return false;
-        }
-        if refused {
-            return true;
-        }
-    }
-    panic!("wrote 40 MiB without reaching maxmemory");
-}
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(30));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_policies_that_can_evict_lock_keys() {
@@ -131,18 +109,7 @@ async fn noeviction_with_memory_full_refuses_new_leases_with_an_error() {
     let store = Store::redis(server.connection().await);
     let held = JOBS.try_lock(&store, "held").await.unwrap().unwrap();
     let mut conn = server.connection().await;
-    assert!(
-        fill(&mut conn, async || false).await,
-        "Redis never refused a write"
-    );
-    // Freed client buffers can bring usage back under the limit; pin it far above instead.
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1mb")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    fill_until_full(&mut conn).await;
 
     let refused = JOBS.try_lock(&store, "new").await;
     let Err(Error::Redis(e)) = &refused else {

@@ -2,12 +2,12 @@
 //! persistence, and after a cluster master restarts empty, the next fence of a name is above
 //! every fence issued before.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RwLock, Store};
+
+use crate::support::{Endpoint, RedisServer};
 
 const INVOICES: Lock<str> = Lock::new("invoice", Duration::from_secs(5)).fenced();
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(5)).fenced();
@@ -54,7 +54,7 @@ async fn fences_above_once_back(store: &Store, name: &str, floor: u64) -> u64 {
 
 #[tokio::test]
 async fn fences_grow_across_flushall_and_a_restart_without_persistence() {
-    let mut server = support::RedisServer::start();
+    let mut server = RedisServer::start();
     let store = Store::redis(server.connection_manager().await);
     let name = "seat-1";
     let before = fences_above(&store, name, 0).await;
@@ -77,7 +77,7 @@ async fn fences_grow_across_flushall_and_a_restart_without_persistence() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn fences_grow_when_a_cluster_master_restarts_empty() {
-    let mut cluster = support::cluster::RedisCluster::start();
+    let mut cluster = crate::support::cluster::RedisCluster::start();
     let store = Store::redis(cluster.connection().await);
     let layout = KeyLayout::default();
     // A name whose keys live on node 1, the one restarted.

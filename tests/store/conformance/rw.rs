@@ -3,17 +3,30 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::store::LockRef;
 use tower_lease::{Attempt, Mode, RwLock};
 
-use super::{Fixture, ROUNDING, first_success};
+use super::{ROUNDING, assert_strangers_refused};
+use crate::support::{Env, poll};
+
+crate::store_tests!(
+    Core: [
+        readers_share,
+        writer_excludes_everyone,
+        readers_block_writer_until_released,
+        crashed_reader_stops_blocking_after_ttl,
+        reader_and_writer_tokens_are_holder_only,
+        retry_after_for_read_and_write,
+        write_fences_increase_and_readers_see_the_generation,
+    ]
+);
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
 
-pub async fn readers_share(f: Fixture) {
+async fn readers_share(env: Env) {
     let mut readers = Vec::new();
     for _ in 0..10 {
-        let reader = CATALOG.try_read(&f.store, "shop").await.unwrap();
+        let reader = CATALOG.try_read(&env.store, "shop").await.unwrap();
         readers.push(reader.expect("readers must not exclude each other"));
     }
     for reader in readers {
@@ -21,28 +34,46 @@ pub async fn readers_share(f: Fixture) {
     }
 }
 
-pub async fn writer_excludes_everyone(f: Fixture) {
-    let writer = CATALOG.try_write(&f.store, "shop").await.unwrap().unwrap();
+async fn writer_excludes_everyone(env: Env) {
+    let writer = CATALOG
+        .try_write(&env.store, "shop")
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
-        CATALOG.try_write(&f.store, "shop").await.unwrap().is_none(),
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none(),
         "two writers"
     );
     assert!(
-        CATALOG.try_read(&f.store, "shop").await.unwrap().is_none(),
+        CATALOG
+            .try_read(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none(),
         "reader beside writer"
     );
     assert!(writer.release().await.unwrap());
-    let reader = CATALOG.try_read(&f.store, "shop").await.unwrap();
+    let reader = CATALOG.try_read(&env.store, "shop").await.unwrap();
     assert!(
         reader.is_some(),
         "a released writer must let readers in at once"
     );
 }
 
-pub async fn readers_block_writer_until_released(f: Fixture) {
-    let first = CATALOG.try_read(&f.store, "shop").await.unwrap().unwrap();
-    let second = CATALOG.try_read(&f.store, "shop").await.unwrap().unwrap();
-    assert!(CATALOG.try_write(&f.store, "shop").await.unwrap().is_none());
+async fn readers_block_writer_until_released(env: Env) {
+    let first = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
+    let second = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
+    assert!(
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Releasing one reader leaves the other's lease in place.
     assert!(first.release().await.unwrap());
@@ -50,25 +81,31 @@ pub async fn readers_block_writer_until_released(f: Fixture) {
         second.extend().await.unwrap(),
         "the other reader's lease went with the first"
     );
-    assert!(CATALOG.try_write(&f.store, "shop").await.unwrap().is_none());
+    assert!(
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     assert!(second.release().await.unwrap());
-    let writer = CATALOG.try_write(&f.store, "shop").await.unwrap();
+    let writer = CATALOG.try_write(&env.store, "shop").await.unwrap();
     assert!(
         writer.is_some(),
         "no reader is left, the writer must get in"
     );
 }
 
-pub async fn crashed_reader_stops_blocking_after_ttl(f: Fixture) {
+async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let short = RwLock::<str>::new("catalog", ttl);
     let sent = Instant::now();
-    drop(short.try_read(&f.store, "crash").await.unwrap().unwrap());
+    drop(short.try_read(&env.store, "crash").await.unwrap().unwrap());
     let answered = Instant::now();
 
-    let (writer, got_in) = first_success(Duration::from_secs(3), || async {
-        short.try_write(&f.store, "crash").await.unwrap()
+    let (writer, got_in) = poll(Duration::from_millis(5), Duration::from_secs(3), || async {
+        short.try_write(&env.store, "crash").await.unwrap()
     })
     .await
     .expect("a crashed reader must stop blocking writers");
@@ -83,28 +120,18 @@ pub async fn crashed_reader_stops_blocking_after_ttl(f: Fixture) {
     assert!(writer.release().await.unwrap());
 }
 
-pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
+async fn reader_and_writer_tokens_are_holder_only(env: Env) {
     let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
     let lock = LockRef::new(short.namespace(), b"tokens", short.ttl(), false);
-    let stranger = Secret::random();
 
-    let reader = short.try_read(&f.store, "tokens").await.unwrap().unwrap();
+    let reader = short.try_read(&env.store, "tokens").await.unwrap().unwrap();
+    assert_strangers_refused(&env.store, lock, Mode::Read).await;
     assert!(
-        !f.store
-            .backend()
-            .release(LeaseRef::new(lock, Mode::Read, &stranger))
+        short
+            .try_write(&env.store, "tokens")
             .await
             .unwrap()
-    );
-    assert!(
-        !f.store
-            .backend()
-            .extend(LeaseRef::new(lock, Mode::Read, &stranger))
-            .await
-            .unwrap()
-    );
-    assert!(
-        short.try_write(&f.store, "tokens").await.unwrap().is_none(),
+            .is_none(),
         "stranger freed it"
     );
     sleep(Duration::from_millis(300)).await;
@@ -117,23 +144,18 @@ pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
         "a reader released after its lease ran out"
     );
 
-    let writer = short.try_write(&f.store, "tokens").await.unwrap().unwrap();
+    let writer = short
+        .try_write(&env.store, "tokens")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_strangers_refused(&env.store, lock, Mode::Write).await;
     assert!(
-        !f.store
-            .backend()
-            .release(LeaseRef::new(lock, Mode::Write, &stranger))
+        short
+            .try_read(&env.store, "tokens")
             .await
             .unwrap()
-    );
-    assert!(
-        !f.store
-            .backend()
-            .extend(LeaseRef::new(lock, Mode::Write, &stranger))
-            .await
-            .unwrap()
-    );
-    assert!(
-        short.try_read(&f.store, "tokens").await.unwrap().is_none(),
+            .is_none(),
         "stranger freed it"
     );
     sleep(Duration::from_millis(300)).await;
@@ -141,7 +163,7 @@ pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
         !writer.extend().await.unwrap(),
         "a writer extended after its lease ran out"
     );
-    let next = CATALOG.try_write(&f.store, "tokens").await.unwrap();
+    let next = CATALOG.try_write(&env.store, "tokens").await.unwrap();
     assert!(next.is_some(), "a failed extend must not re-acquire");
     assert!(
         !writer.release().await.unwrap(),
@@ -149,7 +171,7 @@ pub async fn reader_and_writer_tokens_are_holder_only(f: Fixture) {
     );
     assert!(
         CATALOG
-            .try_read(&f.store, "tokens")
+            .try_read(&env.store, "tokens")
             .await
             .unwrap()
             .is_none(),
@@ -177,22 +199,25 @@ fn assert_retry_after<T>(
     );
 }
 
-pub async fn retry_after_for_read_and_write(f: Fixture) {
+async fn retry_after_for_read_and_write(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = RwLock::<str>::new("catalog", ttl);
     let longer = RwLock::<str>::new("catalog", ttl * 2);
 
     // A writer blocks readers and writers until its lease ends.
     let sent = Instant::now();
-    let writer = lock.try_write(&f.store, "wait").await.unwrap().unwrap();
+    let writer = lock.try_write(&env.store, "wait").await.unwrap().unwrap();
     let answered = Instant::now();
     sleep(Duration::from_millis(200)).await;
     for read in [true, false] {
         let asked = Instant::now();
         let attempt = if read {
-            lock.attempt_read(&f.store, "wait").await.unwrap().map(drop)
+            lock.attempt_read(&env.store, "wait")
+                .await
+                .unwrap()
+                .map(drop)
         } else {
-            lock.attempt_write(&f.store, "wait")
+            lock.attempt_write(&env.store, "wait")
                 .await
                 .unwrap()
                 .map(drop)
@@ -204,36 +229,40 @@ pub async fn retry_after_for_read_and_write(f: Fixture) {
 
     // Readers block a writer until the *last* reader lease ends.
     let sent = Instant::now();
-    let _short_reader = lock.try_read(&f.store, "wait").await.unwrap().unwrap();
-    let _long_reader = longer.try_read(&f.store, "wait").await.unwrap().unwrap();
+    let _short_reader = lock.try_read(&env.store, "wait").await.unwrap().unwrap();
+    let _long_reader = longer.try_read(&env.store, "wait").await.unwrap().unwrap();
     let answered = Instant::now();
     sleep(Duration::from_millis(200)).await;
     let asked = Instant::now();
-    let attempt = lock.attempt_write(&f.store, "wait").await.unwrap();
+    let attempt = lock.attempt_write(&env.store, "wait").await.unwrap();
     let told = Instant::now();
     assert_retry_after(attempt, (asked, told), (sent + ttl * 2, answered + ttl * 2));
 }
 
-pub async fn write_fences_increase_and_readers_see_the_generation(f: Fixture) {
+async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
     let fenced = CATALOG.fenced();
-    let reader = fenced.try_read(&f.store, "gen").await.unwrap().unwrap();
+    let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();
     assert_eq!(reader.fence(), Some(0), "nobody has written yet");
     assert!(reader.release().await.unwrap());
 
     let mut last = 0;
     for _ in 0..3 {
-        let writer = fenced.try_write(&f.store, "gen").await.unwrap().unwrap();
+        let writer = fenced.try_write(&env.store, "gen").await.unwrap().unwrap();
         let fence = writer.fence().expect("a fenced writer has a fence");
         assert!(fence > last, "fence {fence} after {last}");
         last = fence;
         assert!(writer.release().await.unwrap());
     }
-    let reader = fenced.try_read(&f.store, "gen").await.unwrap().unwrap();
+    let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();
     assert_eq!(
         reader.fence(),
         Some(last),
         "a reader sees the last writer's generation"
     );
-    let plain = CATALOG.try_write(&f.store, "plain").await.unwrap().unwrap();
+    let plain = CATALOG
+        .try_write(&env.store, "plain")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(plain.fence(), None);
 }

@@ -1,0 +1,15 @@
+//! Failure behaviour, against real `redis-server` processes (and, where needed, the TCP fault
+//! proxy of the test support, or replica processes of `examples/replica.rs`): the store when
+//! Redis or the network misbehaves and how soon it answers again, fences across data loss,
+//! memory pressure, several replicas under contention, and the layer when Redis or its clients
+//! misbehave.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod eviction;
+mod fences;
+mod layer;
+mod recovery;
+mod replicas;
+mod store;

@@ -1,0 +1,13 @@
+//! The store: lock definitions and the key layout (no store needed), the conformance suite on a
+//! real `redis-server`, on a local Redis Cluster and in memory, `Backend::extend_many`, and what
+//! only a cluster shows. Each Redis-backed test starts its own servers on free loopback ports.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+#[cfg(feature = "cluster")]
+mod cluster;
+mod conformance;
+mod definitions;
+mod extend_many;
+mod keys;

@@ -1,0 +1,205 @@
+//! What a test runs against: a store on a fresh `redis-server`, on a local Redis Cluster or in
+//! memory, and for Redis a direct line to look behind the store's back. `store_tests!` declares
+//! one test per store for each scenario.
+
+use std::time::Duration;
+
+use redis::FromRedisValue;
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{RedisStore, Store};
+
+use super::server::{Endpoint, RedisServer};
+
+/// The deadline of every store call in the layer's tests: short, so failure tests stay fast.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How a test's store talks to Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setup {
+    /// `Store::redis` with the defaults over one multiplexed connection, as the core's
+    /// conformance suite runs it (in memory: under paused time).
+    Core,
+    /// A `RedisStore` with the short [`STORE_TIMEOUT`], over a `ConnectionManager` on a single
+    /// server: as a service behind the layer runs it.
+    Layer,
+}
+
+/// A store, and for Redis the servers behind it (stopped when the `Env` drops) and a [`Raw`]
+/// line to them.
+pub struct Env {
+    pub store: Store,
+    /// The single server behind the store, for tests that stop it.
+    pub server: Option<RedisServer>,
+    raw: Option<Raw>,
+    #[cfg(feature = "cluster")]
+    _cluster: Option<super::cluster::RedisCluster>,
+}
+
+impl Env {
+    /// A store in this process's memory.
+    pub fn memory() -> Self {
+        Env {
+            store: Store::memory(),
+            server: None,
+            raw: None,
+            #[cfg(feature = "cluster")]
+            _cluster: None,
+        }
+    }
+
+    /// A store on a fresh `redis-server`.
+    pub async fn redis(setup: Setup) -> Self {
+        let server = RedisServer::start();
+        let conn = server.connection().await;
+        let store = match setup {
+            Setup::Core => Store::redis(conn.clone()),
+            Setup::Layer => RedisStore::new(server.connection_manager().await)
+                .timeout(STORE_TIMEOUT)
+                .into(),
+        };
+        Env {
+            store,
+            server: Some(server),
+            raw: Some(Raw {
+                conn: RawConn::Single(conn),
+                layout: KeyLayout::default(),
+            }),
+            #[cfg(feature = "cluster")]
+            _cluster: None,
+        }
+    }
+
+    /// A store on a local 3-master Redis Cluster: the tests' names hash to slots on every node.
+    #[cfg(feature = "cluster")]
+    pub async fn cluster(setup: Setup) -> Self {
+        let cluster = super::cluster::RedisCluster::start();
+        let conn = cluster.connection().await;
+        let store = match setup {
+            Setup::Core => Store::redis(conn.clone()),
+            Setup::Layer => RedisStore::new(conn.clone()).timeout(STORE_TIMEOUT).into(),
+        };
+        Env {
+            store,
+            server: None,
+            raw: Some(Raw {
+                conn: RawConn::Cluster(conn),
+                layout: KeyLayout::default(),
+            }),
+            _cluster: Some(cluster),
+        }
+    }
+
+    /// Whether the store is on Redis (a single server or the cluster).
+    pub fn is_redis(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// The direct line to Redis, for a test (or a part of one) that runs on Redis only.
+    pub fn raw(&self) -> &Raw {
+        self.raw.as_ref().expect("this test runs on Redis only")
+    }
+}
+
+/// A direct line to the Redis behind a store, and the store's key layout.
+pub struct Raw {
+    conn: RawConn,
+    layout: KeyLayout,
+}
+
+enum RawConn {
+    Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    /// Runs `cmd` on the Redis behind the store, a single server or the cluster.
+    pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let result = match &self.conn {
+            RawConn::Single(conn) => cmd.query_async(&mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            RawConn::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
+        };
+        result.unwrap_or_else(|e| panic!("raw redis command failed: {e}"))
+    }
+
+    /// A second store over the same Redis, with another key prefix.
+    pub fn store_with_prefix(&self, prefix: &str) -> Store {
+        match &self.conn {
+            RawConn::Single(conn) => RedisStore::new(conn.clone()).prefix(prefix).into(),
+            #[cfg(feature = "cluster")]
+            RawConn::Cluster(conn) => RedisStore::new(conn.clone()).prefix(prefix).into(),
+        }
+    }
+
+    /// The key of a lease's `role` under the default prefix.
+    pub fn key(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Vec<u8> {
+        self.layout.key(role, namespace, name)
+    }
+
+    /// PTTL of a key, in ms (-2 when it does not exist).
+    pub async fn pttl(&self, key: &[u8]) -> i64 {
+        self.query(redis::cmd("PTTL").arg(key)).await
+    }
+
+    pub async fn exists(&self, key: &[u8]) -> bool {
+        self.query::<i64>(redis::cmd("EXISTS").arg(key)).await == 1
+    }
+
+    /// Deletes a lease's key behind the store's back; `true` if it was there.
+    pub async fn delete(&self, role: KeyRole, namespace: &str, name: &[u8]) -> bool {
+        let key = self.key(role, namespace, name);
+        self.query::<i64>(redis::cmd("DEL").arg(key)).await == 1
+    }
+
+    /// The raw value of a lease's key.
+    pub async fn get(&self, role: KeyRole, namespace: &str, name: &[u8]) -> Option<Vec<u8>> {
+        let key = self.key(role, namespace, name);
+        self.query(redis::cmd("GET").arg(key)).await
+    }
+}
+
+/// Declares one test per store for each scenario, an `async fn(Env)` of the calling module:
+///
+/// ```ignore
+/// store_tests!(Core: [every_store_a, every_store_b], redis: [redis_and_cluster_only]);
+/// ```
+///
+/// gives `on_redis::every_store_a`, `on_cluster::every_store_a` (feature `cluster`) and
+/// `on_memory::every_store_a`, and the scenarios after `redis:` on Redis and the cluster only.
+/// The [`Setup`] (`Core` or `Layer`) says how the store talks to Redis; under `Core` the memory
+/// runs start with tokio's clock paused.
+#[macro_export]
+macro_rules! store_tests {
+    ($setup:ident: [$($all:ident),* $(,)?] $(, redis: [$($redis:ident),* $(,)?])? $(,)?) => {
+        mod on_redis {
+            $($crate::store_tests!(@test $all, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*)?
+        }
+
+        #[cfg(feature = "cluster")]
+        mod on_cluster {
+            $($crate::store_tests!(@test $all, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*)?
+        }
+
+        mod on_memory {
+            $($crate::store_tests!(@memory $setup $all);)*
+        }
+    };
+    (@test $name:ident, $env:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            super::$name($env).await
+        }
+    };
+    (@memory Core $name:ident) => {
+        #[tokio::test(start_paused = true)]
+        async fn $name() {
+            super::$name($crate::support::Env::memory()).await
+        }
+    };
+    (@memory Layer $name:ident) => {
+        $crate::store_tests!(@test $name, $crate::support::Env::memory());
+    };
+}

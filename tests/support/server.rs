@@ -1,0 +1,255 @@
+//! Real `redis-server` processes on free loopback ports, started by the tests, and what the
+//! tests do to them directly (fill their memory, change their config).
+//!
+//! Every server runs without persistence, is asked to die with the test process (so a crashed
+//! test leaves nothing behind), and is killed when its handle drops.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` child process listening on `127.0.0.1:port`.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments (`--maxmemory 1mb` …).
+    pub fn start_with(extra_args: &[&str]) -> Self {
+        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        // Another process may take the free port between our probe and redis-server's bind: try
+        // a few ports before giving up.
+        for _ in 0..10 {
+            let port = free_port();
+            let mut server = RedisServer {
+                child: None,
+                port,
+                extra_args: extra_args.clone(),
+            };
+            if server.spawn_and_wait() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports");
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sends `SCRIPT FLUSH` every 2 ms for `how_long`, as a hostile operator would under load;
+    /// answers how many flushes went through.
+    pub async fn flush_scripts_for(&self, how_long: Duration) -> usize {
+        let mut conn = self.connection().await;
+        let started = Instant::now();
+        let mut flushes = 0;
+        while started.elapsed() < how_long {
+            let () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .expect("SCRIPT FLUSH");
+            flushes += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        flushes
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit. The port stays reserved for
+    /// [`restart`](Self::restart) only by convention: nothing else on this machine binds it in
+    /// between in practice.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty (no persistence).
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn_and_wait() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The OS process id, for tests that signal the server.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Spawns redis-server on `self.port`; `false` when it exited (port taken) before answering.
+    fn spawn_and_wait(&mut self) -> bool {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--protected-mode", "no"])
+            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        die_with_parent(&mut command);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed: run scripts/test (it installs it), \
+                 or `apt-get install redis-server`"
+            ),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Endpoint for RedisServer {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Something redis-rs connects to: a [`RedisServer`], or the [fault proxy](super::proxy::Proxy)
+/// in front of one.
+pub trait Endpoint {
+    /// `redis://127.0.0.1:port/`.
+    fn url(&self) -> String;
+
+    /// A redis-rs client for this endpoint.
+    fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid url")
+    }
+
+    /// A multiplexed connection.
+    async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis-server")
+    }
+
+    /// A connection manager (reconnects by itself).
+    async fn connection_manager(&self) -> redis::aio::ConnectionManager {
+        redis::aio::ConnectionManager::new(self.client())
+            .await
+            .expect("connect to the test redis-server")
+    }
+}
+
+/// Writes 1 KiB values without a TTL, 100 to a pipeline, until Redis refuses a write (`true`)
+/// or `stop`, asked after each pipeline, says enough (`false`). Panics after 40 MiB.
+pub async fn fill(
+    conn: &mut redis::aio::MultiplexedConnection,
+    mut stop: impl AsyncFnMut() -> bool,
+) -> bool {
+    let value = vec![b'x'; 1024];
+    for batch in 0..400 {
+        let mut pipe = redis::pipe();
+        for i in 0..100 {
+            pipe.set(format!("filler:{batch}:{i}"), &value).ignore();
+        }
+        let refused = pipe.query_async::<()>(conn).await.is_err();
+        if stop().await {
+            return false;
+        }
+        if refused {
+            return true;
+        }
+    }
+    panic!("wrote 40 MiB without reaching maxmemory");
+}
+
+/// Fills a `noeviction` server until it refuses writes, and keeps it refusing: freed client
+/// buffers can bring usage back under the limit, so `maxmemory` is then pinned at 1 MB, far
+/// below what the server holds.
+pub async fn fill_until_full(conn: &mut redis::aio::MultiplexedConnection) {
+    assert!(
+        fill(conn, async || false).await,
+        "Redis never refused a write"
+    );
+    config_set(conn, "maxmemory", "1mb").await;
+}
+
+/// `CONFIG SET name value`.
+pub async fn config_set(conn: &mut impl redis::aio::ConnectionLike, name: &str, value: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a: SocketAddr| a.port())
+        .expect("bind a probe socket on 127.0.0.1")
+}
+
+/// Whether something on `port` answers `PING` with `+PONG`.
+pub fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    matches!(stream.read_exact(&mut reply), Ok(())) && &reply == b"+PONG\r\n"
+}
+
+/// Asks the kernel to kill `command`'s process when the test process dies, so servers never
+/// outlive a test that panicked or was killed.
+pub fn die_with_parent(command: &mut Command) {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
