@@ -186,6 +186,10 @@ mod tests {
     use crate::{Lock, Store};
 
     const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));
+    const EVERY_100_MS: HeartbeatTiming = HeartbeatTiming {
+        every: Duration::from_millis(100),
+        max_hold: None,
+    };
 
     async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) {
         let spec: Spec = LOCK.spec();
@@ -205,10 +209,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future() {
         let store = Store::memory();
-        let timing = HeartbeatTiming {
-            every: Duration::from_millis(100),
-            max_hold: None,
-        };
+        let timing = EVERY_100_MS;
         let (held, sent_at) = match Holding::acquire(
             store.clone(),
             LOCK.spec(),
@@ -273,10 +274,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lease_stays_valid_while_extended_and_release_ends_it() {
         let store = Store::memory();
-        let timing = HeartbeatTiming {
-            every: Duration::from_millis(100),
-            max_hold: None,
-        };
+        let timing = EVERY_100_MS;
         let (guard, _) = guard(&store, timing).await;
         let lease = guard.lease();
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -294,10 +292,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_guard_releases_in_the_background() {
         let store = Store::memory();
-        let timing = HeartbeatTiming {
-            every: Duration::from_millis(100),
-            max_hold: None,
-        };
+        let timing = EVERY_100_MS;
         let (guard, _) = guard(&store, timing).await;
         drop(guard);
         tokio::task::yield_now().await;
