@@ -272,10 +272,11 @@ where
                     // ReleasingLost → Done.
                     this.state.set(State::Done);
                     let status = StatusCode::SERVICE_UNAVAILABLE;
-                    return Poll::Ready(Ok(Problem::Lost.response(status, namespace)));
+                    let response = config.renderer.respond(Problem::Lost, status, namespace);
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Refusing { problem, status } => {
-                    let response = problem.response(*status, namespace);
+                    let response = config.renderer.respond(*problem, *status, namespace);
                     // Refusing → Done.
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));

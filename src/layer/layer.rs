@@ -1,15 +1,19 @@
-//! [`LockLayer`] and [`RwLockLayer`], and the options they share.
+//! [`LockLayer`] and [`RwLockLayer`], and the configuration they hand their services. Their
+//! shared options are in `options.rs`.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use tower_layer::Layer;
 
+use super::buffer::{BufferBody, Buffered, Streamed};
 use super::extract::SafeMethods;
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::lease::LeaseLost;
+use super::rejection::Renderer;
 use super::service::{Access, LockService};
 use crate::lock::Spec;
 use crate::{Lock, RwLock, Store};
@@ -17,6 +21,9 @@ use crate::{Lock, RwLock, Store};
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
 const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
+
+/// How long a [`Buffered`] layer waits for a request body by default.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the layer does, shared by every service and future it makes.
 #[derive(Clone, Debug)]
@@ -32,6 +39,12 @@ pub(crate) struct Config {
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
+    /// The most request body bytes [`Buffered`] layers read before locking.
+    pub(crate) body_limit: usize,
+    /// How long [`Buffered`] layers wait for the request body.
+    pub(crate) body_timeout: Duration,
+    /// Renders the layer's refusals.
+    pub(crate) renderer: Renderer,
     /// How long the response waits for the release before it goes out anyway.
     pub(crate) release_wait: Duration,
 }
@@ -52,6 +65,9 @@ impl Config {
             hold_through_body: false,
             binary_names: false,
             require_name: false,
+            body_limit: 0,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
         }
     }
@@ -75,10 +91,14 @@ impl Config {
 /// ```
 ///
 /// See the [module docs](crate::layer) for the behaviour and the responses it makes.
+///
+/// With [`buffer_body`](Self::buffer_body) the layer reads the whole request body before it
+/// takes the lock; its type then says so in `P` ([`Buffered`] instead of [`Streamed`]).
 #[derive(Clone)]
-pub struct LockLayer<E> {
-    config: Config,
+pub struct LockLayer<E, P = Streamed> {
+    pub(super) config: Config,
     extractor: E,
+    body: PhantomData<fn() -> P>,
 }
 
 impl<E> LockLayer<E> {
@@ -92,6 +112,26 @@ impl<E> LockLayer<E> {
         Self {
             config: Config::new(store, lock.spec()),
             extractor,
+            body: PhantomData,
+        }
+    }
+
+    /// Reads the whole request body, up to `max_bytes`, before taking the lock, so a slow or
+    /// oversized upload never holds it: a longer body gets `413 Payload Too Large`, one that
+    /// does not arrive within [`body_timeout`](Self::body_timeout) (10 s by default) gets
+    /// `408 Request Timeout`, and neither takes the lock. The inner service gets the body
+    /// from memory, so the request body type must be buildable from [`Bytes`](bytes::Bytes)
+    /// (axum's `Body` and `http_body_util::Full<Bytes>` are).
+    ///
+    /// Use it for routes whose handlers read a small body (JSON commands) under the lock.
+    /// For large uploads, stream them before locking, or bound the hold with
+    /// [`max_hold`](Self::max_hold) and tower-http's body timeout instead.
+    pub fn buffer_body(mut self, max_bytes: usize) -> LockLayer<E, Buffered> {
+        self.config.body_limit = max_bytes;
+        LockLayer {
+            config: self.config,
+            extractor: self.extractor,
+            body: PhantomData,
         }
     }
 }
@@ -120,10 +160,11 @@ impl<E> LockLayer<E> {
 ///     .route_layer(layer);
 /// ```
 #[derive(Clone)]
-pub struct RwLockLayer<E, R = SafeMethods> {
-    config: Config,
+pub struct RwLockLayer<E, R = SafeMethods, P = Streamed> {
+    pub(super) config: Config,
     extractor: E,
     read_when: R,
+    body: PhantomData<fn() -> P>,
 }
 
 impl<E> RwLockLayer<E> {
@@ -136,168 +177,92 @@ impl<E> RwLockLayer<E> {
             config: Config::new(store, lock.spec()),
             extractor,
             read_when: SafeMethods,
+            body: PhantomData,
         }
     }
 }
 
-impl<E, R> RwLockLayer<E, R> {
+impl<E, R, P> RwLockLayer<E, R, P> {
     /// Decides which requests read with `read_when` instead of by method: a
     /// [`ReadWhen`](crate::extract::ReadWhen), such as a closure `Fn(&Request<B>) -> bool`
     /// that answers `true` for a read.
-    pub fn read_when<R2>(self, read_when: R2) -> RwLockLayer<E, R2> {
+    pub fn read_when<R2>(self, read_when: R2) -> RwLockLayer<E, R2, P> {
         RwLockLayer {
             config: self.config,
             extractor: self.extractor,
             read_when,
+            body: PhantomData,
+        }
+    }
+
+    /// Reads the whole request body before taking the lock; see
+    /// [`LockLayer::buffer_body`].
+    pub fn buffer_body(mut self, max_bytes: usize) -> RwLockLayer<E, R, Buffered> {
+        self.config.body_limit = max_bytes;
+        RwLockLayer {
+            config: self.config,
+            extractor: self.extractor,
+            read_when: self.read_when,
+            body: PhantomData,
         }
     }
 }
 
-/// The options both layers have, with the same docs.
-macro_rules! options {
-    ($ty:ident < $($param:ident),* >) => {
-        impl<$($param),*> $ty<$($param),*> {
-            /// The status of the answer when someone else holds the lock: `409 Conflict` by
-            /// default; `StatusCode::LOCKED` (423) is the other common choice.
-            ///
-            /// # Panics
-            ///
-            /// If `status` is not a client error (4xx).
-            pub fn held_status(mut self, status: StatusCode) -> Self {
-                assert!(
-                    status.is_client_error(),
-                    "tower-lease: held_status must be a 4xx status, got {status}"
-                );
-                self.config.held_status = status;
-                self
-            }
-
-            /// Runs requests unlocked when the store fails or does not answer in time, logging
-            /// a warning, instead of answering `503 Service Unavailable` with `Retry-After: 1`
-            /// (the default, failing closed).
-            ///
-            /// Use it only where running a request twice at once is an inconvenience, not a
-            /// corruption.
-            pub fn fail_open(mut self) -> Self {
-                self.config.fail_open = true;
-                self
-            }
-
-            /// How often the heartbeat extends a held lease: a third of the TTL by default, so
-            /// two extensions can fail before the lease runs out.
-            ///
-            /// # Panics
-            ///
-            /// If `every` is zero or not shorter than the lock's TTL.
-            pub fn heartbeat(mut self, every: Duration) -> Self {
-                assert!(
-                    !every.is_zero() && every < self.config.spec.ttl,
-                    "tower-lease: the heartbeat ({every:?}) must be non-zero and shorter than \
-                     the TTL ({:?})",
-                    self.config.spec.ttl
-                );
-                self.config.timing.every = every;
-                self
-            }
-
-            /// Stops extending a lease `max_hold` after it was taken, so a stuck handler cannot
-            /// keep the lock forever: the lease then runs out at most one TTL later and counts
-            /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
-            pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.config.timing.max_hold = Some(max_hold);
-                self
-            }
-
-            /// What to do when a lease is lost while the inner service runs:
-            /// [`LeaseLost::Abort`] (the default) drops the inner future and answers `503`;
-            /// [`LeaseLost::Continue`] only flags the [`Lease`](crate::Lease).
-            pub fn on_lease_lost(mut self, policy: LeaseLost) -> Self {
-                self.config.on_lease_lost = policy;
-                self
-            }
-
-            /// Holds the lease until the response body has ended (end of stream, error, or the
-            /// body dropped) instead of releasing it before the response head is returned (the
-            /// default). For streaming responses whose body is part of the guarded work.
-            ///
-            /// The heartbeat keeps the lease alive while the client reads slowly, or not at
-            /// all; combine with [`max_hold`](Self::max_hold) to bound that.
-            pub fn hold_through_body(mut self) -> Self {
-                self.config.hold_through_body = true;
-                self
-            }
-
-            /// Accepts any bytes as a name (1 to 1024 of them), for extractors that produce
-            /// binary names such as raw UUIDs.
-            ///
-            /// By default the layer answers `400 Bad Request` to a name that is not UTF-8 text,
-            /// or that holds a control character (NUL included) or a brace. Such names are safe
-            /// for the store, which is binary-safe, but coming from a request they are a client
-            /// bug or a probe; control bytes make keys unreadable in `redis-cli`, and a `}`
-            /// shortens the cluster hash tag, so crafted names could pile onto one slot.
-            pub fn binary_names(mut self) -> Self {
-                self.config.binary_names = true;
-                self
-            }
-
-            /// Answers `400 Bad Request` (problem `urn:tower-lease:missing-lock-name`) when the
-            /// extractor finds no name, instead of running the request unlocked (the default).
-            ///
-            /// Use it where every request on the route must be locked, such as handlers that
-            /// take `Extension<Lease>`: without it, a request the extractor answers `None` for
-            /// reaches the handler with no [`Lease`](crate::Lease), and axum rejects it with
-            /// `500 Missing request extension`. Handlers that also serve unlocked requests take
-            /// `Option<Extension<Lease>>` instead.
-            pub fn require_name(mut self) -> Self {
-                self.config.require_name = true;
-                self
-            }
-
-            /// How long a finished response waits for its lease's release before it goes out
-            /// anyway (250 ms by default); the release then finishes in the background.
-            ///
-            /// A healthy store answers the release in a round trip, so the client's next
-            /// request finds the lock free. A failing one would otherwise hold every finished
-            /// response for the store's whole deadline; the lease's TTL frees the lock if the
-            /// release never lands.
-            pub fn release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = wait;
-                self
-            }
-        }
-    };
+impl<E, P> LockLayer<E, P> {
+    fn service<S>(&self, inner: S) -> LockService<S, E>
+    where
+        E: Clone,
+    {
+        let config = Arc::new(self.config.clone());
+        LockService::new(inner, config, self.extractor.clone(), Access::Exclusive)
+    }
 }
 
-options!(LockLayer<E>);
-options!(RwLockLayer<E, R>);
+impl<E, R, P> RwLockLayer<E, R, P> {
+    fn service<S>(&self, inner: S) -> LockService<S, E, R>
+    where
+        E: Clone,
+        R: Clone,
+    {
+        let config = Arc::new(self.config.clone());
+        let access = Access::ReadWrite(self.read_when.clone());
+        LockService::new(inner, config, self.extractor.clone(), access)
+    }
+}
 
-impl<S, E: Clone> Layer<S> for LockLayer<E> {
+impl<S, E: Clone> Layer<S> for LockLayer<E, Streamed> {
     type Service = LockService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LockService::new(
-            inner,
-            Arc::new(self.config.clone()),
-            self.extractor.clone(),
-            Access::Exclusive,
-        )
+        self.service(inner)
     }
 }
 
-impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R> {
+impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
+    type Service = BufferBody<LockService<S, E>>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
+    }
+}
+
+impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Streamed> {
     type Service = LockService<S, E, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LockService::new(
-            inner,
-            Arc::new(self.config.clone()),
-            self.extractor.clone(),
-            Access::ReadWrite(self.read_when.clone()),
-        )
+        self.service(inner)
     }
 }
 
-impl<E> fmt::Debug for LockLayer<E> {
+impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Buffered> {
+    type Service = BufferBody<LockService<S, E, R>>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
+    }
+}
+
+impl<E, P> fmt::Debug for LockLayer<E, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("config", &self.config)
@@ -305,7 +270,7 @@ impl<E> fmt::Debug for LockLayer<E> {
     }
 }
 
-impl<E, R> fmt::Debug for RwLockLayer<E, R> {
+impl<E, R, P> fmt::Debug for RwLockLayer<E, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RwLockLayer")
             .field("config", &self.config)

@@ -200,18 +200,23 @@
 mod layer;
 
 mod body;
+mod buffer;
 pub mod extract;
 mod finish_on_drop;
 mod future;
 mod guard;
 mod heartbeat;
 mod lease;
+mod options;
 mod problem;
+mod rejection;
 mod service;
 
 pub use self::body::{BoxError, LeaseBody, LeaseLostError};
+pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease::{Lease, LeaseLost};
+pub use self::rejection::{OnRejection, Reason, Rejection};
 pub use self::service::LockService;

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::body::LeaseBody;
 use super::extract::NameDefect;
 
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -25,6 +24,12 @@ pub(crate) enum Problem {
     Unavailable,
     /// The lease ran out (or was taken away) while the request was being served.
     Lost,
+    /// The request body is longer than the layer buffers.
+    BodyTooLarge { limit: usize },
+    /// The request body did not arrive in time to be buffered.
+    BodyTimeout { after: Duration },
+    /// The request body broke off or was malformed while being buffered.
+    BodyUnreadable,
 }
 
 impl Problem {
@@ -37,6 +42,9 @@ impl Problem {
             Problem::MissingName => "urn:tower-lease:missing-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
             Problem::Lost => "urn:tower-lease:lease-lost",
+            Problem::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
+            Problem::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
+            Problem::BodyUnreadable => "urn:tower-lease:body-unreadable",
         }
     }
 
@@ -47,6 +55,9 @@ impl Problem {
             Problem::MissingName => "The request does not name the resource to lock",
             Problem::Unavailable => "The lock service is unavailable",
             Problem::Lost => "The lock was lost while the request was being served",
+            Problem::BodyTooLarge { .. } => "The request body is too large",
+            Problem::BodyTimeout { .. } => "The request body did not arrive in time",
+            Problem::BodyUnreadable => "The request body could not be read",
         }
     }
 
@@ -78,15 +89,32 @@ impl Problem {
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
             ),
+            Problem::BodyTooLarge { limit } => format!(
+                "Requests that take the {namespace} lock may carry at most {limit} bytes of body."
+            ),
+            Problem::BodyTimeout { after } => format!(
+                "The body of a request that takes the {namespace} lock must arrive within {} ms.",
+                after.as_millis()
+            ),
+            Problem::BodyUnreadable => format!(
+                "The body of this request to the {namespace} lock broke off or was malformed."
+            ),
         }
     }
 
-    /// The response for this problem with `status`, for a lock in `namespace`.
-    pub(crate) fn response<B: http_body::Body>(
-        self,
-        status: StatusCode,
-        namespace: &str,
-    ) -> Response<LeaseBody<B>> {
+    /// How long a client should wait before trying again, when the layer can tell.
+    pub(crate) fn retry_after(self) -> Option<Duration> {
+        match self {
+            Problem::Busy { retry_after } => Some(retry_after),
+            // The store is usually back (or failed over) within a second; a client that waits
+            // longer gains nothing.
+            Problem::Unavailable => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
+    /// The problem+json response for this problem with `status`, for a lock in `namespace`.
+    pub(crate) fn response(self, status: StatusCode, namespace: &str) -> Response<Bytes> {
         let mut json = String::with_capacity(256);
         json.push('{');
         field(&mut json, "type", self.type_uri());
@@ -98,23 +126,15 @@ impl Problem {
         field(&mut json, "namespace", namespace);
         json.push('}');
 
-        let mut response = Response::new(LeaseBody::problem(Bytes::from(json)));
+        let mut response = Response::new(Bytes::from(json));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        match self {
-            Problem::Busy { retry_after } => {
-                headers.insert(
-                    RETRY_AFTER,
-                    HeaderValue::from(retry_after_secs(retry_after)),
-                );
-            }
-            // The store is usually back (or failed over) within a second; a client that waits
-            // longer gains nothing.
-            Problem::Unavailable => {
-                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            Problem::InvalidName(_) | Problem::MissingName | Problem::Lost => {}
+        if let Some(retry_after) = self.retry_after() {
+            headers.insert(
+                RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(retry_after)),
+            );
         }
         response
     }

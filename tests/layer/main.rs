@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bodies;
 mod lease;
 mod names;
 mod options;

@@ -1,0 +1,146 @@
+//! The options [`LockLayer`] and [`RwLockLayer`] share, written once.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::layer::{LockLayer, RwLockLayer};
+use super::lease::LeaseLost;
+use super::rejection::{OnRejection, Renderer};
+
+/// The options both layers have, with the same docs.
+macro_rules! options {
+    ($ty:ident < $($param:ident),* >) => {
+        impl<$($param),*> $ty<$($param),*> {
+            /// The status of the answer when someone else holds the lock: `409 Conflict` by
+            /// default; `StatusCode::LOCKED` (423) is the other common choice.
+            ///
+            /// # Panics
+            ///
+            /// If `status` is not a client error (4xx).
+            pub fn held_status(mut self, status: StatusCode) -> Self {
+                assert!(
+                    status.is_client_error(),
+                    "tower-lease: held_status must be a 4xx status, got {status}"
+                );
+                self.config.held_status = status;
+                self
+            }
+
+            /// Runs requests unlocked when the store fails or does not answer in time, logging
+            /// a warning, instead of answering `503 Service Unavailable` with `Retry-After: 1`
+            /// (the default, failing closed).
+            ///
+            /// Use it only where running a request twice at once is an inconvenience, not a
+            /// corruption.
+            pub fn fail_open(mut self) -> Self {
+                self.config.fail_open = true;
+                self
+            }
+
+            /// How often the heartbeat extends a held lease: a third of the TTL by default, so
+            /// two extensions can fail before the lease runs out.
+            ///
+            /// # Panics
+            ///
+            /// If `every` is zero or not shorter than the lock's TTL.
+            pub fn heartbeat(mut self, every: Duration) -> Self {
+                assert!(
+                    !every.is_zero() && every < self.config.spec.ttl,
+                    "tower-lease: the heartbeat ({every:?}) must be non-zero and shorter than \
+                     the TTL ({:?})",
+                    self.config.spec.ttl
+                );
+                self.config.timing.every = every;
+                self
+            }
+
+            /// Stops extending a lease `max_hold` after it was taken, so a stuck handler cannot
+            /// keep the lock forever: the lease then runs out at most one TTL later and counts
+            /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
+            pub fn max_hold(mut self, max_hold: Duration) -> Self {
+                self.config.timing.max_hold = Some(max_hold);
+                self
+            }
+
+            /// What to do when a lease is lost while the inner service runs:
+            /// [`LeaseLost::Abort`] (the default) drops the inner future and answers `503`;
+            /// [`LeaseLost::Continue`] only flags the [`Lease`](crate::Lease).
+            pub fn on_lease_lost(mut self, policy: LeaseLost) -> Self {
+                self.config.on_lease_lost = policy;
+                self
+            }
+
+            /// Holds the lease until the response body has ended (end of stream, error, or the
+            /// body dropped) instead of releasing it before the response head is returned (the
+            /// default). For streaming responses whose body is part of the guarded work.
+            ///
+            /// The heartbeat keeps the lease alive while the client reads slowly, or not at
+            /// all; combine with [`max_hold`](Self::max_hold) to bound that.
+            pub fn hold_through_body(mut self) -> Self {
+                self.config.hold_through_body = true;
+                self
+            }
+
+            /// Accepts any bytes as a name (1 to 1024 of them), for extractors that produce
+            /// binary names such as raw UUIDs.
+            ///
+            /// By default the layer answers `400 Bad Request` to a name that is not UTF-8 text,
+            /// or that holds a control character (NUL included) or a brace. Such names are safe
+            /// for the store, which is binary-safe, but coming from a request they are a client
+            /// bug or a probe; control bytes make keys unreadable in `redis-cli`, and a `}`
+            /// shortens the cluster hash tag, so crafted names could pile onto one slot.
+            pub fn binary_names(mut self) -> Self {
+                self.config.binary_names = true;
+                self
+            }
+
+            /// Answers `400 Bad Request` (problem `urn:tower-lease:missing-lock-name`) when the
+            /// extractor finds no name, instead of running the request unlocked (the default).
+            ///
+            /// Use it where every request on the route must be locked, such as handlers that
+            /// take `Extension<Lease>`: without it, a request the extractor answers `None` for
+            /// reaches the handler with no [`Lease`](crate::Lease), and axum rejects it with
+            /// `500 Missing request extension`. Handlers that also serve unlocked requests take
+            /// `Option<Extension<Lease>>` instead.
+            pub fn require_name(mut self) -> Self {
+                self.config.require_name = true;
+                self
+            }
+
+            /// Renders the layer's refusals (busy, invalid or missing name, store unavailable,
+            /// lease lost, body too large or too slow) with `hook` instead of the default
+            /// RFC 9457 `application/problem+json` documents: for an application's own error
+            /// format or its own `Retry-After` policy. The hook gets a
+            /// [`Rejection`](crate::layer::Rejection), whose
+            /// [`problem_response`](crate::layer::Rejection::problem_response) is the default.
+            pub fn on_rejection(mut self, hook: impl OnRejection) -> Self {
+                self.config.renderer = Renderer::new(hook);
+                self
+            }
+
+            /// How long [`buffer_body`](Self::buffer_body) waits for the whole request body
+            /// before answering `408 Request Timeout` (10 s by default). Without
+            /// `buffer_body` it has no effect.
+            pub fn body_timeout(mut self, timeout: Duration) -> Self {
+                self.config.body_timeout = timeout;
+                self
+            }
+
+            /// How long a finished response waits for its lease's release before it goes out
+            /// anyway (250 ms by default); the release then finishes in the background.
+            ///
+            /// A healthy store answers the release in a round trip, so the client's next
+            /// request finds the lock free. A failing one would otherwise hold every finished
+            /// response for the store's whole deadline; the lease's TTL frees the lock if the
+            /// release never lands.
+            pub fn release_wait(mut self, wait: Duration) -> Self {
+                self.config.release_wait = wait;
+                self
+            }
+        }
+    };
+}
+
+options!(LockLayer<E, P>);
+options!(RwLockLayer<E, R, P>);
