@@ -94,6 +94,7 @@
 //! | [`path_segment(i)`](crate::extract::path_segment) | the `i`th path segment counting from 0 after the leading `/` (`/invoices/{id}/finalize`: `1` is the id), percent-decoded to raw bytes | the path has fewer segments |
 //! | [`path()`](crate::extract::path) | the whole path, percent-decoded (so every spelling of a path takes the same lock) | never |
 //! | [`header(name)`](crate::extract::header) | the first value of the header, raw bytes | the header is missing |
+//! | [`path_segments([i, j])`](crate::extract::path_segments) | several segments, each decoded, joined with `/` (a `/` or `%` inside one written as `%2F`, `%25`); `/events/{event}/seats/{seat}`: `[1, 3]` | the path has fewer segments |
 //! | [`constant(name)`](crate::extract::constant) | always `name`: one lock for the whole route | never |
 //!
 //! A name that is empty (`/invoices//finalize`) or longer than 1024 bytes gets `400`, and so, by
@@ -103,6 +104,12 @@
 //! `redis-cli`, and a `}` shortens the cluster hash tag, so crafted names could pile onto one slot.
 //! `.binary_names()` lifts the text rule for extractors that produce binary names (raw UUIDs,
 //! say). Inside axum's `Router::nest`, the path is the nested router's, without its prefix.
+//!
+//! The layers take a lock of any name type (`Lock<u64>`, `RwLock<str>`, …); names meet as the
+//! bytes [`LockName`](crate::LockName) encodes, so an extractor for a `Lock<u64>` should yield a
+//! `u64`. A request the extractor finds no name in runs unlocked, and a handler that takes
+//! `Extension<Lease>` then fails with axum's `500 Missing request extension`: use
+//! `.require_name()` where every request must be locked, or take `Option<Extension<Lease>>`.
 //!
 //! # Options
 //!
@@ -117,6 +124,10 @@
 //! | [`.on_lease_lost(LeaseLost)`](crate::LockLayer::on_lease_lost) | [`LeaseLost::Abort`] | `Abort`: drop the handler's future and answer `503`; `Continue`: only flag the [`Lease`] |
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
+//! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
+//! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
+//! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` (10 s) |
+//! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<Bytes>`) |
 //! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
 //!
 //! The store's own options matter too: [`RedisStore::timeout`](crate::RedisStore::timeout)
@@ -133,11 +144,19 @@
 //! | lock held by another request | `409 Conflict`, or `.held_status(…)` | `retry-after`, problem+json | problem `urn:tower-lease:lock-held` |
 //! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
 //! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
+//! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
+//! | body over the limit, under `.buffer_body(..)` | `413 Payload Too Large` | problem+json | problem `urn:tower-lease:body-too-large` |
+//! | body not in within `.body_timeout(..)` | `408 Request Timeout` | problem+json | problem `urn:tower-lease:body-timeout` |
+//! | body broke off while buffered | `400 Bad Request` | problem+json | problem `urn:tower-lease:body-unreadable` |
 //! | acquired | the inner service's | the inner service's | the inner service's, released before it is returned |
 //!
+//! Every refusal above goes through the [`on_rejection`](crate::LockLayer::on_rejection) hook
+//! when the layer has one.
+//!
 //! - `Retry-After` on a held lock is the holder's remaining lease in whole seconds, rounded up, at
-//!   least 1. A holder that keeps extending is still there when it runs out: clients should treat
-//!   it as a hint.
+//!   least 1. Under the holder's heartbeat that is about one TTL for as long as the holder works,
+//!   so it says when to look again, not when the lock will be free; a route whose work is short
+//!   and whose TTL is long can send its own hint through `.on_rejection(..)`.
 //! - With Redis down or blackholed, the `503` comes within `RedisStore::timeout` (1 s by default)
 //!   plus a round trip, never later.
 //! - Problem bodies are RFC 9457 documents (`type`, `title`, `status`, `detail`) with the lock's
