@@ -7,6 +7,7 @@ pub mod layer;
 mod lock;
 mod name;
 pub mod store;
+mod telemetry;
 mod token;
 
 pub use crate::error::{Error, Result};

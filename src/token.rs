@@ -9,6 +9,7 @@ use crate::Result;
 use crate::lock::Spec;
 use crate::name::check_name;
 use crate::store::{Acquisition, LeaseRef, LockRef, Mode, Secret, Store};
+use crate::telemetry::{self, ExtendOutcome};
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
 #[derive(Debug)]
@@ -57,6 +58,9 @@ pub(crate) struct Holding {
     name: Box<[u8]>,
     secret: Secret,
     fence: Option<u64>,
+    /// When the lease was taken, for `tower_lease_hold_seconds`.
+    #[cfg(feature = "metrics")]
+    acquired_at: std::time::Instant,
 }
 
 impl Holding {
@@ -74,14 +78,19 @@ impl Holding {
             .acquire(LeaseRef::new(lock, mode, &secret))
             .await?
         {
-            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
-                store,
-                spec,
-                mode,
-                name: name.into_owned().into_boxed_slice(),
-                secret,
-                fence,
-            })),
+            Acquisition::Acquired { fence } => {
+                telemetry::lease_taken(spec.namespace, mode);
+                Ok(Attempt::Acquired(Holding {
+                    store,
+                    spec,
+                    mode,
+                    name: name.into_owned().into_boxed_slice(),
+                    secret,
+                    fence,
+                    #[cfg(feature = "metrics")]
+                    acquired_at: std::time::Instant::now(),
+                }))
+            }
             Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
         }
     }
@@ -102,7 +111,14 @@ impl Holding {
     }
 
     pub(crate) async fn extend(&self) -> Result<bool> {
-        self.store.backend().extend(self.lease_ref()).await
+        let extended = self.store.backend().extend(self.lease_ref()).await;
+        let outcome = match extended {
+            Ok(true) => ExtendOutcome::Ok,
+            Ok(false) => ExtendOutcome::Lost,
+            Err(_) => ExtendOutcome::Error,
+        };
+        telemetry::extend(self.spec.namespace, self.mode, outcome);
+        extended
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
@@ -127,6 +143,14 @@ impl Holding {
 
     pub(crate) fn mode(&self) -> Mode {
         self.mode
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let held_for = self.acquired_at.elapsed();
+        telemetry::lease_ended(self.spec.namespace, self.mode, held_for);
     }
 }
 

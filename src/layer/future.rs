@@ -18,7 +18,8 @@ use super::guard::LeaseGuard;
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
-use crate::store::BoxFuture;
+use crate::store::{BoxFuture, Mode};
+use crate::telemetry;
 use crate::token::Attempt;
 
 /// Resolves when a lease is lost, for the policy [`LeaseLost::Abort`].
@@ -33,6 +34,8 @@ pin_project! {
         #[pin]
         state: State<S, B>,
         config: Arc<Config>,
+        // `tower_lease.request`, entered while polled; none for a request without a lock.
+        span: tracing::Span,
     }
 }
 
@@ -48,6 +51,7 @@ pin_project! {
             acquire: FinishOnDrop<Acquired>,
             inner: S,
             req: Request<B>,
+            mode: Mode,
         },
         // The inner service runs without a lease: the request names no lock, or the store failed
         // and the layer fails open.
@@ -91,32 +95,53 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    /// Acquires with `acquire`, then calls the readied `inner` with `req`.
+    /// Acquires with `acquire` a lease in `mode`, then calls the readied `inner` with `req`.
     pub(crate) fn acquiring(
         acquire: BoxFuture<'static, Acquired>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
+        mode: Mode,
+        span: tracing::Span,
     ) -> Self {
         let acquire = FinishOnDrop::acquisition(acquire);
         let state = State::Acquiring {
             acquire,
             inner,
             req,
+            mode,
         };
-        Self { state, config }
+        Self {
+            state,
+            config,
+            span,
+        }
     }
 
     /// Refuses the request without asking the store.
-    pub(crate) fn refused(problem: Problem, status: StatusCode, config: Arc<Config>) -> Self {
+    pub(crate) fn refused(
+        problem: Problem,
+        status: StatusCode,
+        config: Arc<Config>,
+        span: tracing::Span,
+    ) -> Self {
         let state = State::Refusing { problem, status };
-        Self { state, config }
+        Self {
+            state,
+            config,
+            span,
+        }
     }
 
     /// Runs the request without a lease.
     pub(crate) fn unlocked(inner: S::Future, config: Arc<Config>) -> Self {
         let state = State::Unlocked { inner };
-        Self { state, config }
+        let span = tracing::Span::none();
+        Self {
+            state,
+            config,
+            span,
+        }
     }
 }
 
@@ -130,17 +155,28 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             let mut this = self.as_mut().project();
+            let _entered = this.span.enter();
             let config: &Config = this.config;
             let namespace = config.spec.namespace;
             match this.state.as_mut().project() {
                 StateProj::Acquiring { acquire, .. } => {
                     let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
                     let StateOwned::Acquiring {
-                        mut inner, mut req, ..
+                        mut inner,
+                        mut req,
+                        mode,
+                        ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("in the Acquiring state")
                     };
+                    let outcome = match &attempt {
+                        Ok(Attempt::Acquired(_)) => telemetry::AcquireOutcome::Acquired,
+                        Ok(Attempt::Busy { .. }) => telemetry::AcquireOutcome::Held,
+                        Err(_) if config.fail_open => telemetry::AcquireOutcome::Unlocked,
+                        Err(_) => telemetry::AcquireOutcome::StoreError,
+                    };
+                    telemetry::acquire(namespace, mode, outcome, Some(sent_at.elapsed()));
                     let next = match attempt {
                         // Acquiring → Locked.
                         Ok(Attempt::Acquired(holding)) => {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::Mode;
+use crate::telemetry::{self, LossReason};
 use crate::token::Holding;
 
 /// What happens when a lease is lost while the inner service is still working on the request.
@@ -168,8 +169,15 @@ impl LeaseState {
     }
 
     /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve.
-    pub(super) fn declare_lost(&self, reason: &'static str) {
-        tracing::warn!(namespace = self.holding.namespace(), reason, "lease lost");
+    pub(super) fn declare_lost(&self, reason: LossReason) {
+        let (namespace, mode) = (self.holding.namespace(), self.holding.mode());
+        tracing::warn!(
+            namespace,
+            mode = mode.as_str(),
+            reason = reason.as_str(),
+            "lease lost"
+        );
+        telemetry::lost(namespace, mode, reason);
         self.lost.cancel();
     }
 

@@ -17,6 +17,7 @@ use super::layer::Config;
 use super::problem::Problem;
 use crate::LockName;
 use crate::store::Mode;
+use crate::telemetry;
 use crate::token::Holding;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
@@ -84,35 +85,38 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
 
+        let namespace = self.config.spec.namespace;
         let Some(name) = self.extractor.extract(&req) else {
             if self.config.require_name {
-                tracing::debug!(
-                    namespace = self.config.spec.namespace,
-                    "no lock name, request refused"
+                let mode = self.access.mode(&req);
+                let span = request_span(namespace, mode);
+                span.in_scope(|| tracing::debug!("no lock name, request refused"));
+                telemetry::acquire(
+                    namespace,
+                    mode,
+                    telemetry::AcquireOutcome::InvalidName,
+                    None,
                 );
-                let problem = Problem::MissingName;
-                return ResponseFuture::refused(
-                    problem,
-                    StatusCode::BAD_REQUEST,
-                    self.config.clone(),
-                );
+                let status = StatusCode::BAD_REQUEST;
+                let config = self.config.clone();
+                return ResponseFuture::refused(Problem::MissingName, status, config, span);
             }
             return ResponseFuture::unlocked(inner.call(req), self.config.clone());
         };
-        let mode = match &self.access {
-            Access::Exclusive => Mode::Exclusive,
-            Access::ReadWrite(read_when) if read_when.is_read(&req) => Mode::Read,
-            Access::ReadWrite(_) => Mode::Write,
-        };
+        let mode = self.access.mode(&req);
+        let span = request_span(namespace, mode);
         let name = name.lock_name().into_owned();
         if let Some(defect) = NameDefect::of(&name, self.config.binary_names) {
-            tracing::debug!(
-                namespace = self.config.spec.namespace,
-                ?defect,
-                "invalid lock name, request refused"
+            span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
+            telemetry::acquire(
+                namespace,
+                mode,
+                telemetry::AcquireOutcome::InvalidName,
+                None,
             );
             let problem = Problem::InvalidName(defect);
-            return ResponseFuture::refused(problem, StatusCode::BAD_REQUEST, self.config.clone());
+            let status = StatusCode::BAD_REQUEST;
+            return ResponseFuture::refused(problem, status, self.config.clone(), span);
         }
         let config = self.config.clone();
         let acquire = Box::pin(async move {
@@ -122,7 +126,26 @@ where
                 Holding::acquire(config.store.clone(), config.spec, mode, Cow::Owned(name)).await;
             (sent_at, attempt)
         });
-        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req)
+        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, mode, span)
+    }
+}
+
+/// The span of one locked request: `tower_lease.request` with the lock's namespace and mode.
+fn request_span(namespace: &'static str, mode: Mode) -> tracing::Span {
+    tracing::debug_span!("tower_lease.request", namespace, mode = mode.as_str())
+}
+
+impl<R> Access<R> {
+    /// The lease `req` takes.
+    fn mode<B>(&self, req: &Request<B>) -> Mode
+    where
+        R: ReadWhen<B>,
+    {
+        match self {
+            Access::Exclusive => Mode::Exclusive,
+            Access::ReadWrite(read_when) if read_when.is_read(req) => Mode::Read,
+            Access::ReadWrite(_) => Mode::Write,
+        }
     }
 }
 

@@ -116,6 +116,17 @@ pub enum Mode {
     Write,
 }
 
+impl Mode {
+    /// `"exclusive"`, `"read"` or `"write"`: the mode as metrics and traces label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+}
+
 /// The lock a [`Backend`] call is about: namespace and name (already validated), TTL and
 /// whether acquisitions are fenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

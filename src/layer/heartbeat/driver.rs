@@ -31,6 +31,7 @@ use super::{DriverSlot, HeartbeatTiming};
 use crate::Result;
 use crate::layer::lease::LeaseState;
 use crate::store::BoxFuture;
+use crate::telemetry::{self, ExtendOutcome, LossReason};
 
 /// The most extensions in one store call; a bigger due set goes out as several calls at once,
 /// so one slow reply does not hold up every lease.
@@ -155,16 +156,14 @@ impl Driver {
                 let valid_until = lease.state.valid_until();
                 if lease.ending {
                     if now >= valid_until {
-                        lease.state.declare_lost("max_hold reached");
+                        lease.state.declare_lost(LossReason::MaxHold);
                     } else {
                         // Not due yet: only extensions go early.
                         debug_assert!(early);
                         self.schedule.entry(valid_until).or_default().push(lease);
                     }
                 } else if now >= valid_until {
-                    lease
-                        .state
-                        .declare_lost("no extension confirmed before the lease ran out");
+                    lease.state.declare_lost(LossReason::DeadlinePassed);
                 } else {
                     batch.push(lease);
                     if batch.len() == MAX_BATCH {
@@ -218,6 +217,13 @@ impl Driver {
             if lease.state.is_over() {
                 continue;
             }
+            let (namespace, mode) = (lease.state.holding.namespace(), lease.state.holding.mode());
+            let outcome = match answer {
+                Some(Ok(true)) => ExtendOutcome::Ok,
+                Some(Ok(false)) => ExtendOutcome::Lost,
+                _ => ExtendOutcome::Error,
+            };
+            telemetry::extend(namespace, mode, outcome);
             match answer {
                 Some(Ok(true)) => {
                     lease.state.confirm(sent_at);
@@ -225,11 +231,8 @@ impl Driver {
                     let next = sent_at + lease.every;
                     self.schedule(lease, next);
                 }
-                Some(Ok(false)) => lease
-                    .state
-                    .declare_lost("the store no longer holds the lease"),
+                Some(Ok(false)) => lease.state.declare_lost(LossReason::StoreSaidGone),
                 failed => {
-                    let namespace = lease.state.holding.namespace();
                     match failed {
                         Some(Err(error)) => {
                             tracing::debug!(namespace, %error, "extending the lease failed, retrying");
@@ -238,9 +241,7 @@ impl Driver {
                     }
                     let valid_until = lease.state.valid_until();
                     if now >= valid_until {
-                        lease
-                            .state
-                            .declare_lost("no extension confirmed before the lease ran out");
+                        lease.state.declare_lost(LossReason::DeadlinePassed);
                         continue;
                     }
                     let retry = (now + lease.backoff).min(valid_until);

@@ -1,0 +1,346 @@
+//! The `metrics` feature against `metrics-util`'s debugging recorder: each outcome increments
+//! exactly its counter, the gauge of held leases returns to 0 after a cancellation storm, and no
+//! label ever carries a lock name.
+//!
+//! The recorder is global and its snapshots drain the counters, so the tests take turns.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::sync::{Mutex, MutexGuard};
+use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Store, extract};
+
+use support::http::{Http, count, serve};
+use support::{Env, Setup};
+
+/// A metric's name and labels, as `name{label=value,…}` with the labels sorted.
+type Series = String;
+
+struct Recorder {
+    snapshotter: Snapshotter,
+    turn: Mutex<()>,
+    /// Gauges' values: snapshots drain them too, and report what changed since the last one.
+    gauges: std::sync::Mutex<BTreeMap<Series, f64>>,
+}
+
+fn recorder() -> &'static Recorder {
+    static RECORDER: OnceLock<Recorder> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this process");
+        Recorder {
+            snapshotter,
+            turn: Mutex::new(()),
+            gauges: Default::default(),
+        }
+    })
+}
+
+/// Waits for this test's turn, and drains what earlier tests left.
+async fn turn() -> MutexGuard<'static, ()> {
+    let turn = recorder().turn.lock().await;
+    recorded();
+    turn
+}
+
+/// What was recorded since the last call: counters' increments and histograms' sample counts,
+/// by series; and gauges' current values.
+fn recorded() -> BTreeMap<Series, f64> {
+    let mut series = BTreeMap::new();
+    for (key, _, _, value) in recorder().snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let value = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(change) => {
+                let mut gauges = recorder().gauges.lock().unwrap();
+                let value = gauges.entry(name.clone()).or_default();
+                *value += change.0;
+                *value
+            }
+            DebugValue::Histogram(samples) => samples.len() as f64,
+        };
+        series.insert(name, value);
+    }
+    series
+}
+
+/// The counters of `recorded` that moved, without the zeros.
+fn moved(recorded: &BTreeMap<Series, f64>, prefix: &str) -> BTreeMap<Series, f64> {
+    recorded
+        .iter()
+        .filter(|(name, value)| name.starts_with(prefix) && **value != 0.0)
+        .map(|(name, value)| (name.clone(), *value))
+        .collect()
+}
+
+fn one(name: &str, labels: &str) -> BTreeMap<Series, f64> {
+    BTreeMap::from([(format!("{name}{{{labels}}}"), 1.0)])
+}
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
+
+#[tokio::test]
+async fn each_core_outcome_increments_exactly_its_counter() {
+    let _turn = turn().await;
+    let store = Store::memory();
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+
+    let token = JOBS.try_lock(&store, "a").await.unwrap().unwrap();
+    let acquired = recorded();
+    assert_eq!(
+        moved(&acquired, ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=acquired")
+    );
+    assert_eq!(
+        acquired["tower_lease_acquire_seconds{mode=exclusive,namespace=jobs}"],
+        1.0
+    );
+    assert_eq!(
+        acquired["tower_lease_held{mode=exclusive,namespace=jobs}"],
+        1.0
+    );
+
+    assert!(JOBS.try_lock(&store, "a").await.unwrap().is_none());
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=held")
+    );
+
+    assert!(JOBS.try_lock(&store, "").await.is_err());
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=jobs,outcome=invalid_name"
+        )
+    );
+
+    let reader = DOCS.try_read(&store, "d").await.unwrap().unwrap();
+    assert!(DOCS.try_write(&store, "d").await.unwrap().is_none());
+    let rw = moved(&recorded(), ACQUIRE);
+    assert_eq!(rw.len(), 2, "{rw:?}");
+    assert_eq!(
+        rw["tower_lease_acquire_total{mode=read,namespace=docs,outcome=acquired}"],
+        1.0
+    );
+    assert_eq!(
+        rw["tower_lease_acquire_total{mode=write,namespace=docs,outcome=held}"],
+        1.0
+    );
+
+    assert!(token.extend().await.unwrap());
+    let extended = recorded();
+    assert_eq!(
+        moved(&extended, "tower_lease_extend_total"),
+        one(
+            "tower_lease_extend_total",
+            "mode=exclusive,namespace=jobs,outcome=ok"
+        )
+    );
+
+    assert!(token.release().await.unwrap());
+    assert!(reader.release().await.unwrap());
+    let released = recorded();
+    assert_eq!(
+        released["tower_lease_held{mode=exclusive,namespace=jobs}"],
+        0.0
+    );
+    assert_eq!(released["tower_lease_held{mode=read,namespace=docs}"], 0.0);
+    assert_eq!(
+        released["tower_lease_hold_seconds{mode=exclusive,namespace=jobs}"],
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_layer_outcome_increments_exactly_its_counter() {
+    let _turn = turn().await;
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+    let mut env = Env::redis(Setup::Layer).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let short = Lock::<str>::new("short", Duration::from_millis(300));
+    let app = |layer: LockLayer<extract::PathSegment>| {
+        Router::new()
+            .route("/jobs/{id}", post(count))
+            .route_layer(layer)
+            .with_state(runs.clone())
+    };
+    let layer = LockLayer::new(env.store.clone(), short, extract::path_segment(1));
+    let closed = serve(app(layer.clone())).await;
+    let open = serve(app(layer.clone().fail_open())).await;
+    let lasting = serve(app(layer.on_lease_lost(LeaseLost::Abort))).await;
+    let http = Http::new();
+
+    assert_eq!(http.post(closed, "/jobs/1").await.status, StatusCode::OK);
+    let ok = recorded();
+    assert_eq!(
+        moved(&ok, ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=acquired")
+    );
+    assert_eq!(
+        ok["tower_lease_held{mode=exclusive,namespace=short}"], 0.0,
+        "released"
+    );
+
+    let holder = short.try_lock(&env.store, "2").await.unwrap().unwrap();
+    recorded();
+    assert_eq!(
+        http.post(closed, "/jobs/2").await.status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=held")
+    );
+    assert!(holder.release().await.unwrap());
+    recorded();
+
+    assert_eq!(
+        http.post(closed, "/jobs/%00").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=short,outcome=invalid_name"
+        )
+    );
+
+    // A lease lost behind the layer's back: the heartbeat's extend finds it gone.
+    let lost = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.send(
+                lasting,
+                http::Method::POST,
+                "/jobs/3",
+                &[("x-work-ms", b"2000")],
+            )
+            .await
+        }
+    });
+    let deleted = support::poll(
+        Duration::from_millis(10),
+        Duration::from_secs(2),
+        || async {
+            env.raw()
+                .delete(tower_lease::store::KeyRole::Lock, "short", b"3")
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(deleted.is_some(), "the request took its lease");
+    assert_eq!(lost.await.unwrap().status, StatusCode::SERVICE_UNAVAILABLE);
+    let lost = recorded();
+    assert_eq!(
+        moved(&lost, "tower_lease_lost_total"),
+        one(
+            "tower_lease_lost_total",
+            "mode=exclusive,namespace=short,reason=store_said_gone"
+        )
+    );
+    assert_eq!(
+        moved(&lost, "tower_lease_extend_total"),
+        one(
+            "tower_lease_extend_total",
+            "mode=exclusive,namespace=short,outcome=lost"
+        )
+    );
+
+    // The store is down: refused (fail closed) or run unlocked (fail open).
+    env.server.as_mut().unwrap().stop();
+    assert_eq!(
+        http.post(closed, "/jobs/4").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=short,outcome=store_error"
+        )
+    );
+    assert_eq!(http.post(open, "/jobs/5").await.status, StatusCode::OK);
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=unlocked")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a_name() {
+    let _turn = turn().await;
+    let env = Env::redis(Setup::Layer).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let storm = Lock::<str>::new("storm", Duration::from_secs(5));
+    let layer = LockLayer::new(env.store.clone(), storm, extract::path_segment(1));
+    let addr = serve(
+        Router::new()
+            .route("/jobs/{id}", post(count))
+            .route_layer(layer)
+            .with_state(runs),
+    )
+    .await;
+    let http = Http::new();
+    let names: Vec<String> = (0..300).map(|i| format!("secret-name-{i}")).collect();
+    let mut requests = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let (http, path) = (http.clone(), format!("/jobs/{name}"));
+        let cut = Duration::from_millis(1 + (i as u64 * 7) % 40);
+        requests.push(tokio::spawn(async move {
+            let work = format!("{}", (i * 3) % 30);
+            let headers = [("x-work-ms", work.as_bytes())];
+            let send = http.send(addr, http::Method::POST, &path, &headers);
+            // Cut at a point that falls before, during or after the acquisition.
+            let _ = tokio::time::timeout(cut, send).await;
+        }));
+    }
+    for request in requests {
+        request.await.unwrap();
+    }
+    let storm = recorded();
+    let acquired = storm
+        .get("tower_lease_acquire_total{mode=exclusive,namespace=storm,outcome=acquired}")
+        .copied()
+        .unwrap_or_default();
+    assert!(acquired >= 10.0, "the storm took leases: {acquired}");
+    let gauge = "tower_lease_held{mode=exclusive,namespace=storm}";
+    let settled = support::poll(
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+        || async {
+            let now = recorded();
+            (now.get(gauge).copied() == Some(0.0)).then_some(now)
+        },
+    )
+    .await;
+    let (settled, _) =
+        settled.unwrap_or_else(|| panic!("held leases stay: {:?}", recorded().get(gauge)));
+    for series in storm.keys().chain(settled.keys()) {
+        assert!(
+            !series.contains("secret-name"),
+            "a name in a label: {series}"
+        );
+    }
+}
