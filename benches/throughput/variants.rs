@@ -28,6 +28,51 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
 
 pub(crate) const MINIMUM: &str = "hand-written SET NX PX + EVALSHA";
 pub(crate) const RSLOCK: &str = "rslock";
+pub(crate) const REFUSED_HAND: &str = "refused: hand-written SET NX PX";
+pub(crate) const REFUSED_LOCK: &str = "refused: Lock try_lock (Redis)";
+
+/// The name every task of the refused variants asks for, held by someone else all along.
+const HELD: &str = "held";
+const HELD_HAND_KEY: &str = "tlbench:hand:held";
+
+/// Takes the name of the refused variants for someone else, in both their keys.
+async fn hold(conn: &mut redis::aio::MultiplexedConnection) {
+    let layer_key = tower_lease::RedisStore::new(conn.clone())
+        .prefix("tlbench")
+        .key(
+            tower_lease::store::KeyRole::Lock,
+            LOCK.namespace(),
+            HELD.as_bytes(),
+        );
+    for key in [HELD_HAND_KEY.as_bytes().to_vec(), layer_key] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("someone else")
+            .arg("PX")
+            .arg(3_600_000)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Deletes what [`hold`] took, so the benchmark leaves no key behind.
+pub(crate) async fn release_held(redis: &Redis) {
+    let mut conn = redis.connection().await;
+    let layer_key = tower_lease::RedisStore::new(conn.clone())
+        .prefix("tlbench")
+        .key(
+            tower_lease::store::KeyRole::Lock,
+            LOCK.namespace(),
+            HELD.as_bytes(),
+        );
+    let _: () = redis::cmd("DEL")
+        .arg(HELD_HAND_KEY)
+        .arg(layer_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
 
 /// One name per task, so that every acquisition is uncontended and must succeed.
 fn names(prefix: &str) -> Arc<Vec<String>> {
@@ -75,6 +120,41 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
     if std::env::var_os("BENCH_DIAG").is_some() {
         diagnostics(&mut list, &conn);
     }
+
+    // The refused path: every task asks for one name someone else holds.
+    hold(&mut conn.clone()).await;
+    let hand = conn.clone();
+    list.push((
+        REFUSED_HAND,
+        op(move |_, _| {
+            let mut conn = hand.clone();
+            async move {
+                let token: [u8; 16] = rand::random();
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(HELD_HAND_KEY)
+                    .arg(&token[..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("SET NX PX");
+                assert!(set.is_none(), "the held name was free");
+            }
+        }),
+    ));
+    let store = redis_store(conn.clone());
+    list.push((
+        REFUSED_LOCK,
+        op(move |_, _| {
+            let store = store.clone();
+            async move {
+                let attempt = LOCK.attempt(&store, HELD).await.unwrap();
+                let retry_after = attempt.retry_after().expect("the held name was free");
+                assert!(retry_after > Duration::ZERO);
+            }
+        }),
+    ));
 
     let mut manager = rslock::LockManager::new(vec![redis.url().to_owned()]);
     // One server and one try: the same work as the others, no retry loop.

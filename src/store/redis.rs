@@ -1,9 +1,10 @@
 //! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
 
+use std::any::Any;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_script};
@@ -35,6 +36,20 @@ pub struct RedisStore<C> {
     conn: C,
     layout: KeyLayout,
     timeout: Duration,
+    bound: Bound,
+}
+
+/// Who keeps a call's deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bound {
+    /// A `tokio::time::timeout` around each call: for a deadline set with
+    /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
+    /// set (a `ConnectionManager` waits for its reconnections outside it).
+    Own,
+    /// The response timeout of the store's own clone of a `MultiplexedConnection`, set to the
+    /// deadline: redis-rs arms that timer for every request anyway, so a second one would only
+    /// cost time.
+    Connection,
 }
 
 impl<C> RedisStore<C>
@@ -42,11 +57,23 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A store on `conn` with the default prefix (`tower-lease`) and deadline (1 s).
-    pub fn new(conn: C) -> Self {
+    ///
+    /// On a `MultiplexedConnection` the default deadline is kept by the connection itself: the
+    /// store sets the response timeout of its own clone of `conn` (not yours) to 1 s, and maps
+    /// its expiry to [`Error::Timeout`].
+    pub fn new(mut conn: C) -> Self {
+        let bound = match multiplexed(&mut conn) {
+            Some(conn) => {
+                conn.set_response_timeout(DEFAULT_TIMEOUT);
+                Bound::Connection
+            }
+            None => Bound::Own,
+        };
         Self {
             conn,
             layout: KeyLayout::default(),
             timeout: DEFAULT_TIMEOUT,
+            bound,
         }
     }
 
@@ -64,10 +91,17 @@ where
     /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang.
     ///
     /// redis-rs connections also have a response timeout of their own (500 ms by default in
-    /// redis-rs 1.x, set on the client's connection config). Whichever is shorter fires first;
-    /// redis-rs's arrives as [`Error::Backend`]. Either way the layer answers `503`.
+    /// redis-rs 1.x, set on the client's connection config). On a `MultiplexedConnection` the
+    /// store sets its own clone's to `timeout`; on other connections, whichever is shorter fires
+    /// first, and redis-rs's arrives as [`Error::Redis`]. Either way the layer answers `503`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        // The store's own timer keeps this deadline exactly, over however many round trips a
+        // call makes and whatever else the connection waits for.
+        self.bound = Bound::Own;
+        if let Some(conn) = multiplexed(&mut self.conn) {
+            conn.set_response_timeout(timeout);
+        }
         self
     }
 
@@ -113,28 +147,31 @@ where
             }
             command
         };
+        let started = self.started();
         let mut conn = self.conn.clone();
-        let no_script = redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
-        self.deadline(async {
+        self.bounded(async {
             let evalsha = command("EVALSHA", script.sha());
-            let reply = evalsha.query_async(&mut conn).await;
-            match reply {
-                Err(e) if e.kind() == no_script => {
-                    command("EVAL", script.code).query_async(&mut conn).await
+            let reply = conn.req_packed_command(&evalsha).await;
+            match reply.and_then(redis::Value::extract_error) {
+                Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
+                    self.second_trip(&mut conn, started)?;
+                    let eval = command("EVAL", script.code);
+                    self.reply(conn.req_packed_command(&eval).await)
                 }
-                reply => reply,
+                reply => self.reply(reply),
             }
         })
         .await
     }
 
-    /// The unfenced exclusive acquire, the hot path of every locked request: `SET NX PX` and
-    /// `PTTL` in one pipeline instead of `acquire.lua`.
+    /// The unfenced exclusive acquire, the hot path of every locked request: `SET NX PX`
+    /// instead of `acquire.lua`, and only when that is refused, `PTTL` for `retry_after`.
     ///
-    /// Still one round trip, and the `SET` alone decides, atomically; but the server runs two
-    /// plain commands instead of a Lua call, which costs it about half as much
-    /// (the `throughput` benchmark measures both). The `PTTL` only feeds `retry_after`: if the
-    /// holder releases between the two commands it answers -2, and "retry now" is then true.
+    /// The server runs a plain command instead of a Lua call, which costs it about half as much
+    /// (the `throughput` benchmark measures both), and an acquisition that succeeds, the common
+    /// case, makes one round trip with one command. A refused one makes a second round trip
+    /// for the holder's remaining lease, within the same deadline. If the holder releases
+    /// between the two, `PTTL` answers -2, and "retry now" is then true.
     async fn set_nx(&self, lock: LockRef<'_>, secret: &Secret) -> Result<Acquisition> {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
@@ -144,43 +181,110 @@ where
             .arg("NX")
             .arg("PX")
             .arg(lock.ttl.as_millis() as u64);
-        let mut pttl = redis::Cmd::with_capacity(2, key.len() + 4);
-        pttl.arg("PTTL").arg(key);
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(set).add_command(pttl);
+        let started = self.started();
         let mut conn = self.conn.clone();
-        // What `Pipeline::query_async` does, without collecting the replies into one more array
-        // and converting that back.
-        let replies = self.deadline(conn.req_packed_commands(&pipe, 0, 2)).await?;
-        let unexpected = |what: String| Error::UnexpectedReply(format!("SET NX + PTTL: {what}"));
-        let [set, pttl]: [redis::Value; 2] = replies
-            .try_into()
-            .map_err(|replies: Vec<_>| unexpected(format!("{} replies", replies.len())))?;
-        let set = set.extract_error()?;
-        let pttl = match pttl.extract_error()? {
-            redis::Value::Int(pttl) => pttl,
-            other => return Err(unexpected(format!("PTTL answered {other:?}"))),
-        };
-        match set {
-            redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
-            // PTTL is -1 for a key someone set without expiry: "retry soon" rather than never.
-            redis::Value::Nil => Ok(Acquisition::Busy {
-                retry_after: Duration::from_millis(pttl.max(0) as u64),
-            }),
-            other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
-        }
+        self.bounded(async {
+            match self.reply(conn.req_packed_command(&set).await)? {
+                redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
+                redis::Value::Nil => {
+                    self.second_trip(&mut conn, started)?;
+                    let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
+                    pttl.arg("PTTL").arg(key);
+                    match self.reply(conn.req_packed_command(&pttl).await)? {
+                        // -1 for a key someone set without expiry: "retry soon" rather than never.
+                        redis::Value::Int(pttl) => Ok(Acquisition::Busy {
+                            retry_after: Duration::from_millis(pttl.max(0) as u64),
+                        }),
+                        other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
+                    }
+                }
+                other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
+            }
+        })
+        .await
     }
 
     fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
     }
 
-    async fn deadline<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(reply) => Ok(reply?),
-            Err(_elapsed) => Err(Error::Timeout(self.timeout)),
+    /// Bounds `call` by the store's deadline: with a timer of its own, or, when the connection
+    /// keeps the deadline ([`Bound::Connection`]), as it is.
+    async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.bound {
+            Bound::Connection => call.await,
+            Bound::Own => match tokio::time::timeout(self.timeout, call).await {
+                Ok(reply) => reply,
+                Err(_elapsed) => Err(Error::Timeout(self.timeout)),
+            },
         }
     }
+
+    /// A reply as this crate's result: a server error as an error, and the expiry of a response
+    /// timeout that the store set (a `MultiplexedConnection`'s) as [`Error::Timeout`].
+    fn reply<T: IntoResult>(&self, reply: redis::RedisResult<T>) -> Result<T> {
+        match reply.and_then(IntoResult::into_result) {
+            Ok(reply) => Ok(reply),
+            Err(e) if e.is_timeout() && is_multiplexed::<C>() => Err(Error::Timeout(self.timeout)),
+            Err(e) => Err(Error::Redis(e)),
+        }
+    }
+
+    /// When the call began, if it needs to know: only a deadline kept by the connection does,
+    /// for a call's second round trip.
+    fn started(&self) -> Option<Instant> {
+        (self.bound == Bound::Connection).then(Instant::now)
+    }
+
+    /// Before a call's second round trip: with the deadline kept by the connection, gives that
+    /// round trip only what is left of it, so the call as a whole stays within the deadline.
+    fn second_trip(&self, conn: &mut C, started: Option<Instant>) -> Result<()> {
+        let Some(started) = started else {
+            return Ok(());
+        };
+        let left = self.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(Error::Timeout(self.timeout));
+        }
+        if let Some(conn) = multiplexed(conn) {
+            conn.set_response_timeout(left);
+        }
+        Ok(())
+    }
+}
+
+/// A reply whose server errors are still to be turned into errors.
+trait IntoResult: Sized {
+    fn into_result(self) -> redis::RedisResult<Self>;
+}
+
+impl IntoResult for redis::Value {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        self.extract_error()
+    }
+}
+
+impl IntoResult for Vec<redis::Value> {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        // A pipeline's replies: each command's error stays in its place.
+        Ok(self)
+    }
+}
+
+impl IntoResult for Vec<super::Warning> {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        Ok(self)
+    }
+}
+
+/// `conn` as a `MultiplexedConnection`, when it is one.
+fn multiplexed<C: Any>(conn: &mut C) -> Option<&mut MultiplexedConnection> {
+    (conn as &mut dyn Any).downcast_mut()
+}
+
+/// Whether `C` is a `MultiplexedConnection`, whose response timeout the store sets itself.
+fn is_multiplexed<C: Any>() -> bool {
+    std::any::TypeId::of::<C>() == std::any::TypeId::of::<MultiplexedConnection>()
 }
 
 fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
@@ -210,7 +314,8 @@ where
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            self.deadline(super::check::redis(&mut conn)).await
+            self.bounded(async { self.reply(super::check::redis(&mut conn).await) })
+                .await
         })
     }
 
@@ -352,7 +457,8 @@ where
                 .arg(lease.lock.ttl.as_millis() as u64);
         }
         let mut conn = self.conn.clone();
-        self.deadline(pipe.query_async(&mut conn)).await
+        self.bounded(async { self.reply(pipe.query_async(&mut conn).await) })
+            .await
     }
 
     async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {

@@ -1,4 +1,4 @@
--- Fenced exclusive acquire for `Lock`. The unfenced one is `SET NX PX` + `PTTL` in a pipeline (see
+-- Fenced exclusive acquire for `Lock`. The unfenced one is a plain `SET NX PX` (see
 -- `RedisStore::set_nx`); the writer key of `RwLock` has its own script.
 -- KEYS[1] lock key, KEYS[2] fence counter
 -- ARGV[1] secret, ARGV[2] TTL in ms
