@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::name::LockName;
 use crate::store::{Mode, Store};
-use crate::telemetry;
 use crate::token::{Attempt, Holding, LockToken, ReadToken};
 use crate::{Error, Result};
 
@@ -102,17 +101,7 @@ impl Spec {
     where
         N: LockName + ?Sized,
     {
-        let sent_at = std::time::Instant::now();
-        let attempt = Holding::acquire(store.clone(), self, mode, name.lock_name()).await;
-        let (outcome, store_call) = match &attempt {
-            Ok(Attempt::Acquired(_)) => (telemetry::AcquireOutcome::Acquired, true),
-            Ok(Attempt::Busy { .. }) => (telemetry::AcquireOutcome::Held, true),
-            Err(Error::InvalidName { .. }) => (telemetry::AcquireOutcome::InvalidName, false),
-            Err(_) => (telemetry::AcquireOutcome::StoreError, true),
-        };
-        let took = store_call.then(|| sent_at.elapsed());
-        telemetry::acquire(self.namespace, mode, outcome, took);
-        attempt
+        Holding::acquire(store.clone(), self, mode, name.lock_name()).await
     }
 }
 

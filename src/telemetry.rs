@@ -4,6 +4,7 @@
 //! Labels are `namespace`, `mode` and `outcome` or `reason`: never a lock name or a secret, so
 //! the number of series stays bounded by the lock definitions of the program.
 
+#[cfg(feature = "metrics")]
 use std::time::Duration;
 
 use crate::store::Mode;
@@ -52,11 +53,6 @@ impl LossReason {
     }
 }
 
-#[cfg(feature = "metrics")]
-fn mode(mode: Mode) -> &'static str {
-    mode.as_str()
-}
-
 /// Gives each metric its unit and help text, once per process, so exporters print them.
 #[cfg(feature = "metrics")]
 fn describe() {
@@ -89,60 +85,187 @@ fn describe() {
     });
 }
 
-/// Counts an acquisition in `namespace` and `mode`, and times the store call when there was
-/// one.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn acquire(
-    namespace: &'static str,
-    mode: Mode,
-    outcome: AcquireOutcome,
-    store_call: Option<Duration>,
-) {
-    #[cfg(feature = "metrics")]
-    {
-        describe();
-        let outcome = match outcome {
-            AcquireOutcome::Acquired => "acquired",
-            AcquireOutcome::Held => "held",
-            AcquireOutcome::InvalidName => "invalid_name",
-            AcquireOutcome::StoreError => "store_error",
-            AcquireOutcome::Unlocked => "unlocked",
-        };
-        let mode = self::mode(mode);
-        metrics::counter!(
-            "tower_lease_acquire_total",
-            "namespace" => namespace, "mode" => mode, "outcome" => outcome
-        )
-        .increment(1);
-        if let Some(took) = store_call {
-            metrics::histogram!("tower_lease_acquire_seconds", "namespace" => namespace, "mode" => mode)
-                .record(took);
+/// The metric handles of one namespace and mode, registered once per thread: looking a metric
+/// up by name and labels on every lock cycle would cost more than an in-memory cycle itself.
+///
+/// A handle registered before the application installs its recorder goes nowhere, so install
+/// the recorder before the first lock is taken (as exporters ask anyway).
+#[cfg(feature = "metrics")]
+mod handles {
+    use std::cell::RefCell;
+
+    use metrics::{Counter, Gauge, Histogram};
+
+    use super::{AcquireOutcome, ExtendOutcome, LossReason};
+    use crate::store::Mode;
+
+    pub(super) struct Handles {
+        pub(super) acquire: [Counter; 5],
+        pub(super) acquire_seconds: Histogram,
+        pub(super) held: Gauge,
+        pub(super) hold_seconds: Histogram,
+        pub(super) extend: [Counter; 3],
+        pub(super) lost: [Counter; 3],
+    }
+
+    impl AcquireOutcome {
+        const ALL: [AcquireOutcome; 5] = [
+            AcquireOutcome::Acquired,
+            AcquireOutcome::Held,
+            AcquireOutcome::InvalidName,
+            AcquireOutcome::StoreError,
+            AcquireOutcome::Unlocked,
+        ];
+
+        fn as_str(self) -> &'static str {
+            match self {
+                AcquireOutcome::Acquired => "acquired",
+                AcquireOutcome::Held => "held",
+                AcquireOutcome::InvalidName => "invalid_name",
+                AcquireOutcome::StoreError => "store_error",
+                AcquireOutcome::Unlocked => "unlocked",
+            }
+        }
+    }
+
+    impl ExtendOutcome {
+        const ALL: [ExtendOutcome; 3] =
+            [ExtendOutcome::Ok, ExtendOutcome::Lost, ExtendOutcome::Error];
+
+        fn as_str(self) -> &'static str {
+            match self {
+                ExtendOutcome::Ok => "ok",
+                ExtendOutcome::Lost => "lost",
+                ExtendOutcome::Error => "error",
+            }
+        }
+    }
+
+    impl LossReason {
+        const ALL: [LossReason; 3] = [
+            LossReason::StoreSaidGone,
+            LossReason::DeadlinePassed,
+            LossReason::MaxHold,
+        ];
+    }
+
+    impl Handles {
+        fn register(namespace: &'static str, mode: Mode) -> Self {
+            super::describe();
+            let mode = mode.as_str();
+            let labels = [("namespace", namespace), ("mode", mode)];
+            Handles {
+                acquire: AcquireOutcome::ALL.map(|outcome| {
+                    let labels = [labels[0], labels[1], ("outcome", outcome.as_str())];
+                    metrics::counter!("tower_lease_acquire_total", &labels)
+                }),
+                acquire_seconds: metrics::histogram!("tower_lease_acquire_seconds", &labels),
+                held: metrics::gauge!("tower_lease_held", &labels),
+                hold_seconds: metrics::histogram!("tower_lease_hold_seconds", &labels),
+                extend: ExtendOutcome::ALL.map(|outcome| {
+                    let labels = [labels[0], labels[1], ("outcome", outcome.as_str())];
+                    metrics::counter!("tower_lease_extend_total", &labels)
+                }),
+                lost: LossReason::ALL.map(|reason| {
+                    let labels = [labels[0], labels[1], ("reason", reason.as_str())];
+                    metrics::counter!("tower_lease_lost_total", &labels)
+                }),
+            }
+        }
+    }
+
+    /// (namespace address, namespace length, mode) → handles. A program has a handful of lock
+    /// definitions, so a short list beats a map.
+    type Cache = Vec<((usize, usize, Mode), Handles)>;
+
+    thread_local! {
+        static CACHE: RefCell<Cache> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Runs `f` with the handles of `namespace` and `mode`.
+    pub(super) fn with(namespace: &'static str, mode: Mode, f: impl FnOnce(&Handles)) {
+        let id = (namespace.as_ptr() as usize, namespace.len(), mode);
+        let mut f = Some(f);
+        let cached = CACHE.try_with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let at = match cache.iter().position(|(key, _)| *key == id) {
+                Some(at) => at,
+                None => {
+                    cache.push((id, Handles::register(namespace, mode)));
+                    cache.len() - 1
+                }
+            };
+            (f.take().expect("called once"))(&cache[at].1);
+        });
+        // A thread that is shutting down has no cache left: register on the spot.
+        if cached.is_err()
+            && let Some(f) = f
+        {
+            f(&Handles::register(namespace, mode));
         }
     }
 }
 
-/// A lease this process now holds.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn lease_taken(namespace: &'static str, mode: Mode) {
+/// A moment, read from a clock only when the `metrics` feature needs it: a calibrated TSC read
+/// (`quanta`), cheaper than the system clock on the hot path. Without the feature it is empty.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Moment(#[cfg(feature = "metrics")] quanta::Instant);
+
+impl Moment {
+    #[inline]
+    pub(crate) fn now() -> Self {
+        Moment(
+            #[cfg(feature = "metrics")]
+            quanta::Instant::now(),
+        )
+    }
+
     #[cfg(feature = "metrics")]
-    metrics::gauge!("tower_lease_held", "namespace" => namespace, "mode" => self::mode(mode))
-        .increment(1.0);
+    fn since(self, earlier: Moment) -> Duration {
+        self.0.saturating_duration_since(earlier.0)
+    }
 }
 
-/// A lease this process held for `held_for` is over (released, lost or dropped).
+/// Counts an acquisition refused before the store was asked.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn refused(namespace: &'static str, mode: Mode, outcome: AcquireOutcome) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| {
+        handles.acquire[outcome as usize].increment(1);
+    });
+}
+
+/// Counts an acquisition the store answered (sent at `sent`, answered at `answered`), and the
+/// lease this process now holds when it was acquired: one look-up for the three.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn store_answered(
+    namespace: &'static str,
+    mode: Mode,
+    outcome: AcquireOutcome,
+    sent: Moment,
+    answered: Moment,
+) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| {
+        handles.acquire[outcome as usize].increment(1);
+        handles.acquire_seconds.record(answered.since(sent));
+        if outcome == AcquireOutcome::Acquired {
+            handles.held.increment(1.0);
+        }
+    });
+}
+
+/// A lease this process took at `taken` is over (released, lost or dropped).
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
-pub(crate) fn lease_ended(namespace: &'static str, mode: Mode, held_for: Duration) {
+pub(crate) fn lease_ended(namespace: &'static str, mode: Mode, taken: Moment) {
     #[cfg(feature = "metrics")]
-    {
-        let mode = self::mode(mode);
-        metrics::gauge!("tower_lease_held", "namespace" => namespace, "mode" => mode)
-            .decrement(1.0);
-        metrics::histogram!("tower_lease_hold_seconds", "namespace" => namespace, "mode" => mode)
-            .record(held_for);
-    }
+    handles::with(namespace, mode, |handles| {
+        handles.held.decrement(1.0);
+        handles.hold_seconds.record(Moment::now().since(taken));
+    });
 }
 
 /// Counts an extension of a lease in `namespace` and `mode`.
@@ -150,18 +273,9 @@ pub(crate) fn lease_ended(namespace: &'static str, mode: Mode, held_for: Duratio
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn extend(namespace: &'static str, mode: Mode, outcome: ExtendOutcome) {
     #[cfg(feature = "metrics")]
-    {
-        let outcome = match outcome {
-            ExtendOutcome::Ok => "ok",
-            ExtendOutcome::Lost => "lost",
-            ExtendOutcome::Error => "error",
-        };
-        metrics::counter!(
-            "tower_lease_extend_total",
-            "namespace" => namespace, "mode" => self::mode(mode), "outcome" => outcome
-        )
-        .increment(1);
-    }
+    handles::with(namespace, mode, |handles| {
+        handles.extend[outcome as usize].increment(1);
+    });
 }
 
 /// Counts a lease the layer's heartbeat declared lost.
@@ -169,9 +283,7 @@ pub(crate) fn extend(namespace: &'static str, mode: Mode, outcome: ExtendOutcome
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn lost(namespace: &'static str, mode: Mode, reason: LossReason) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tower_lease_lost_total",
-        "namespace" => namespace, "mode" => self::mode(mode), "reason" => reason.as_str()
-    )
-    .increment(1);
+    handles::with(namespace, mode, |handles| {
+        handles.lost[reason as usize].increment(1);
+    });
 }

@@ -9,7 +9,7 @@ use crate::Result;
 use crate::lock::Spec;
 use crate::name::check_name;
 use crate::store::{Acquisition, LeaseRef, LockRef, Mode, Secret, Store};
-use crate::telemetry::{self, ExtendOutcome};
+use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
 #[derive(Debug)]
@@ -58,39 +58,61 @@ pub(crate) struct Holding {
     name: Box<[u8]>,
     secret: Secret,
     fence: Option<u64>,
-    /// When the lease was taken, for `tower_lease_hold_seconds`.
+    /// When the store confirmed the lease, for `tower_lease_hold_seconds`.
     #[cfg(feature = "metrics")]
-    acquired_at: std::time::Instant,
+    taken: Moment,
 }
 
 impl Holding {
+    /// Takes the lease on `name` if it is free; a store failure counts as `store_error`.
     pub(crate) async fn acquire(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
     ) -> Result<Attempt<Holding>> {
-        check_name(&name)?;
+        Self::acquire_as(store, spec, mode, name, AcquireOutcome::StoreError).await
+    }
+
+    /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as: the layer
+    /// runs the request unlocked under `fail_open`.
+    pub(crate) async fn acquire_as(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: Cow<'_, [u8]>,
+        on_store_error: AcquireOutcome,
+    ) -> Result<Attempt<Holding>> {
+        let namespace = spec.namespace;
+        if let Err(invalid) = check_name(&name) {
+            telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
+            return Err(invalid);
+        }
         let secret = Secret::random();
-        let lock = LockRef::new(spec.namespace, &name, spec.ttl, spec.fenced);
-        match store
+        let lock = LockRef::new(namespace, &name, spec.ttl, spec.fenced);
+        let sent = Moment::now();
+        let acquisition = store
             .backend()
             .acquire(LeaseRef::new(lock, mode, &secret))
-            .await?
-        {
-            Acquisition::Acquired { fence } => {
-                telemetry::lease_taken(spec.namespace, mode);
-                Ok(Attempt::Acquired(Holding {
-                    store,
-                    spec,
-                    mode,
-                    name: name.into_owned().into_boxed_slice(),
-                    secret,
-                    fence,
-                    #[cfg(feature = "metrics")]
-                    acquired_at: std::time::Instant::now(),
-                }))
-            }
+            .await;
+        let answered = Moment::now();
+        let outcome = match &acquisition {
+            Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
+            Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
+            Err(_) => on_store_error,
+        };
+        telemetry::store_answered(namespace, mode, outcome, sent, answered);
+        match acquisition? {
+            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
+                store,
+                spec,
+                mode,
+                name: name.into_owned().into_boxed_slice(),
+                secret,
+                fence,
+                #[cfg(feature = "metrics")]
+                taken: answered,
+            })),
             Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
         }
     }
@@ -149,8 +171,7 @@ impl Holding {
 #[cfg(feature = "metrics")]
 impl Drop for Holding {
     fn drop(&mut self) {
-        let held_for = self.acquired_at.elapsed();
-        telemetry::lease_ended(self.spec.namespace, self.mode, held_for);
+        telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
     }
 }
 

@@ -18,8 +18,7 @@ use super::guard::LeaseGuard;
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
-use crate::store::{BoxFuture, Mode};
-use crate::telemetry;
+use crate::store::BoxFuture;
 use crate::token::Attempt;
 
 /// Resolves when a lease is lost, for the policy [`LeaseLost::Abort`].
@@ -51,7 +50,6 @@ pin_project! {
             acquire: FinishOnDrop<Acquired>,
             inner: S,
             req: Request<B>,
-            mode: Mode,
         },
         // The inner service runs without a lease: the request names no lock, or the store failed
         // and the layer fails open.
@@ -95,13 +93,12 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    /// Acquires with `acquire` a lease in `mode`, then calls the readied `inner` with `req`.
+    /// Acquires with `acquire`, then calls the readied `inner` with `req`.
     pub(crate) fn acquiring(
         acquire: BoxFuture<'static, Acquired>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
-        mode: Mode,
         span: tracing::Span,
     ) -> Self {
         let acquire = FinishOnDrop::acquisition(acquire);
@@ -109,7 +106,6 @@ where
             acquire,
             inner,
             req,
-            mode,
         };
         Self {
             state,
@@ -162,21 +158,11 @@ where
                 StateProj::Acquiring { acquire, .. } => {
                     let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
                     let StateOwned::Acquiring {
-                        mut inner,
-                        mut req,
-                        mode,
-                        ..
+                        mut inner, mut req, ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("in the Acquiring state")
                     };
-                    let outcome = match &attempt {
-                        Ok(Attempt::Acquired(_)) => telemetry::AcquireOutcome::Acquired,
-                        Ok(Attempt::Busy { .. }) => telemetry::AcquireOutcome::Held,
-                        Err(_) if config.fail_open => telemetry::AcquireOutcome::Unlocked,
-                        Err(_) => telemetry::AcquireOutcome::StoreError,
-                    };
-                    telemetry::acquire(namespace, mode, outcome, Some(sent_at.elapsed()));
                     let next = match attempt {
                         // Acquiring → Locked.
                         Ok(Attempt::Acquired(holding)) => {

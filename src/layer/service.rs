@@ -91,12 +91,7 @@ where
                 let mode = self.access.mode(&req);
                 let span = request_span(namespace, mode);
                 span.in_scope(|| tracing::debug!("no lock name, request refused"));
-                telemetry::acquire(
-                    namespace,
-                    mode,
-                    telemetry::AcquireOutcome::InvalidName,
-                    None,
-                );
+                telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
                 let status = StatusCode::BAD_REQUEST;
                 let config = self.config.clone();
                 return ResponseFuture::refused(Problem::MissingName, status, config, span);
@@ -108,12 +103,7 @@ where
         let name = name.lock_name().into_owned();
         if let Some(defect) = NameDefect::of(&name, self.config.binary_names) {
             span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
-            telemetry::acquire(
-                namespace,
-                mode,
-                telemetry::AcquireOutcome::InvalidName,
-                None,
-            );
+            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
             let problem = Problem::InvalidName(defect);
             let status = StatusCode::BAD_REQUEST;
             return ResponseFuture::refused(problem, status, self.config.clone(), span);
@@ -122,11 +112,16 @@ where
         let acquire = Box::pin(async move {
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
-            let attempt =
-                Holding::acquire(config.store.clone(), config.spec, mode, Cow::Owned(name)).await;
+            let store = config.store.clone();
+            let on_store_error = match config.fail_open {
+                true => telemetry::AcquireOutcome::Unlocked,
+                false => telemetry::AcquireOutcome::StoreError,
+            };
+            let name = Cow::Owned(name);
+            let attempt = Holding::acquire_as(store, config.spec, mode, name, on_store_error).await;
             (sent_at, attempt)
         });
-        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, mode, span)
+        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, span)
     }
 }
 
