@@ -6,6 +6,11 @@
 //! BENCH_ROUNDS=15 BENCH_ROUND_MS=1000 cargo bench --all-features --bench throughput
 //! ```
 //!
+//! Options (environment): `BENCH_ROUNDS`, `BENCH_ROUND_MS`, `BENCH_ONLY=a,b` (variants whose
+//! names hold one of these), `BENCH_TASKS=64` (one concurrency only), `BENCH_CURRENT_THREAD=1`
+//! (a current-thread runtime), `BENCH_DIAG=1` (allocation counts, diagnostic variants, and the
+//! number of cycles each variant ran, for instruction counts per cycle from callgrind).
+//!
 //! Every variant runs once per round, in an order that rotates from round to round, so drift on a
 //! shared machine hits all of them alike; the table shows the median of the rounds and ratios.
 //! Every cycle checks its own result: a lock that is not acquired or not released panics.
@@ -60,10 +65,12 @@ fn main() {
     let settings = Settings::from_env(15, 150);
     COUNTING.store(std::env::var_os("BENCH_DIAG").is_some(), Ordering::Relaxed);
     let redis = Redis::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // BENCH_CURRENT_THREAD=1: one thread for the client, for steadier instruction counts.
+    let mut runtime = match std::env::var_os("BENCH_CURRENT_THREAD") {
+        Some(_) => tokio::runtime::Builder::new_current_thread(),
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = runtime.enable_all().build().unwrap();
     runtime.block_on(bench(&redis, settings));
 }
 
@@ -112,18 +119,31 @@ async fn bench(redis: &Redis, settings: Settings) {
             .collect(),
         Err(_) => variants,
     };
+    // Every cycle each variant ran, warm-up included: for instruction counts per cycle from
+    // two callgrind runs of different lengths.
+    let mut total_ops = vec![0u64; variants.len()];
     // Warm up: connections, loaded scripts, allocator pools.
-    for (_, op) in &variants {
-        support::run(op, 8, Duration::from_millis(100)).await;
+    for (v, (_, op)) in variants.iter().enumerate() {
+        total_ops[v] += support::run(op, 8, Duration::from_millis(100)).await.ops;
     }
+    // BENCH_TASKS=64 runs only that concurrency.
+    let concurrency: Vec<usize> = match std::env::var("BENCH_TASKS") {
+        Ok(tasks) => tasks
+            .split(',')
+            .map(|n| n.parse().expect("BENCH_TASKS holds task counts"))
+            .filter(|n| CONCURRENCY.contains(n))
+            .collect(),
+        Err(_) => CONCURRENCY.to_vec(),
+    };
     let mut results: HashMap<(usize, usize), Row> = HashMap::new();
-    for tasks in CONCURRENCY {
+    for &tasks in &concurrency {
         for round in 0..settings.rounds {
             for k in 0..variants.len() {
                 // Rotate the order from round to round.
                 let v = (k + round) % variants.len();
                 let (mut run, client, server, allocations) =
                     measured(redis, &variants[v].1, tasks, settings.round).await;
+                total_ops[v] += run.ops;
                 let row = results.entry((tasks, v)).or_default();
                 row.rates.push(run.per_second());
                 row.p50s.push(quantile_us(&mut run.latencies, 0.5));
@@ -157,11 +177,14 @@ async fn bench(redis: &Redis, settings: Settings) {
         let (Some(a), Some(b)) = (index(a), index(b)) else {
             return f64::NAN;
         };
-        let (a, b) = (of(&results[&(tasks, a)]), of(&results[&(tasks, b)]));
+        let (Some(a), Some(b)) = (results.get(&(tasks, a)), results.get(&(tasks, b))) else {
+            return f64::NAN;
+        };
+        let (a, b) = (of(a), of(b));
         let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
         median(&mut ratios)
     };
-    for tasks in CONCURRENCY {
+    for &tasks in &concurrency {
         for (v, (name, _)) in variants.iter().enumerate() {
             let row = &results[&(tasks, v)];
             let rate = median(&mut row.rates.clone());
@@ -185,6 +208,13 @@ async fn bench(redis: &Redis, settings: Settings) {
                 paired(tasks, name, MINIMUM, rates),
                 paired(tasks, name, RSLOCK, rates),
             );
+        }
+    }
+
+    if COUNTING.load(Ordering::Relaxed) {
+        println!("\ncycles run in all, warm-up included:");
+        for ((name, _), ops) in variants.iter().zip(&total_ops) {
+            println!("- {name}: {ops}");
         }
     }
 

@@ -149,19 +149,16 @@ where
         };
         let started = self.started();
         let mut conn = self.conn.clone();
-        self.bounded(async {
-            let evalsha = command("EVALSHA", script.sha());
-            let reply = conn.req_packed_command(&evalsha).await;
-            match reply.and_then(redis::Value::extract_error) {
-                Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                    self.second_trip(&mut conn, started)?;
-                    let eval = command("EVAL", script.code);
-                    self.reply(conn.req_packed_command(&eval).await)
-                }
-                reply => self.reply(reply),
+        let evalsha = command("EVALSHA", script.sha());
+        let reply = conn.req_packed_command(&evalsha).await;
+        match reply.and_then(redis::Value::extract_error) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
+                self.second_trip(&mut conn, started)?;
+                let eval = command("EVAL", script.code);
+                self.reply(conn.req_packed_command(&eval).await)
             }
-        })
-        .await
+            reply => self.reply(reply),
+        }
     }
 
     /// The unfenced exclusive acquire, the hot path of every locked request: `SET NX PX`
@@ -183,40 +180,45 @@ where
             .arg(lock.ttl.as_millis() as u64);
         let started = self.started();
         let mut conn = self.conn.clone();
-        self.bounded(async {
-            match self.reply(conn.req_packed_command(&set).await)? {
-                redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
-                redis::Value::Nil => {
-                    self.second_trip(&mut conn, started)?;
-                    let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
-                    pttl.arg("PTTL").arg(key);
-                    match self.reply(conn.req_packed_command(&pttl).await)? {
-                        // -1 for a key someone set without expiry: "retry soon" rather than never.
-                        redis::Value::Int(pttl) => Ok(Acquisition::Busy {
-                            retry_after: Duration::from_millis(pttl.max(0) as u64),
-                        }),
-                        other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
-                    }
+        match self.reply(conn.req_packed_command(&set).await)? {
+            redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
+            redis::Value::Nil => {
+                self.second_trip(&mut conn, started)?;
+                let key = self.key_arg(KeyRole::Lock, lock);
+                let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
+                pttl.arg("PTTL").arg(key);
+                match self.reply(conn.req_packed_command(&pttl).await)? {
+                    // -1 for a key someone set without expiry: "retry soon" rather than never.
+                    redis::Value::Int(pttl) => Ok(Acquisition::Busy {
+                        retry_after: Duration::from_millis(pttl.max(0) as u64),
+                    }),
+                    other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
                 }
-                other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
             }
-        })
-        .await
+            other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
+        }
     }
 
     fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
     }
 
-    /// Bounds `call` by the store's deadline: with a timer of its own, or, when the connection
-    /// keeps the deadline ([`Bound::Connection`]), as it is.
-    async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+    /// `call` bounded by the store's deadline, boxed for [`Backend`]: with a timer of its own, or,
+    /// when the connection keeps the deadline ([`Bound::Connection`]), as it is. Two boxes for
+    /// two futures, so that a call without a timer does not carry room for one: a smaller
+    /// future is a cheaper allocation.
+    fn bounded<'a, T: 'a>(
+        &'a self,
+        call: impl Future<Output = Result<T>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T>> {
         match self.bound {
-            Bound::Connection => call.await,
-            Bound::Own => match tokio::time::timeout(self.timeout, call).await {
-                Ok(reply) => reply,
-                Err(_elapsed) => Err(Error::Timeout(self.timeout)),
-            },
+            Bound::Connection => Box::pin(call),
+            Bound::Own => Box::pin(async move {
+                match tokio::time::timeout(self.timeout, call).await {
+                    Ok(reply) => reply,
+                    Err(_elapsed) => Err(Error::Timeout(self.timeout)),
+                }
+            }),
         }
     }
 
@@ -312,10 +314,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
-        Box::pin(async move {
+        self.bounded(async move {
             let mut conn = self.conn.clone();
-            self.bounded(async { self.reply(super::check::redis(&mut conn).await) })
-                .await
+            self.reply(super::check::redis(&mut conn).await)
         })
     }
 
@@ -323,9 +324,9 @@ where
         let LeaseRef { lock, mode, secret } = lease;
         if mode == Mode::Exclusive && !lock.fenced {
             // Boxed on its own, without room for the scripts' state it never uses.
-            return Box::pin(self.set_nx(lock, secret));
+            return self.bounded(self.set_nx(lock, secret));
         }
-        Box::pin(async move {
+        self.bounded(async move {
             let reply = match mode {
                 Mode::Exclusive => {
                     let roles = [KeyRole::Lock];
@@ -349,7 +350,7 @@ where
     }
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
+        self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Extend);
             let (lock, secret) = (lease.lock, lease.secret);
             answered_one(self.run(script, lock, &[role], None, secret, true).await?)
@@ -361,7 +362,7 @@ where
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
+        self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Release);
             let (lock, secret) = (lease.lock, lease.secret);
             answered_one(self.run(script, lock, &[role], None, secret, false).await?)
