@@ -25,9 +25,13 @@ pub(crate) struct FinishOnDrop<T: Send + 'static> {
     call: Option<BoxFuture<'static, T>>,
     /// A call never polled has sent nothing and can simply be dropped.
     polled: bool,
-    /// What to do with the answer of a call nobody waits for any more.
-    if_abandoned: fn(T) -> Option<BoxFuture<'static, ()>>,
+    /// What to do with the answer of a call nobody waits for any more; `None` for a call that
+    /// is simply dropped (it finishes its own store calls).
+    if_abandoned: Option<FollowUp<T>>,
 }
+
+/// What to run after a call nobody waits for answered, if anything.
+type FollowUp<T> = fn(T) -> Option<BoxFuture<'static, ()>>;
 
 impl FinishOnDrop<Acquired> {
     /// An acquisition: abandoned, a lease it took is released at once.
@@ -47,6 +51,18 @@ impl FinishOnDrop<Acquired> {
     }
 }
 
+impl<T: Send + 'static> FinishOnDrop<T> {
+    /// A call that is dropped with its caller: one whose own store calls finish themselves,
+    /// such as a bounded wait, which must not go on waiting for a client that is gone.
+    pub(crate) fn droppable(call: BoxFuture<'static, T>) -> Self {
+        Self {
+            call: Some(call),
+            polled: false,
+            if_abandoned: None,
+        }
+    }
+}
+
 impl FinishOnDrop<()> {
     /// A release: abandoned, it is still sent and awaited in the background.
     pub(crate) fn release(call: BoxFuture<'static, ()>) -> Self {
@@ -55,14 +71,11 @@ impl FinishOnDrop<()> {
 }
 
 impl<T: Send + 'static> FinishOnDrop<T> {
-    fn new(
-        call: BoxFuture<'static, T>,
-        if_abandoned: fn(T) -> Option<BoxFuture<'static, ()>>,
-    ) -> Self {
+    fn new(call: BoxFuture<'static, T>, if_abandoned: FollowUp<T>) -> Self {
         Self {
             call: Some(call),
             polled: false,
-            if_abandoned,
+            if_abandoned: Some(if_abandoned),
         }
     }
 }
@@ -87,9 +100,11 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
         let Some(call) = self.call.take().filter(|_| self.polled) else {
             return;
         };
+        let Some(if_abandoned) = self.if_abandoned else {
+            return;
+        };
         // Outside a runtime the call cannot go on; the TTL frees whatever it took.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let if_abandoned = self.if_abandoned;
             runtime.spawn(async move {
                 if let Some(follow_up) = if_abandoned(call.await) {
                     follow_up.await;

@@ -3,12 +3,14 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod finish_on_drop;
 pub mod layer;
 mod lock;
 mod name;
 pub mod store;
 mod telemetry;
 mod token;
+mod wait;
 
 pub use crate::error::{Error, Result};
 pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extract};

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::name::LockName;
 use crate::store::{Mode, Store};
+use crate::telemetry::AcquireOutcome;
 use crate::token::{Attempt, Holding, LockToken, ReadToken};
+use crate::wait;
 use crate::{Error, Result};
 
 /// The longest namespace, in bytes.
@@ -102,6 +104,27 @@ impl Spec {
         N: LockName + ?Sized,
     {
         Holding::acquire(store.clone(), self, mode, name.lock_name()).await
+    }
+
+    /// Acquires, waiting up to `wait` while the lock is held; a zero wait is one attempt.
+    async fn acquire_within<N>(
+        self,
+        store: &Store,
+        mode: Mode,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Attempt<Holding>>
+    where
+        N: LockName + ?Sized,
+    {
+        if wait.is_zero() {
+            return self.acquire(store, mode, name).await;
+        }
+        let name = name.lock_name().into_owned().into_boxed_slice();
+        let on_store_error = AcquireOutcome::StoreError;
+        let (_, attempt) =
+            wait::acquire_within(store.clone(), self, mode, name, wait, on_store_error).await;
+        attempt
     }
 }
 
@@ -269,6 +292,28 @@ impl<N: LockName + ?Sized> Lock<N> {
         Ok(self.attempt(store, name).await?.acquired())
     }
 
+    /// Like [`try_lock`](Self::try_lock), but while the lock is held, waits up to `wait` for it:
+    /// woken at once by a release in this process, at the holder's lease end, and by polling
+    /// (from 5 ms, backing off to 100 ms, with jitter) for a release in another. Answers `None`
+    /// when the wait ran out; it never waits much longer than `wait` (one store round trip).
+    /// A zero wait is exactly `try_lock`.
+    ///
+    /// Within one process, waiters of one name queue first come, first served, and only the
+    /// first of them asks the store; across processes no order is promised. Dropping the future
+    /// leaves nothing behind: a lease an attempt on the wire took is given back.
+    pub async fn try_lock_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<LockToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Exclusive, name, wait)
+            .await?;
+        Ok(attempt.map(LockToken::new).acquired())
+    }
+
     /// Like [`try_lock`](Self::try_lock), but when the lock is held it also says how long the
     /// holder's lease has left.
     pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
@@ -286,6 +331,36 @@ impl<N: LockName + ?Sized> RwLock<N> {
     /// Takes the exclusive (writer) lease on `name` unless a writer or any live reader holds it.
     pub async fn try_write(&self, store: &Store, name: &N) -> Result<Option<LockToken<Self>>> {
         Ok(self.attempt_write(store, name).await?.acquired())
+    }
+
+    /// Like [`try_read`](Self::try_read), but waits up to `wait` while a writer holds the lock;
+    /// see [`Lock::try_lock_for`].
+    pub async fn try_read_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<ReadToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Read, name, wait)
+            .await?;
+        Ok(attempt.map(ReadToken::new).acquired())
+    }
+
+    /// Like [`try_write`](Self::try_write), but waits up to `wait` while a writer or readers
+    /// hold the lock; see [`Lock::try_lock_for`].
+    pub async fn try_write_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<LockToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Write, name, wait)
+            .await?;
+        Ok(attempt.map(LockToken::new).acquired())
     }
 
     /// Like [`try_read`](Self::try_read), also answering how long the writer's lease has left.

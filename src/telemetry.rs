@@ -4,7 +4,6 @@
 //! Labels are `namespace`, `mode` and `outcome` or `reason`: never a lock name or a secret, so
 //! the number of series stays bounded by the lock definitions of the program.
 
-#[cfg(feature = "metrics")]
 use std::time::Duration;
 
 use crate::store::Mode;
@@ -22,6 +21,10 @@ pub(crate) enum AcquireOutcome {
     StoreError,
     /// The store failed and the layer ran the request unlocked (`fail_open`).
     Unlocked,
+    /// The lease was taken after waiting for it.
+    Waited,
+    /// The wait ran out while someone else held the lock.
+    TimedOutWaiting,
 }
 
 /// What an extension came to, as the `outcome` label of `tower_lease_extend_total`.
@@ -61,8 +64,14 @@ fn describe() {
         use metrics::Unit;
         metrics::describe_counter!(
             "tower_lease_acquire_total",
-            "Lock acquisitions by outcome: acquired, held, invalid_name, store_error, unlocked"
+            "Lock acquisitions by outcome: acquired, held, waited, timed_out_waiting, invalid_name, store_error, unlocked"
         );
+        metrics::describe_histogram!(
+            "tower_lease_wait_seconds",
+            Unit::Seconds,
+            "Time spent in bounded waits for a lock"
+        );
+        metrics::describe_gauge!("tower_lease_waiters", "Bounded waits under way in this process");
         metrics::describe_histogram!(
             "tower_lease_acquire_seconds",
             Unit::Seconds,
@@ -100,7 +109,9 @@ mod handles {
     use crate::store::Mode;
 
     pub(super) struct Handles {
-        pub(super) acquire: [Counter; 5],
+        pub(super) acquire: [Counter; 7],
+        pub(super) wait_seconds: Histogram,
+        pub(super) waiters: Gauge,
         pub(super) acquire_seconds: Histogram,
         pub(super) held: Gauge,
         pub(super) hold_seconds: Histogram,
@@ -109,12 +120,15 @@ mod handles {
     }
 
     impl AcquireOutcome {
-        const ALL: [AcquireOutcome; 5] = [
+        /// In declaration order, so `outcome as usize` indexes it.
+        const ALL: [AcquireOutcome; 7] = [
             AcquireOutcome::Acquired,
             AcquireOutcome::Held,
             AcquireOutcome::InvalidName,
             AcquireOutcome::StoreError,
             AcquireOutcome::Unlocked,
+            AcquireOutcome::Waited,
+            AcquireOutcome::TimedOutWaiting,
         ];
 
         fn as_str(self) -> &'static str {
@@ -124,6 +138,8 @@ mod handles {
                 AcquireOutcome::InvalidName => "invalid_name",
                 AcquireOutcome::StoreError => "store_error",
                 AcquireOutcome::Unlocked => "unlocked",
+                AcquireOutcome::Waited => "waited",
+                AcquireOutcome::TimedOutWaiting => "timed_out_waiting",
             }
         }
     }
@@ -160,6 +176,8 @@ mod handles {
                     metrics::counter!("tower_lease_acquire_total", &labels)
                 }),
                 acquire_seconds: metrics::histogram!("tower_lease_acquire_seconds", &labels),
+                wait_seconds: metrics::histogram!("tower_lease_wait_seconds", &labels),
+                waiters: metrics::gauge!("tower_lease_waiters", &labels),
                 held: metrics::gauge!("tower_lease_held", &labels),
                 hold_seconds: metrics::histogram!("tower_lease_hold_seconds", &labels),
                 extend: ExtendOutcome::ALL.map(|outcome| {
@@ -236,22 +254,51 @@ pub(crate) fn refused(namespace: &'static str, mode: Mode, outcome: AcquireOutco
     });
 }
 
-/// Counts an acquisition the store answered (sent at `sent`, answered at `answered`), and the
-/// lease this process now holds when it was acquired: one look-up for the three.
+/// Counts the end of a bounded wait that took `waited`: the lease taken, the wait run out, or
+/// the store failed.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn waited(
+    namespace: &'static str,
+    mode: Mode,
+    outcome: AcquireOutcome,
+    waited: Duration,
+) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| {
+        handles.acquire[outcome as usize].increment(1);
+        handles.wait_seconds.record(waited);
+    });
+}
+
+/// A waiter came (`1.0`) or went (`-1.0`).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn waiters(namespace: &'static str, mode: Mode, change: f64) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| handles.waiters.increment(change));
+}
+
+/// Counts an acquisition the store answered (sent at `sent`, answered at `answered`) unless the
+/// caller counts it (`outcome` is `None`), and the lease this process now holds when it was
+/// `acquired`: one look-up for the three.
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn store_answered(
     namespace: &'static str,
     mode: Mode,
-    outcome: AcquireOutcome,
+    outcome: Option<AcquireOutcome>,
+    acquired: bool,
     sent: Moment,
     answered: Moment,
 ) {
     #[cfg(feature = "metrics")]
     handles::with(namespace, mode, |handles| {
-        handles.acquire[outcome as usize].increment(1);
+        if let Some(outcome) = outcome {
+            handles.acquire[outcome as usize].increment(1);
+        }
         handles.acquire_seconds.record(answered.since(sent));
-        if outcome == AcquireOutcome::Acquired {
+        if acquired {
             handles.held.increment(1.0);
         }
     });

@@ -71,21 +71,24 @@ impl Holding {
         mode: Mode,
         name: Cow<'_, [u8]>,
     ) -> Result<Attempt<Holding>> {
-        Self::acquire_as(store, spec, mode, name, AcquireOutcome::StoreError).await
+        Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError)).await
     }
 
-    /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as: the layer
-    /// runs the request unlocked under `fail_open`.
+    /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as (the layer
+    /// runs the request unlocked under `fail_open`), or `None` when the caller counts the
+    /// outcome itself (a bounded wait counts once, at its end).
     pub(crate) async fn acquire_as(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
-        on_store_error: AcquireOutcome,
+        on_store_error: Option<AcquireOutcome>,
     ) -> Result<Attempt<Holding>> {
         let namespace = spec.namespace;
         if let Err(invalid) = check_name(&name) {
-            telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
+            if on_store_error.is_some() {
+                telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
+            }
             return Err(invalid);
         }
         let secret = Secret::random();
@@ -96,12 +99,13 @@ impl Holding {
             .acquire(LeaseRef::new(lock, mode, &secret))
             .await;
         let answered = Moment::now();
-        let outcome = match &acquisition {
+        let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
+        let outcome = on_store_error.map(|on_store_error| match &acquisition {
             Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
             Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
             Err(_) => on_store_error,
-        };
-        telemetry::store_answered(namespace, mode, outcome, sent, answered);
+        });
+        telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
         match acquisition? {
             Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
                 store,
@@ -144,7 +148,11 @@ impl Holding {
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
-        self.store.backend().release(self.lease_ref()).await
+        let released = self.store.backend().release(self.lease_ref()).await;
+        // Whatever the answer, the lease is not ours any more: a waiter here may try now.
+        let rooms = self.store.wait_rooms();
+        rooms.released(self.mode, self.spec.namespace, &self.name);
+        released
     }
 
     pub(crate) fn fence(&self) -> Option<u64> {

@@ -11,9 +11,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep};
 
-use super::finish_on_drop::FinishOnDrop;
 use super::future::{AbortOnLoss, poll_release};
 use super::guard::LeaseGuard;
+use crate::finish_on_drop::FinishOnDrop;
 
 /// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
 pub type BoxError = Box<dyn StdError + Send + Sync>;

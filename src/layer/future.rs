@@ -13,12 +13,11 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::finish_on_drop::{Acquired, FinishOnDrop};
 use super::guard::LeaseGuard;
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
-use crate::store::BoxFuture;
+use crate::finish_on_drop::{Acquired, FinishOnDrop};
 use crate::token::Attempt;
 
 /// Resolves when a lease is lost, for the policy [`LeaseLost::Abort`].
@@ -95,13 +94,12 @@ where
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`.
     pub(crate) fn acquiring(
-        acquire: BoxFuture<'static, Acquired>,
+        acquire: FinishOnDrop<Acquired>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
         span: tracing::Span,
     ) -> Self {
-        let acquire = FinishOnDrop::acquisition(acquire);
         let state = State::Acquiring {
             acquire,
             inner,

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -22,6 +23,9 @@ use crate::{Lock, RwLock, Store};
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
 const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
 
+/// How many requests of a layer may wait for a lock at once by default.
+const DEFAULT_MAX_WAITERS: usize = 1024;
+
 /// How long a [`Buffered`] layer waits for a request body by default.
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -39,6 +43,12 @@ pub(crate) struct Config {
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
+    /// How long a request waits for a held lock (zero: answer at once).
+    pub(crate) wait: Duration,
+    /// The most requests of this layer waiting at once.
+    pub(crate) max_waiters: usize,
+    /// Requests of this layer waiting now.
+    pub(crate) waiting: Arc<AtomicUsize>,
     /// The most request body bytes [`Buffered`] layers read before locking.
     pub(crate) body_limit: usize,
     /// How long [`Buffered`] layers wait for the request body.
@@ -65,6 +75,9 @@ impl Config {
             hold_through_body: false,
             binary_names: false,
             require_name: false,
+            wait: Duration::ZERO,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            waiting: Arc::default(),
             body_limit: 0,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             renderer: Renderer::default(),

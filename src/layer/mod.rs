@@ -221,7 +221,7 @@ mod layer;
 mod body;
 mod buffer;
 pub mod extract;
-mod finish_on_drop;
+
 mod future;
 mod guard;
 mod heartbeat;

@@ -119,6 +119,24 @@ macro_rules! options {
                 self
             }
 
+            /// Waits up to `wait` for a held lock before answering `409` (or
+            /// [`held_status`](Self::held_status)): no wait by default. The request is woken
+            /// at once by a release in this process, at the holder's lease end, and by polling
+            /// with jitter for a release in another; within a process the waiters of one name
+            /// queue first come, first served, and only the first asks the store. A client that
+            /// goes away while waiting leaves nothing behind.
+            pub fn wait(mut self, wait: Duration) -> Self {
+                self.config.wait = wait;
+                self
+            }
+
+            /// The most requests of this layer that wait at once (1024 by default); a request
+            /// beyond it is answered at once, as without [`wait`](Self::wait).
+            pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+                self.config.max_waiters = max_waiters;
+                self
+            }
+
             /// How long [`buffer_body`](Self::buffer_body) waits for the whole request body
             /// before answering `408 Request Timeout` (10 s by default). Without
             /// `buffer_body` it has no effect.

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
@@ -16,9 +17,11 @@ use super::future::ResponseFuture;
 use super::layer::Config;
 use super::problem::Problem;
 use crate::LockName;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::store::Mode;
 use crate::telemetry;
 use crate::token::Holding;
+use crate::wait;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
@@ -109,19 +112,55 @@ where
             return ResponseFuture::refused(problem, status, self.config.clone(), span);
         }
         let config = self.config.clone();
-        let acquire = Box::pin(async move {
-            // Taken before the command leaves, so the lease's end is never overestimated.
-            let sent_at = Instant::now();
-            let store = config.store.clone();
-            let on_store_error = match config.fail_open {
-                true => telemetry::AcquireOutcome::Unlocked,
-                false => telemetry::AcquireOutcome::StoreError,
-            };
-            let name = Cow::Owned(name);
-            let attempt = Holding::acquire_as(store, config.spec, mode, name, on_store_error).await;
-            (sent_at, attempt)
-        });
+        let on_store_error = match config.fail_open {
+            true => telemetry::AcquireOutcome::Unlocked,
+            false => telemetry::AcquireOutcome::StoreError,
+        };
+        let acquire = match WaiterSlot::take(&config) {
+            // A bounded wait: dropped with the request (its attempts on the wire finish).
+            Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
+                let (store, spec, wait) = (config.store.clone(), config.spec, config.wait);
+                let name = name.into_boxed_slice();
+                let acquired =
+                    wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
+                drop(slot);
+                acquired
+            })),
+            None => FinishOnDrop::acquisition(Box::pin(async move {
+                // Taken before the command leaves, so the lease's end is never overestimated.
+                let sent_at = Instant::now();
+                let store = config.store.clone();
+                let name = Cow::Owned(name);
+                let on_store_error = Some(on_store_error);
+                let attempt =
+                    Holding::acquire_as(store, config.spec, mode, name, on_store_error).await;
+                (sent_at, attempt)
+            })),
+        };
         ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, span)
+    }
+}
+
+/// A request's place among the layer's waiters, given back when it is dropped.
+struct WaiterSlot(Arc<AtomicUsize>);
+
+impl WaiterSlot {
+    /// A place when the layer waits and has one free; `None` answers at once.
+    fn take(config: &Config) -> Option<Self> {
+        if config.wait.is_zero() {
+            return None;
+        }
+        let waiting = &config.waiting;
+        let taken = waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < config.max_waiters).then_some(n + 1)
+        });
+        taken.ok().map(|_| WaiterSlot(waiting.clone()))
+    }
+}
+
+impl Drop for WaiterSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

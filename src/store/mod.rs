@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
+use crate::wait::WaitRooms;
 
 mod check;
 mod connect;
@@ -47,6 +48,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
+    /// This process's waiters for locks in this store.
+    waits: Arc<WaitRooms>,
 }
 
 impl Store {
@@ -74,7 +77,13 @@ impl Store {
     pub fn from_backend(backend: impl Backend) -> Self {
         Self {
             backend: Arc::new(backend),
+            waits: Arc::default(),
         }
+    }
+
+    /// This process's waiters for locks in this store.
+    pub(crate) fn wait_rooms(&self) -> &Arc<WaitRooms> {
+        &self.waits
     }
 
     /// The backend behind this handle.

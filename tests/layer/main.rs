@@ -12,3 +12,4 @@ mod names;
 mod options;
 mod responses;
 mod rw;
+mod wait;

@@ -344,3 +344,58 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_waits_count_as_waited_or_timed_out_waiting() {
+    let _turn = turn().await;
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+    let store = Store::memory();
+    let holder = JOBS.try_lock(&store, "w").await.unwrap().unwrap();
+    recorded();
+
+    assert!(
+        JOBS.try_lock_for(&store, "w", Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let timed_out = recorded();
+    assert_eq!(
+        moved(&timed_out, ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=jobs,outcome=timed_out_waiting"
+        )
+    );
+    assert_eq!(
+        timed_out["tower_lease_wait_seconds{mode=exclusive,namespace=jobs}"],
+        1.0
+    );
+    assert_eq!(
+        timed_out["tower_lease_waiters{mode=exclusive,namespace=jobs}"],
+        0.0
+    );
+
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        async move { JOBS.try_lock_for(&store, "w", Duration::from_secs(2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        recorded()["tower_lease_waiters{mode=exclusive,namespace=jobs}"],
+        1.0,
+        "one waiter now"
+    );
+    assert!(holder.release().await.unwrap());
+    let token = waiter.await.unwrap().unwrap().expect("waited for it");
+    let waited = recorded();
+    assert_eq!(
+        moved(&waited, ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=waited")
+    );
+    assert_eq!(
+        waited["tower_lease_waiters{mode=exclusive,namespace=jobs}"],
+        0.0
+    );
+    assert!(token.release().await.unwrap());
+}

@@ -11,3 +11,4 @@ mod conformance;
 mod definitions;
 mod extend_many;
 mod keys;
+mod wait;

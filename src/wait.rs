@@ -1,0 +1,344 @@
+//! Bounded waiting for a lock: a queue per name in this process, woken by this process's
+//! releases and by the holder's lease end, with jittered polling for releases elsewhere.
+//!
+//! Within one process only the first waiter of a name contends on the store; the others wait
+//! their turn, first come first served, so a release wakes one contender per process, never a
+//! herd. The turn is a one-permit [`tokio::sync::Semaphore`], whose queue is FIFO.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use std::borrow::Cow;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::{Instant, sleep_until};
+
+use crate::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::lock::Spec;
+use crate::store::{Mode, Store};
+use crate::telemetry::{self, AcquireOutcome};
+use crate::token::{Attempt, Holding};
+
+/// The first wait between polls for a release in another process; it doubles up to
+/// [`MAX_POLL`], never past the holder's remaining lease.
+const FIRST_POLL: Duration = Duration::from_millis(5);
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+/// Which lock a waiter waits for: releases of any of its leases may let a waiter in.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Name {
+    rwlock: bool,
+    namespace: &'static str,
+    name: Box<[u8]>,
+}
+
+impl Name {
+    fn new(mode: Mode, namespace: &'static str, name: &[u8]) -> Self {
+        let rwlock = mode != Mode::Exclusive;
+        Name {
+            rwlock,
+            namespace,
+            name: name.into(),
+        }
+    }
+}
+
+/// The waiters of one name in this process.
+struct Room {
+    /// One permit: whoever holds it contends on the store.
+    turn: Semaphore,
+    /// Told when this process releases a lease of the name.
+    released: Notify,
+}
+
+/// A store's waiting rooms, one per name that has waiters.
+#[derive(Default)]
+pub(crate) struct WaitRooms {
+    rooms: Mutex<HashMap<Name, Arc<Room>>>,
+}
+
+impl fmt::Debug for WaitRooms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner()).len();
+        f.debug_struct("WaitRooms").field("rooms", &rooms).finish()
+    }
+}
+
+impl WaitRooms {
+    /// Enters the room of `name`; leaving is dropping the [`Seat`].
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        mode: Mode,
+        namespace: &'static str,
+        name: &[u8],
+    ) -> Seat {
+        let name = Name::new(mode, namespace, name);
+        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        // Cloned under the map's lock, as seats are dropped, so a room's count of references
+        // says how many are seated.
+        let room = rooms.entry(name.clone()).or_insert_with(|| {
+            Arc::new(Room {
+                turn: Semaphore::new(1),
+                released: Notify::new(),
+            })
+        });
+        let room = room.clone();
+        Seat {
+            rooms: self.clone(),
+            name,
+            room,
+        }
+    }
+
+    /// Says this process released a lease of `name`: the waiter whose turn it is tries now.
+    pub(crate) fn released(&self, mode: Mode, namespace: &'static str, name: &[u8]) {
+        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        if rooms.is_empty() {
+            return;
+        }
+        if let Some(room) = rooms.get(&Name::new(mode, namespace, name)) {
+            room.released.notify_one();
+        }
+    }
+
+    /// How many names have waiters in this process (for tests: 0 once every waiter is gone).
+    #[cfg(test)]
+    pub(crate) fn rooms(&self) -> usize {
+        self.rooms.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A waiter's place in the room of a name; the room goes with its last seat.
+pub(crate) struct Seat {
+    rooms: Arc<WaitRooms>,
+    name: Name,
+    room: Arc<Room>,
+}
+
+impl Seat {
+    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first.
+    pub(crate) async fn turn(&self, deadline: Instant) -> Option<Turn<'_>> {
+        tokio::select! {
+            permit = self.room.turn.acquire() => {
+                let _permit = permit.expect("the turn semaphore is never closed");
+                Some(Turn { seat: self, _permit })
+            }
+            () = sleep_until(deadline) => None,
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let mut rooms = self.rooms.rooms.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's copy and ours: nobody else is seated.
+        if Arc::strong_count(&self.room) == 2 {
+            rooms.remove(&self.name);
+        }
+    }
+}
+
+/// The right to contend on the store for a name, until dropped.
+pub(crate) struct Turn<'a> {
+    seat: &'a Seat,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Turn<'_> {
+    /// A wake-up registered now, before the attempt it follows, so a release that lands between
+    /// the attempt and the wait is not missed.
+    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.seat.room.released.notified()
+    }
+}
+
+/// The waits between attempts of one waiter: the holder's remaining lease bounds each, and
+/// polls for releases in other processes back off from 5 ms to 100 ms, with jitter so that
+/// waiters in several processes do not poll in step.
+pub(crate) struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff { next: FIRST_POLL }
+    }
+
+    /// How long to wait before the next attempt, given the holder's `retry_after`.
+    pub(crate) fn after(&mut self, retry_after: Duration) -> Duration {
+        let poll = self.next.mul_f64(rand::random_range(0.75..1.25));
+        self.next = (self.next * 2).min(MAX_POLL);
+        // A lease that ends sooner than the next poll is worth trying at its end (plus a
+        // millisecond, as Redis counts whole ones).
+        poll.min(retry_after + Duration::from_millis(1))
+    }
+}
+
+/// Takes the lease on `name`, waiting up to `wait` while someone else holds it; answers the
+/// instant the successful (or last) attempt was sent, and what it found.
+///
+/// Each attempt that reached the store finishes even if this future is dropped (a lease it took
+/// is given back); dropping it between attempts leaves nothing behind: no seat, no lease.
+/// `on_store_error` is what a store failure counts as in the metrics.
+pub(crate) async fn acquire_within(
+    store: Store,
+    spec: Spec,
+    mode: Mode,
+    name: Box<[u8]>,
+    wait: Duration,
+    on_store_error: AcquireOutcome,
+) -> Acquired {
+    let namespace = spec.namespace;
+    let started = Instant::now();
+    if let Err(invalid) = crate::name::check_name(&name) {
+        telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
+        return (started, Err(invalid));
+    }
+    let deadline = started + wait;
+    let _waiting = Waiting::start(namespace, mode);
+    let seat = store.wait_rooms().enter(mode, namespace, &name);
+    let mut backoff = Backoff::new();
+    let mut attempts = 0u32;
+    let end =
+        |outcome: AcquireOutcome| telemetry::waited(namespace, mode, outcome, started.elapsed());
+    // Only the first waiter of the name in this process contends; the others queue, and the
+    // turn passes on when this one is done (served, out of time, or dropped).
+    let Some(turn) = seat.turn(deadline).await else {
+        // The wait ran out in the queue: one attempt still says who holds it, and for how
+        // long, so the answer is as exact as an immediate refusal.
+        let sent_at = Instant::now();
+        let attempt = attempt(&store, spec, mode, &name).await;
+        end(match &attempt {
+            Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
+            Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
+            Err(_) => on_store_error,
+        });
+        return (sent_at, attempt);
+    };
+    loop {
+        let released = turn.released();
+        attempts += 1;
+        let sent_at = Instant::now();
+        let attempt = attempt(&store, spec, mode, &name).await;
+        let retry_after = match &attempt {
+            Ok(Attempt::Acquired(_)) => {
+                end(if attempts == 1 {
+                    AcquireOutcome::Acquired
+                } else {
+                    AcquireOutcome::Waited
+                });
+                return (sent_at, attempt);
+            }
+            Err(_) => {
+                end(on_store_error);
+                return (sent_at, attempt);
+            }
+            Ok(Attempt::Busy { retry_after }) => *retry_after,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            end(AcquireOutcome::TimedOutWaiting);
+            return (sent_at, attempt);
+        }
+        let wake = deadline.min(now + backoff.after(retry_after));
+        tokio::select! {
+            () = released => {}
+            () = sleep_until(wake) => {}
+        }
+    }
+}
+
+/// One attempt, finished in a task of its own if the waiter is dropped while it is on the wire.
+async fn attempt(
+    store: &Store,
+    spec: Spec,
+    mode: Mode,
+    name: &[u8],
+) -> crate::Result<Attempt<Holding>> {
+    let (store, name) = (store.clone(), name.to_vec());
+    let call = Box::pin(async move {
+        let attempt = Holding::acquire_as(store, spec, mode, Cow::Owned(name), None).await;
+        (Instant::now(), attempt)
+    });
+    FinishOnDrop::acquisition(call).await.1
+}
+
+/// A waiter, for the `tower_lease_waiters` gauge.
+struct Waiting {
+    namespace: &'static str,
+    mode: Mode,
+}
+
+impl Waiting {
+    fn start(namespace: &'static str, mode: Mode) -> Self {
+        telemetry::waiters(namespace, mode, 1.0);
+        Waiting { namespace, mode }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        telemetry::waiters(self.namespace, self.mode, -1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_room_lives_as_long_as_its_seats() {
+        let rooms = Arc::new(WaitRooms::default());
+        let first = rooms.enter(Mode::Exclusive, "jobs", b"a");
+        let second = rooms.enter(Mode::Exclusive, "jobs", b"a");
+        let other = rooms.enter(Mode::Read, "jobs", b"a");
+        assert_eq!(
+            rooms.rooms(),
+            2,
+            "a lock and an rwlock of one name are apart"
+        );
+        drop(first);
+        assert_eq!(rooms.rooms(), 2);
+        drop((second, other));
+        assert_eq!(rooms.rooms(), 0, "nothing left once every waiter is gone");
+    }
+
+    #[tokio::test]
+    async fn a_release_before_the_wait_is_not_missed() {
+        let rooms = Arc::new(WaitRooms::default());
+        let seat = rooms.enter(Mode::Write, "docs", b"d");
+        let turn = seat
+            .turn(Instant::now() + Duration::from_secs(1))
+            .await
+            .unwrap();
+        let released = turn.released();
+        // The release lands between the attempt and the wait: the wait still ends at once.
+        rooms.released(Mode::Read, "docs", b"d");
+        let woken = tokio::time::timeout(Duration::from_millis(100), released).await;
+        assert!(woken.is_ok());
+    }
+
+    #[tokio::test]
+    async fn only_one_waiter_of_a_name_has_the_turn() {
+        let rooms = Arc::new(WaitRooms::default());
+        let (a, b) = (
+            rooms.enter(Mode::Exclusive, "j", b"n"),
+            rooms.enter(Mode::Exclusive, "j", b"n"),
+        );
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let turn = a.turn(deadline).await;
+        assert!(turn.is_some());
+        assert!(
+            b.turn(deadline).await.is_none(),
+            "the second waits for the first"
+        );
+        drop(turn);
+        assert!(
+            b.turn(Instant::now() + Duration::from_millis(50))
+                .await
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! `.wait(..)` and `.max_waiters(..)` over real TCP: a request waits for a held lock and runs
+//! when it is released, gets 409 with `Retry-After` when its wait runs out, is answered at once
+//! beyond the cap, and leaves nothing behind when its client goes away.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use tower_lease::{Lock, LockLayer, extract};
+
+use crate::support::Env;
+use crate::support::http::{Http, count, serve};
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
+
+crate::store_tests!(
+    Layer: [
+        a_waiting_request_runs_once_the_holder_releases,
+        a_wait_that_runs_out_answers_409_with_retry_after,
+        beyond_max_waiters_a_request_is_answered_at_once,
+        a_client_gone_while_waiting_leaves_nothing_behind,
+    ]
+);
+
+fn app(layer: LockLayer<extract::PathSegment>, runs: &Arc<AtomicUsize>) -> Router {
+    Router::new()
+        .route("/jobs/{id}", post(count))
+        .route_layer(layer)
+        .with_state(runs.clone())
+}
+
+fn layer(env: &Env) -> LockLayer<extract::PathSegment> {
+    LockLayer::new(env.store.clone(), JOBS, extract::path_segment(1))
+}
+
+async fn a_waiting_request_runs_once_the_holder_releases(env: Env) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let addr = serve(app(layer(&env).wait(Duration::from_secs(2)), &runs)).await;
+    let holder = JOBS.try_lock(&env.store, "1").await.unwrap().unwrap();
+    let request = tokio::spawn(async move {
+        let reply = Http::new().post(addr, "/jobs/1").await;
+        (reply, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (reply, answered) = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let after = answered - released;
+    assert!(
+        after < Duration::from_millis(100),
+        "answered {after:?} after the release"
+    );
+}
+
+async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Env) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let addr = serve(app(layer(&env).wait(Duration::from_millis(150)), &runs)).await;
+    let _holder = JOBS.try_lock(&env.store, "2").await.unwrap().unwrap();
+    let started = Instant::now();
+    let reply = Http::new().post(addr, "/jobs/2").await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    assert_eq!(reply.retry_after(), Some(5), "the holder's remaining lease");
+    assert!(
+        took >= Duration::from_millis(150),
+        "answered after {took:?}"
+    );
+    assert!(took < Duration::from_millis(600), "answered after {took:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+async fn beyond_max_waiters_a_request_is_answered_at_once(env: Env) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let capped = layer(&env).wait(Duration::from_secs(1)).max_waiters(1);
+    let addr = serve(app(capped, &runs)).await;
+    let holder = JOBS.try_lock(&env.store, "3").await.unwrap().unwrap();
+    let waiting = tokio::spawn(async move { Http::new().post(addr, "/jobs/3").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    let reply = Http::new().post(addr, "/jobs/3").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(300),
+        "the second waited {took:?}"
+    );
+
+    assert!(holder.release().await.unwrap());
+    assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
+}
+
+async fn a_client_gone_while_waiting_leaves_nothing_behind(env: Env) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let capped = layer(&env).wait(Duration::from_secs(2)).max_waiters(1);
+    let addr = serve(app(capped, &runs)).await;
+    let holder = JOBS.try_lock(&env.store, "4").await.unwrap().unwrap();
+    let http = Http::new();
+    let gone = http.post(addr, "/jobs/4");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), gone)
+            .await
+            .is_err()
+    );
+    // hyper drops the request's future when it notices the connection closed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(holder.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The lock is free (the gone waiter took nothing), its handler never ran, and its place
+    // among the waiters is free again: the one waiter the cap allows waits and runs.
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let holder = JOBS.try_lock(&env.store, "4").await.unwrap();
+    let holder = holder.expect("free after the waiter left");
+    let waiting = tokio::spawn(async move { Http::new().post(addr, "/jobs/4").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(holder.release().await.unwrap());
+    assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,209 @@
+//! Bounded waits on every store: woken at once by a release in this process, found by polling
+//! after a release elsewhere, given up after the wait, queued so that only the first waiter of
+//! a name asks the store, and leaving nothing behind when dropped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, MemoryStore};
+use tower_lease::{Lock, RwLock, Store};
+
+use crate::support::Env;
+
+const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
+
+crate::store_tests!(
+    Layer: [
+        a_release_in_this_process_wakes_the_waiter_at_once,
+        a_wait_that_runs_out_answers_none_after_the_wait,
+        a_writer_waits_for_the_readers_and_a_reader_for_the_writer,
+        a_dropped_waiter_takes_no_lease,
+    ],
+    redis: [a_release_in_another_process_is_found_by_polling]
+);
+
+async fn a_release_in_this_process_wakes_the_waiter_at_once(env: Env) {
+    let holder = JOBS.try_lock(&env.store, "a").await.unwrap().unwrap();
+    let store = env.store.clone();
+    let waiter = tokio::spawn(async move {
+        (
+            JOBS.try_lock_for(&store, "a", Duration::from_secs(2)).await,
+            Instant::now(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (token, acquired) = waiter.await.unwrap();
+    let handed_off = acquired - released;
+    assert!(token.unwrap().is_some(), "the waiter got the lock");
+    // Polls back off to 100 ms by now; a hand-off this fast is the release's wake-up.
+    assert!(
+        handed_off < Duration::from_millis(40),
+        "handed off after {handed_off:?}"
+    );
+}
+
+async fn a_wait_that_runs_out_answers_none_after_the_wait(env: Env) {
+    let _holder = JOBS.try_lock(&env.store, "b").await.unwrap().unwrap();
+    let started = Instant::now();
+    let token = JOBS
+        .try_lock_for(&env.store, "b", Duration::from_millis(100))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(token.is_none());
+    assert!(took >= Duration::from_millis(100), "gave up after {took:?}");
+    assert!(took < Duration::from_millis(400), "gave up after {took:?}");
+
+    // A zero wait is one attempt.
+    let started = Instant::now();
+    assert!(
+        JOBS.try_lock_for(&env.store, "b", Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(started.elapsed() < Duration::from_millis(100));
+}
+
+async fn a_writer_waits_for_the_readers_and_a_reader_for_the_writer(env: Env) {
+    let reader = DOCS.try_read(&env.store, "d").await.unwrap().unwrap();
+    let store = env.store.clone();
+    let writer = tokio::spawn(async move {
+        DOCS.try_write_for(&store, "d", Duration::from_secs(2))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(reader.release().await.unwrap());
+    let writer = writer.await.unwrap().unwrap().expect("the writer got in");
+
+    let store = env.store.clone();
+    let reader =
+        tokio::spawn(async move { DOCS.try_read_for(&store, "d", Duration::from_secs(2)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(writer.release().await.unwrap());
+    assert!(
+        reader.await.unwrap().unwrap().is_some(),
+        "the reader got in"
+    );
+}
+
+async fn a_dropped_waiter_takes_no_lease(env: Env) {
+    let holder = JOBS.try_lock(&env.store, "e").await.unwrap().unwrap();
+    let wait = JOBS.try_lock_for(&env.store, "e", Duration::from_secs(2));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(150), wait)
+            .await
+            .is_err()
+    );
+    assert!(holder.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = JOBS.try_lock(&env.store, "e").await.unwrap();
+    assert!(
+        again
+            .expect("nobody took it after the waiter left")
+            .release()
+            .await
+            .unwrap()
+    );
+}
+
+async fn a_release_in_another_process_is_found_by_polling(env: Env) {
+    // A second store handle over the same Redis has waiters of its own, as another process.
+    let elsewhere = env.raw().store_with_prefix("tower-lease");
+    let holder = JOBS.try_lock(&elsewhere, "c").await.unwrap().unwrap();
+    let store = env.store.clone();
+    let waiter = tokio::spawn(async move {
+        (
+            JOBS.try_lock_for(&store, "c", Duration::from_secs(2)).await,
+            Instant::now(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (token, acquired) = waiter.await.unwrap();
+    assert!(token.unwrap().is_some());
+    let found = acquired - released;
+    // The next poll: at most 100 ms apart (+25 % jitter), plus a round trip under load.
+    assert!(found < Duration::from_millis(250), "found after {found:?}");
+}
+
+/// The memory store, counting the acquisitions that reach it.
+#[derive(Default)]
+struct Counted {
+    memory: MemoryStore,
+    acquires: AtomicUsize,
+}
+
+struct Counting(Arc<Counted>);
+
+impl Backend for Counting {
+    fn acquire<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
+        self.0.acquires.fetch_add(1, Ordering::SeqCst);
+        self.0.memory.acquire(lease)
+    }
+
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.0.memory.extend(lease)
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.0.memory.release(lease)
+    }
+}
+
+/// Twenty waiters in one process while a lock is held for 300 ms: only the first asks the store
+/// (its polls back off), then each is served in turn, first come, first served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_order() {
+    let counting = Arc::new(Counted::default());
+    let store = Store::from_backend(Counting(counting.clone()));
+    let holder = JOBS.try_lock(&store, "q").await.unwrap().unwrap();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let (store, served) = (store.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let token = JOBS
+                .try_lock_for(&store, "q", Duration::from_secs(10))
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            assert!(
+                token
+                    .expect("served within the wait")
+                    .release()
+                    .await
+                    .unwrap()
+            );
+        }));
+        // Queue in a known order.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let before = counting.acquires.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let while_held = counting.acquires.load(Ordering::SeqCst) - before;
+    // One waiter polling with backoff (5, 10, 20, 40, 80, 100 ms…) asks about 6 times in
+    // 300 ms; twenty polling waiters would ask about 120 times.
+    assert!(
+        while_held <= 12,
+        "{while_held} acquisitions while the lock was held"
+    );
+    assert!(holder.release().await.unwrap());
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let served = served.lock().unwrap().clone();
+    assert_eq!(
+        served,
+        (0..20).collect::<Vec<_>>(),
+        "first come, first served"
+    );
+}
