@@ -318,6 +318,13 @@ static ACQUIRE: LazyLock<redis::Script> =
 
 /// Where the cost of a cycle goes: the minimum with one change each.
 fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::MultiplexedConnection) {
+    // A deadline set with `RedisStore::timeout` is kept by a timer of the store's own, one per
+    // call, where the default one is the connection's response timeout: its price.
+    let store: Store = tower_lease::RedisStore::new(conn.clone())
+        .prefix("tlbench")
+        .timeout(Duration::from_secs(1))
+        .into();
+    list.push(("diag: Lock (Redis) with timeout(1 s)", lock_cycle(store)));
     // The layer spawns a heartbeat task per request and aborts it at the release: its price.
     let (store, sleepers) = (redis_store(conn.clone()), names("s"));
     list.push((
