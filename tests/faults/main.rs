@@ -13,3 +13,4 @@ mod layer;
 mod recovery;
 mod replicas;
 mod store;
+mod waits;
