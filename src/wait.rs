@@ -26,6 +26,11 @@ use crate::token::{Attempt, Holding};
 const FIRST_POLL: Duration = Duration::from_millis(5);
 const MAX_POLL: Duration = Duration::from_millis(100);
 
+/// With release notifications, attempts follow the notifications and the holder's lease end;
+/// a slow poll remains, in case a notification is lost (a subscription that raced its own
+/// removal, a publish on a node that failed over).
+const WATCHED_POLL: Duration = Duration::from_secs(1);
+
 /// Which lock a waiter waits for: releases of any of its leases may let a waiter in.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Name {
@@ -217,8 +222,13 @@ pub(crate) async fn acquire_within(
         });
         return (sent_at, attempt);
     };
+    let watch = match store.notifications() {
+        Some(notifications) => notifications.watch(mode, namespace, &name).await,
+        None => None,
+    };
     loop {
         let released = turn.released();
+        let published = watch.as_ref().map(|watch| watch.released());
         attempts += 1;
         let sent_at = Instant::now();
         let attempt = attempt(&store, spec, mode, &name).await;
@@ -242,10 +252,20 @@ pub(crate) async fn acquire_within(
             end(AcquireOutcome::TimedOutWaiting);
             return (sent_at, attempt);
         }
-        let wake = deadline.min(now + backoff.after(retry_after));
+        let pause = match &published {
+            Some(_) => WATCHED_POLL.min(retry_after + Duration::from_millis(1)),
+            None => backoff.after(retry_after),
+        };
+        let published = async {
+            match published {
+                Some(published) => published.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = released => {}
-            () = sleep_until(wake) => {}
+            () = published => {}
+            () = sleep_until(deadline.min(now + pause)) => {}
         }
     }
 }

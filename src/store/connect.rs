@@ -30,6 +30,9 @@ impl RedisStore<ConnectionManager> {
     /// - a response timeout and a connection timeout equal to the store's deadline (1 s), so
     ///   redis-rs's own timeout neither fires first nor waits longer.
     ///
+    /// - [release notifications](Self::notifications) for bounded waits, through a subscriber
+    ///   connection of the same client.
+    ///
     /// A shorter [`timeout`](Self::timeout) set afterwards still bounds every call. Fails when
     /// Redis cannot be reached now, so a misconfigured URL shows at startup.
     pub async fn from_client(client: redis::Client) -> Result<Self> {
@@ -38,21 +41,36 @@ impl RedisStore<ConnectionManager> {
             .set_max_delay(MAX_RECONNECT_DELAY)
             .set_response_timeout(Some(DEFAULT_TIMEOUT))
             .set_connection_timeout(Some(DEFAULT_TIMEOUT));
-        let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self::new(conn))
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(Self::new(conn).notifications(client))
     }
 }
 
 #[cfg(feature = "cluster")]
 impl RedisStore<redis::cluster_async::ClusterConnection> {
     /// Connects to the Redis Cluster that `nodes` belong to (any reachable subset seeds it),
-    /// with the client [`cluster_client_builder`](Self::cluster_client_builder) sets up.
+    /// with the client [`cluster_client_builder`](Self::cluster_client_builder) sets up, and
+    /// [release notifications](Self::notifications) subscribed on the first node (a cluster
+    /// forwards every `PUBLISH` to all its nodes).
     pub async fn connect_cluster<T>(nodes: impl IntoIterator<Item = T>) -> Result<Self>
     where
         T: redis::IntoConnectionInfo,
     {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| node.into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let subscriber = nodes
+            .first()
+            .cloned()
+            .map(redis::Client::open)
+            .transpose()?;
         let client = Self::cluster_client_builder(nodes).build()?;
-        Ok(Self::new(client.get_async_connection().await?))
+        let store = Self::new(client.get_async_connection().await?);
+        Ok(match subscriber {
+            Some(subscriber) => store.notifications(subscriber),
+            None => store,
+        })
     }
 
     /// A cluster client builder set up for a lock store: retry waits capped at 100 ms, and

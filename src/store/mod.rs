@@ -18,6 +18,7 @@ mod check;
 mod connect;
 mod keys;
 mod memory;
+mod notify;
 mod redis;
 mod scripts;
 
@@ -50,6 +51,28 @@ pub struct Store {
     backend: Arc<dyn Backend>,
     /// This process's waiters for locks in this store.
     waits: Arc<WaitRooms>,
+    /// Release notifications from the store, when it publishes them.
+    notifications: Option<Notifications>,
+}
+
+/// A store's release notifications, and how it names their channels.
+#[derive(Clone, Debug)]
+pub(crate) struct Notifications {
+    pub(crate) notifier: Arc<notify::Notifier>,
+    pub(crate) layout: KeyLayout,
+}
+
+impl Notifications {
+    /// Watches the releases of `name` in `namespace` (the lock of `mode`).
+    pub(crate) async fn watch(
+        &self,
+        mode: Mode,
+        namespace: &str,
+        name: &[u8],
+    ) -> Option<notify::Watch> {
+        let channel = notify::channel(&self.layout, mode, namespace, name);
+        self.notifier.watch(channel).await
+    }
 }
 
 impl Store {
@@ -78,7 +101,19 @@ impl Store {
         Self {
             backend: Arc::new(backend),
             waits: Arc::default(),
+            notifications: None,
         }
+    }
+
+    /// This store, with release notifications for its waiters.
+    pub(crate) fn with_notifications(mut self, notifications: Option<Notifications>) -> Self {
+        self.notifications = notifications;
+        self
+    }
+
+    /// The store's release notifications, if it has them.
+    pub(crate) fn notifications(&self) -> Option<&Notifications> {
+        self.notifications.as_ref()
     }
 
     /// This process's waiters for locks in this store.

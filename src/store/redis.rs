@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use super::keys::{Key, KeyLayout, KeyRole};
+use super::notify;
 use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_script};
 use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
@@ -39,6 +40,16 @@ pub struct RedisStore<C> {
     timeout: Duration,
     bound: Bound,
     watchdog: Arc<watchdog::Watchdog>,
+    /// The subscriber for release notifications, when the store was given a client for it.
+    notifier: Option<Arc<notify::Notifier>>,
+}
+
+/// The last argument of a holder's script: the TTL to extend by, or the channel a release
+/// publishes on.
+#[derive(Clone, Copy)]
+enum LastArg<'a> {
+    Ttl,
+    Channel(&'a [u8]),
 }
 
 /// Who keeps a call's deadline.
@@ -77,7 +88,20 @@ where
             timeout: DEFAULT_TIMEOUT,
             bound,
             watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
+            notifier: None,
         }
+    }
+
+    /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
+    /// another process, through one subscriber connection made from `client` (started on first
+    /// use, and restarted by itself after Redis restarts). Without it, waiters find releases
+    /// elsewhere by polling. [`RedisStore::connect`] and [`RedisStore::from_client`] set it.
+    ///
+    /// Every release publishes on its lock's channel (the lock's key without its role suffix),
+    /// whether or not anyone subscribes.
+    pub fn notifications(mut self, client: redis::Client) -> Self {
+        self.notifier = Some(notify::Notifier::new(client));
+        self
     }
 
     /// Puts every key under `prefix` instead of `tower-lease`.
@@ -134,7 +158,7 @@ where
         roles: &[KeyRole],
         fence: Option<KeyRole>,
         secret: &Secret,
-        with_ttl: bool,
+        last: LastArg<'_>,
     ) -> Result<redis::Value> {
         let fence = fence.filter(|_| lock.fenced);
         let keys = || roles.iter().chain(fence.as_ref());
@@ -148,8 +172,13 @@ where
                 command.arg(key);
             });
             command.arg(secret.as_bytes().as_slice());
-            if with_ttl {
-                command.arg(lock.ttl.as_millis() as u64);
+            match last {
+                LastArg::Ttl => {
+                    command.arg(lock.ttl.as_millis() as u64);
+                }
+                LastArg::Channel(channel) => {
+                    command.arg(channel);
+                }
             }
             command
         };
@@ -336,7 +365,7 @@ where
                 Mode::Exclusive => {
                     let roles = [KeyRole::Lock];
                     let fence = Some(KeyRole::LockFence);
-                    self.run(&ACQUIRE, lock, &roles, fence, secret, true)
+                    self.run(&ACQUIRE, lock, &roles, fence, secret, LastArg::Ttl)
                         .await?
                 }
                 Mode::Read | Mode::Write => {
@@ -347,7 +376,8 @@ where
                     };
                     let roles = [KeyRole::Writer, KeyRole::Readers];
                     let fence = Some(KeyRole::RwLockFence);
-                    self.run(script, lock, &roles, fence, secret, true).await?
+                    self.run(script, lock, &roles, fence, secret, LastArg::Ttl)
+                        .await?
                 }
             };
             acquisition(reply, lock.fenced)
@@ -358,7 +388,10 @@ where
         self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Extend);
             let (lock, secret) = (lease.lock, lease.secret);
-            answered_one(self.run(script, lock, &[role], None, secret, true).await?)
+            answered_one(
+                self.run(script, lock, &[role], None, secret, LastArg::Ttl)
+                    .await?,
+            )
         })
     }
 
@@ -370,7 +403,9 @@ where
         self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Release);
             let (lock, secret) = (lease.lock, lease.secret);
-            answered_one(self.run(script, lock, &[role], None, secret, false).await?)
+            let channel = notify::channel(&self.layout, lease.mode, lock.namespace, lock.name);
+            let last = LastArg::Channel(&channel);
+            answered_one(self.run(script, lock, &[role], None, secret, last).await?)
         })
     }
 }
@@ -380,7 +415,11 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn from(store: RedisStore<C>) -> Self {
-        crate::Store::from_backend(store)
+        let notifications = store.notifier.clone().map(|notifier| super::Notifications {
+            notifier,
+            layout: store.layout.clone(),
+        });
+        crate::Store::from_backend(store).with_notifications(notifications)
     }
 }
 

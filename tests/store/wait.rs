@@ -207,3 +207,62 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
         "first come, first served"
     );
 }
+
+/// Two replicas, each with the connection `RedisStore::connect` makes (and so release
+/// notifications): a release in one wakes the other's waiter at once, and a waited acquisition
+/// costs the waiter three commands (the refused `SET` and its `PTTL`, then the `SET` that wins),
+/// where polling would have asked every few milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
+    use crate::support::{Endpoint, RedisServer};
+    use tower_lease::RedisStore;
+
+    let server = RedisServer::start();
+    let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let waiter_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let mut raw = server.connection().await;
+    let commands = |stats: String, name: &str| -> u64 {
+        stats
+            .lines()
+            .find(|line| line.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let holder = JOBS.try_lock(&holder_replica, "n").await.unwrap().unwrap();
+    let stats = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            info
+        }
+    };
+    let before = stats(&mut raw).await;
+    let waiter = tokio::spawn(async move {
+        let token = JOBS
+            .try_lock_for(&waiter_replica, "n", Duration::from_secs(3))
+            .await;
+        (token, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (token, acquired) = waiter.await.unwrap();
+    let after = stats(&mut raw).await;
+    let handed_off = acquired - released;
+    assert!(
+        handed_off < Duration::from_millis(40),
+        "handed off after {handed_off:?}"
+    );
+    let sets = commands(after.clone(), "set") - commands(before.clone(), "set");
+    let pttls = commands(after, "pttl") - commands(before, "pttl");
+    assert_eq!(
+        (sets, pttls),
+        (2, 1),
+        "the waiter's commands while waiting 700 ms"
+    );
+    assert!(token.unwrap().unwrap().release().await.unwrap());
+}

@@ -1,7 +1,13 @@
 -- Release one reader lease. Expired readers are dropped first, so a member that is still in the
--- set is a live lease.
--- KEYS[1] reader set; ARGV[1] secret. Returns 1 when released, 0 when the lease was gone.
+-- set is a live lease. The last reader's release publishes on the lock's channel, waking a
+-- writer waiting in another process.
+-- KEYS[1] reader set; ARGV[1] secret, ARGV[2] channel. Returns 1 when released, 0 when the
+-- lease was gone.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('PUBLISH', ARGV[2], '')
+end
+return released

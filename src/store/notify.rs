@@ -1,0 +1,233 @@
+//! Release notifications from Redis, for bounded waits: every release that frees a name
+//! publishes on the name's channel (the lock's key without its role suffix), and one subscriber
+//! connection per store, started on first use, wakes this process's waiter of that name.
+//!
+//! # Lifecycle
+//!
+//! - **Starts** with the first [`watch`](Notifier::watch): it connects a `PubSub` connection
+//!   and spawns the task that reads its messages.
+//! - **Owns** the subscriptions of the names that have a waiter in this process (one each: only
+//!   the first waiter of a name watches), counted by their [`Watch`]es.
+//! - **Restarts by itself** when the connection ends (a Redis restart, a network cut): it wakes
+//!   every watcher (a restart may have freed their locks without a message), reconnects with a
+//!   backoff of 10 to 100 ms, and subscribes again to the names still watched.
+//! - **Stops** when the store is dropped: the task holds only a weak handle on the notifier.
+//!
+//! Without it (a store built from a bare connection, or a failed subscription) waiters poll.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::{KeyLayout, KeyRole, Mode};
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
+
+const FIRST_RECONNECT: Duration = Duration::from_millis(10);
+const MAX_RECONNECT: Duration = Duration::from_millis(100);
+
+/// A store's subscriber connection, and the names this process watches.
+pub(crate) struct Notifier {
+    client: redis::Client,
+    state: Mutex<State>,
+    /// Serialises connecting, subscribing and unsubscribing, so a name's unsubscribe never
+    /// overtakes a new subscription to it.
+    commands: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The live connection's sink; `None` before the first watch and while reconnecting.
+    sink: Option<PubSubSink>,
+    channels: HashMap<Vec<u8>, Arc<Notify>>,
+}
+
+impl fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Notifier")
+            .field("connected", &state.sink.is_some())
+            .field("channels", &state.channels.len())
+            .finish()
+    }
+}
+
+/// The channel releases of `name` publish on: the lock's key without its role suffix.
+pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
+    match mode {
+        Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),
+        Mode::Read | Mode::Write => {
+            let mut key = layout.key(KeyRole::Writer, namespace, name);
+            key.truncate(key.len() - b":w".len());
+            key
+        }
+    }
+}
+
+impl Notifier {
+    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+        Arc::new(Notifier {
+            client,
+            state: Mutex::default(),
+            commands: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Subscribes to `channel` (once per process) and answers a watch on it; `None` when the
+    /// subscription could not be made (the waiter then polls). Resolves once the subscription
+    /// is confirmed, so a release published after it is never missed.
+    pub(crate) async fn watch(self: &Arc<Self>, channel: Vec<u8>) -> Option<Watch> {
+        let (notify, subscribed) = {
+            let mut state = self.state();
+            let subscribed = state.channels.contains_key(&channel);
+            let notify = state.channels.entry(channel.clone()).or_default().clone();
+            (notify, subscribed)
+        };
+        let watch = Watch {
+            notifier: self.clone(),
+            channel,
+            notify,
+        };
+        if subscribed {
+            return Some(watch);
+        }
+        let _commands = self.commands.lock().await;
+        let mut sink = self.sink().await?;
+        match sink.subscribe(&watch.channel).await {
+            Ok(()) => Some(watch),
+            Err(error) => {
+                tracing::debug!(%error, "subscribing to release notifications failed; polling");
+                None
+            }
+        }
+    }
+
+    /// The live connection's sink, connecting first if there is none. Called under
+    /// `commands`.
+    async fn sink(self: &Arc<Self>) -> Option<PubSubSink> {
+        if let Some(sink) = self.state().sink.clone() {
+            return Some(sink);
+        }
+        let (sink, stream) = match self.client.get_async_pubsub().await {
+            Ok(pubsub) => pubsub.split(),
+            Err(error) => {
+                tracing::debug!(%error, "no release notifications: the subscriber could not connect");
+                return None;
+            }
+        };
+        self.state().sink = Some(sink.clone());
+        tokio::spawn(read(Arc::downgrade(self), stream));
+        Some(sink)
+    }
+
+    /// Wakes the watcher of `channel`.
+    fn released(&self, channel: &[u8]) {
+        if let Some(notify) = self.state().channels.get(channel) {
+            notify.notify_one();
+        }
+    }
+
+    /// The connection ended: wake every watcher and forget the sink.
+    fn disconnected(&self) -> Vec<Vec<u8>> {
+        let mut state = self.state();
+        state.sink = None;
+        state
+            .channels
+            .values()
+            .for_each(|notify| notify.notify_one());
+        state.channels.keys().cloned().collect()
+    }
+}
+
+/// The subscriber task: hands each message to its watcher; when the connection ends, wakes
+/// them all and reconnects while any name is watched (see the module docs).
+async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
+    loop {
+        while let Some(message) = stream.next().await {
+            let Some(notifier) = notifier.upgrade() else {
+                return;
+            };
+            if let Ok(channel) = message.get_channel::<Vec<u8>>() {
+                notifier.released(&channel);
+            }
+        }
+        let mut backoff = FIRST_RECONNECT;
+        stream = loop {
+            let Some(notifier) = notifier.upgrade() else {
+                return;
+            };
+            let watched = notifier.disconnected();
+            if watched.is_empty() {
+                // Nobody waits: the next watch connects again.
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_RECONNECT);
+            let _commands = notifier.commands.lock().await;
+            let Ok(pubsub) = notifier.client.get_async_pubsub().await else {
+                continue;
+            };
+            let (mut sink, stream) = pubsub.split();
+            if sink.subscribe(&watched).await.is_err() {
+                continue;
+            }
+            notifier.state().sink = Some(sink);
+            tracing::debug!(channels = watched.len(), "release notifications resumed");
+            break stream;
+        };
+    }
+}
+
+/// A waiter's subscription to the release notifications of one name; dropped, it unsubscribes.
+pub(crate) struct Watch {
+    notifier: Arc<Notifier>,
+    channel: Vec<u8>,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    /// Resolves at the next release published for the name (one already published since the
+    /// last call counts), or when the subscriber connection was lost.
+    pub(crate) fn released(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        {
+            let mut state = self.notifier.state();
+            // The map's copy and ours: nobody else in this process watches the name.
+            if Arc::strong_count(&self.notify) > 2 {
+                return;
+            }
+            state.channels.remove(&self.channel);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (notifier, channel) = (self.notifier.clone(), std::mem::take(&mut self.channel));
+        runtime.spawn(async move {
+            let _commands = notifier.commands.lock().await;
+            // Watched again meanwhile: that watch's subscription stands.
+            let sink = {
+                let state = notifier.state();
+                if state.channels.contains_key(&channel) {
+                    return;
+                }
+                state.sink.clone()
+            };
+            if let Some(mut sink) = sink {
+                let _ = sink.unsubscribe(channel).await;
+            }
+        });
+    }
+}
