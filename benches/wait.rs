@@ -75,14 +75,17 @@ async fn main() {
     let store: Store = RedisStore::new(redis.connection().await).into();
     // Another store handle has waiters of its own: a release through it is "elsewhere".
     let elsewhere: Store = RedisStore::new(redis.connection().await).into();
+    // A store with release notifications, as `RedisStore::connect` makes it.
+    let notified: Store = RedisStore::connect(redis.url()).await.unwrap().into();
     let mut raw = redis.connection().await;
 
     println!("bounded waits on redis-server, {}", support::machine());
-    for (label, holder) in [
-        ("woken by a release here", &store),
-        ("polling (release elsewhere)", &elsewhere),
+    for (label, holder, waiter) in [
+        ("woken by a release here", &store, &store),
+        ("notified (release elsewhere)", &elsewhere, &notified),
+        ("polling (release elsewhere)", &elsewhere, &store),
     ] {
-        let mut latencies = handoffs(holder, &store, count).await;
+        let mut latencies = handoffs(holder, waiter, count).await;
         println!(
             "  hand-off, {label:<28} p50 {:>8.0} µs  p99 {:>8.0} µs  ({count} hand-offs)",
             support::quantile_us(&mut latencies, 0.5),
@@ -92,12 +95,14 @@ async fn main() {
 
     // Commands per waited acquisition: the waiter's attempts, the holder's and the waiter's
     // releases, counted over many hand-offs and divided.
-    let before = commands(&mut raw).await;
-    handoffs(&store, &store, count).await;
-    let per_handoff = (commands(&mut raw).await - before) as f64 / count as f64;
-    println!(
-        "  Redis commands per hand-off (holder's acquire and release, waiter's attempts and release): {per_handoff:.1}"
-    );
+    for (label, waiter) in [("notified", &notified), ("polling", &store)] {
+        let before = commands(&mut raw).await;
+        handoffs(&elsewhere, waiter, count).await;
+        let per_handoff = (commands(&mut raw).await - before) as f64 / count as f64;
+        println!(
+            "  Redis commands per hand-off, {label:<8} (holder's SET and release; waiter's attempts and release): {per_handoff:.1}"
+        );
+    }
 
     // 1000 waiters on one name in this process, each holding for a moment: no herd.
     let waiters = 1000;
