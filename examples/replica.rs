@@ -20,6 +20,8 @@
 //!   `x-work-ms` overrides it for one request.
 //! - `STORE_TIMEOUT_MS` (default 1000): the deadline of every lease call.
 //! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
+//! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
+//!   are woken by release notifications on a single Redis.
 //!
 //! `POST /counters/{name}/increment` answers `200` with the new value, `409` while another
 //! request holds the counter, `503` when the store fails or the lease was lost.
@@ -76,7 +78,11 @@ fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
 }
 
 /// Serves the counters with leases on `leases` and counters on `counters`.
-async fn serve<C>(leases: C, counters: C) -> Result<(), Box<dyn std::error::Error>>
+async fn serve<C>(
+    leases: C,
+    counters: C,
+    notifications: Option<redis::Client>,
+) -> Result<(), Box<dyn std::error::Error>>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -84,8 +90,13 @@ where
     let ttl = env_ms("LOCK_TTL_MS", 2000)?;
     let work = env_ms("WORK_MS", 2)?;
     let timeout = env_ms("STORE_TIMEOUT_MS", 1000)?;
+    let wait = env_ms("WAIT_MS", 0)?;
 
-    let store: Store = RedisStore::new(leases).timeout(timeout).into();
+    let mut store = RedisStore::new(leases).timeout(timeout);
+    if let Some(client) = notifications {
+        store = store.notifications(client);
+    }
+    let store: Store = store.into();
     for warning in store.check().await? {
         eprintln!("warning: {warning}");
     }
@@ -94,7 +105,7 @@ where
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
         app
     } else {
-        app.route_layer(LockLayer::new(store, lock, extract::path_segment(1)))
+        app.route_layer(LockLayer::new(store, lock, extract::path_segment(1)).wait(wait))
     };
     let app = app.with_state(App { counters, work });
 
@@ -112,11 +123,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(nodes) = std::env::var("REDIS_CLUSTER") {
         let client = redis::cluster::ClusterClient::new(nodes.split(','))?;
         let conn = client.get_async_connection().await?;
-        return serve(conn.clone(), conn).await;
+        return serve(conn.clone(), conn, None).await;
     }
     let url =
         std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL, e.g. redis://127.0.0.1:6379/")?;
     let client = redis::Client::open(url)?;
     let leases = ConnectionManager::new(client.clone()).await?;
-    serve(leases, ConnectionManager::new(client).await?).await
+    let counters = ConnectionManager::new(client.clone()).await?;
+    serve(leases, counters, Some(client)).await
 }

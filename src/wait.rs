@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,6 +57,9 @@ struct Room {
     turn: Semaphore,
     /// Told when this process releases a lease of the name.
     released: Notify,
+    /// Set by a waiter that took the lock as it passes the turn on: the next one waits for this
+    /// process's release instead of asking the store about a lock it knows is held.
+    held_here: AtomicBool,
 }
 
 /// A store's waiting rooms, one per name that has waiters.
@@ -87,6 +91,7 @@ impl WaitRooms {
             Arc::new(Room {
                 turn: Semaphore::new(1),
                 released: Notify::new(),
+                held_here: AtomicBool::new(false),
             })
         });
         let room = room.clone();
@@ -157,6 +162,16 @@ impl Turn<'_> {
     pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
         self.seat.room.released.notified()
     }
+
+    /// Whether the waiter that had the turn before took the lock (and so this process holds it).
+    fn inherit_held(&self) -> bool {
+        self.seat.room.held_here.swap(false, Ordering::AcqRel)
+    }
+
+    /// Says this waiter took the lock, for the next one.
+    fn pass_on_held(&self) {
+        self.seat.room.held_here.store(true, Ordering::Release);
+    }
 }
 
 /// The waits between attempts of one waiter: the holder's remaining lease bounds each, and
@@ -226,35 +241,46 @@ pub(crate) async fn acquire_within(
         Some(notifications) => notifications.watch(mode, namespace, &name).await,
         None => None,
     };
+    let mut held_here = turn.inherit_held();
     loop {
         let released = turn.released();
         let published = watch.as_ref().map(|watch| watch.released());
-        attempts += 1;
-        let sent_at = Instant::now();
-        let attempt = attempt(&store, spec, mode, &name).await;
-        let retry_after = match &attempt {
-            Ok(Attempt::Acquired(_)) => {
-                end(if attempts == 1 {
-                    AcquireOutcome::Acquired
-                } else {
-                    AcquireOutcome::Waited
-                });
-                return (sent_at, attempt);
+        let now = Instant::now();
+        // The lock is this process's, taken by the waiter before: wait for its release.
+        let retry_after = if std::mem::take(&mut held_here) && now < deadline {
+            None
+        } else {
+            attempts += 1;
+            let sent_at = now;
+            let attempt = attempt(&store, spec, mode, &name).await;
+            match &attempt {
+                Ok(Attempt::Acquired(_)) => {
+                    turn.pass_on_held();
+                    end(if attempts == 1 {
+                        AcquireOutcome::Acquired
+                    } else {
+                        AcquireOutcome::Waited
+                    });
+                    return (sent_at, attempt);
+                }
+                Err(_) => {
+                    end(on_store_error);
+                    return (sent_at, attempt);
+                }
+                Ok(Attempt::Busy { .. }) if Instant::now() >= deadline => {
+                    end(AcquireOutcome::TimedOutWaiting);
+                    return (sent_at, attempt);
+                }
+                Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
             }
-            Err(_) => {
-                end(on_store_error);
-                return (sent_at, attempt);
-            }
-            Ok(Attempt::Busy { retry_after }) => *retry_after,
         };
         let now = Instant::now();
-        if now >= deadline {
-            end(AcquireOutcome::TimedOutWaiting);
-            return (sent_at, attempt);
-        }
-        let pause = match &published {
-            Some(_) => WATCHED_POLL.min(retry_after + Duration::from_millis(1)),
-            None => backoff.after(retry_after),
+        let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
+        let pause = match (&published, until_lease_end) {
+            (Some(_), Some(lease_end)) => WATCHED_POLL.min(lease_end),
+            (Some(_), None) => WATCHED_POLL,
+            (None, Some(_)) => backoff.after(retry_after.unwrap_or_default()),
+            (None, None) => MAX_POLL,
         };
         let published = async {
             match published {
@@ -263,8 +289,11 @@ pub(crate) async fn acquire_within(
             }
         };
         tokio::select! {
-            () = released => {}
+            // With notifications, this process's own releases arrive as messages too: waking
+            // for both would send a second attempt per release.
+            () = released, if watch.is_none() => {}
             () = published => {}
+            // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}
         }
     }

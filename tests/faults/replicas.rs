@@ -349,3 +349,68 @@ async fn three_replicas_on_a_redis_cluster_lose_no_update() {
     let what = format!("cluster, locks on {} nodes", nodes.len());
     assert_no_lost_update(&what, &replicas, cluster.connection().await).await;
 }
+
+/// The calls of one command in `INFO commandstats`.
+fn calls(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Three replica processes with 100 waiting requests each on one counter (`WAIT_MS`): no update
+/// is lost, every request is served or refused within its wait, and with release notifications
+/// each release makes at most one acquisition attempt per replica with waiters, not one per
+/// waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_with_100_waiters_each_lose_no_update_and_make_no_herd() {
+    const WAIT: Duration = Duration::from_secs(10);
+    let server = RedisServer::start();
+    let env = [("WAIT_MS", "10000"), ("WORK_MS", "2")];
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(&server.url(), &env))
+        .collect();
+    let mut raw = server.connection().await;
+    let stats = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            info
+        }
+    };
+    let before = stats(&mut raw).await;
+    // 300 requests at once, 100 per replica, all on one counter.
+    let tally = hammer(&replicas, &["w"], 300, 300).await;
+    let after = stats(&mut raw).await;
+    let values = counters(server.connection().await, &["w"]).await;
+    eprintln!("waiters: {tally:?}, counter {values:?}");
+    assert!(
+        tally.other.is_empty(),
+        "only 200 and 409: {:?}",
+        tally.other
+    );
+    assert_eq!(values, tally.ok, "no lost update");
+    assert_eq!(tally.total_ok(), 300, "each waited its turn: {tally:?}");
+    assert!(
+        tally.took < WAIT,
+        "all answered within their wait: {:?}",
+        tally.took
+    );
+
+    // Each release wakes one waiter per replica, whose attempt is a SET (and a PTTL when it is
+    // refused). 300 releases with 3 replicas waiting make at most 900 SETs, plus each replica's
+    // first attempt and its safety polls (one per second).
+    let sets = calls(&after, "set") - calls(&before, "set") - 300;
+    let releases = tally.total_ok() as u64;
+    let safety = 3 * (tally.took.as_secs() + 1);
+    eprintln!("waiters: {sets} acquisition attempts for {releases} releases");
+    assert!(
+        sets <= 3 * (releases + 1) + safety,
+        "{sets} acquisition attempts besides the counters' for {releases} releases"
+    );
+}
