@@ -16,11 +16,13 @@ use crate::wait::WaitRooms;
 
 mod check;
 mod connect;
+mod extend_many;
 mod keys;
 mod memory;
 mod notify;
 mod redis;
 mod scripts;
+mod watchdog;
 
 pub use self::check::Warning;
 pub use self::keys::{KeyLayout, KeyRole};

@@ -10,6 +10,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_script};
+use super::watchdog;
 use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
 
@@ -35,7 +36,7 @@ const ARGS_LEN: usize = 64;
 /// key, whatever bytes the name holds, because the suffixes after the last `}` never contain one.
 #[derive(Clone, Debug)]
 pub struct RedisStore<C> {
-    conn: C,
+    pub(super) conn: C,
     layout: KeyLayout,
     timeout: Duration,
     bound: Bound,
@@ -234,7 +235,7 @@ where
         }
     }
 
-    fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
+    pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
     }
 
@@ -242,7 +243,7 @@ where
     /// when the connection keeps the deadline ([`Bound::Connection`]), as it is. Two boxes for
     /// two futures, so that a call without a timer does not carry room for one: a smaller
     /// future is a cheaper allocation.
-    fn bounded<'a, T: 'a>(
+    pub(super) fn bounded<'a, T: 'a>(
         &'a self,
         call: impl Future<Output = Result<T>> + Send + 'a,
     ) -> BoxFuture<'a, Result<T>> {
@@ -258,7 +259,7 @@ where
 
     /// A reply as this crate's result: a server error as an error, and the expiry of a response
     /// timeout that the store set (a `MultiplexedConnection`'s) as [`Error::Timeout`].
-    fn reply<T: IntoResult>(&self, reply: redis::RedisResult<T>) -> Result<T> {
+    pub(super) fn reply<T: IntoResult>(&self, reply: redis::RedisResult<T>) -> Result<T> {
         match reply.and_then(IntoResult::into_result) {
             Ok(reply) => Ok(reply),
             Err(e) if e.is_timeout() && is_multiplexed::<C>() => Err(Error::Timeout(self.timeout)),
@@ -290,7 +291,7 @@ where
 }
 
 /// A reply whose server errors are still to be turned into errors.
-trait IntoResult: Sized {
+pub(super) trait IntoResult: Sized {
     fn into_result(self) -> redis::RedisResult<Self>;
 }
 
@@ -337,7 +338,7 @@ fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
     })
 }
 
-fn answered_one(reply: redis::Value) -> Result<bool> {
+pub(super) fn answered_one(reply: redis::Value) -> Result<bool> {
     let n: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
     Ok(n == 1)
@@ -423,398 +424,8 @@ where
     }
 }
 
-impl<C> RedisStore<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// [`Backend::extend_many`]: one pipeline of `EVALSHA`s, then one of `EVAL`s for those that
-    /// answered `NOSCRIPT` (after a restart or a `SCRIPT FLUSH`).
-    ///
-    /// A cluster pipeline goes to one slot's node, and every name has its own slot, so on a
-    /// cluster connection the extends run as concurrent single calls.
-    async fn extend_pipelined(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
-        if leases.len() < 2 || is_cluster::<C>() {
-            return self.extend_each(leases).await;
-        }
-        let mut replies = match self
-            .extend_pipeline(leases, |lua| lua.sha(), "EVALSHA")
-            .await
-        {
-            Ok(replies) => replies,
-            // A cluster connection behind some wrapper: it refuses the cross-slot pipeline
-            // before sending anything.
-            Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::Server(CROSS_SLOT) => {
-                return self.extend_each(leases).await;
-            }
-            Err(e) => return leases.iter().map(|_| Err(copy(&e))).collect(),
-        };
-        if replies.len() != leases.len() {
-            let missing = format!("{} replies to {} extends", replies.len(), leases.len());
-            return leases
-                .iter()
-                .map(|_| Err(Error::UnexpectedReply(missing.clone())))
-                .collect();
-        }
-        let mut no_script = Vec::new();
-        let mut answers: Vec<Result<bool>> = Vec::with_capacity(leases.len());
-        for (i, reply) in replies.drain(..).enumerate() {
-            if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
-                no_script.push(i);
-            }
-            answers.push(answer(reply));
-        }
-        if !no_script.is_empty() {
-            let missing: Vec<_> = no_script.iter().map(|&i| leases[i]).collect();
-            match self.extend_pipeline(&missing, |lua| lua.code, "EVAL").await {
-                Ok(again) if again.len() == missing.len() => {
-                    for (i, reply) in no_script.into_iter().zip(again) {
-                        answers[i] = answer(reply);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    for i in no_script {
-                        answers[i] = Err(copy(&e));
-                    }
-                }
-            }
-        }
-        answers
-    }
-
-    /// Sends one pipelined `verb` (`EVALSHA` or `EVAL`) of the extend script per lease; errors
-    /// of single commands come back as [`redis::Value::ServerError`] in their place.
-    async fn extend_pipeline(
-        &self,
-        leases: &[LeaseRef<'_>],
-        script: fn(&'static Lua) -> &'static str,
-        verb: &str,
-    ) -> Result<Vec<redis::Value>> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for lease in leases {
-            let (lua, role) = holder_script(lease.mode, Holder::Extend);
-            pipe.cmd(verb)
-                .arg(script(lua))
-                .arg(1)
-                .arg(self.key_arg(role, lease.lock))
-                .arg(lease.secret.as_bytes().as_slice())
-                .arg(lease.lock.ttl.as_millis() as u64);
-        }
-        let mut conn = self.conn.clone();
-        self.bounded(async { self.reply(pipe.query_async(&mut conn).await) })
-            .await
-    }
-
-    async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
-        let calls = leases.iter().map(|&lease| self.extend(lease));
-        futures_util::future::join_all(calls).await
-    }
-}
-
-const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
-const CROSS_SLOT: redis::ServerErrorKind = redis::ServerErrorKind::CrossSlot;
-
-/// Whether `C` is redis-rs's cluster connection, whose pipelines cannot span slots.
-fn is_cluster<C: 'static>() -> bool {
-    #[cfg(feature = "cluster")]
-    {
-        std::any::TypeId::of::<C>()
-            == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>()
-    }
-    #[cfg(not(feature = "cluster"))]
-    false
-}
-
-fn answer(reply: redis::Value) -> Result<bool> {
-    match reply {
-        redis::Value::ServerError(e) => Err(Error::Redis(e.into())),
-        reply => answered_one(reply),
-    }
-}
-
-/// The same failure again, for each lease of a batch that failed as a whole.
-fn copy(error: &Error) -> Error {
-    match error {
-        Error::Redis(e) => Error::Redis(e.clone()),
-        Error::Timeout(d) => Error::Timeout(*d),
-        other => Error::UnexpectedReply(other.to_string()),
-    }
-}
-
-/// The store's own deadline: one coarse timer per store, shared by all its calls, instead of a
-/// `tokio::time::timeout` per call.
-///
-/// A call registers its waker once, when it first waits, and removes it when it ends: two
-/// uncontended lock round trips, where a tokio timer entry costs several times as many
-/// instructions (the `throughput` benchmark's `diag` variants measure both). A task ticks
-/// `tick` at a time while calls are waiting, wakes those whose deadline has passed, and ends
-/// when none are left or when the store is gone. A call fails after between `timeout` and
-/// `timeout` plus two ticks (a 32nd of the deadline each, at most 25 ms).
-mod watchdog {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex, MutexGuard, Weak};
-    use std::task::{Context, Poll, Waker};
-    use std::time::Duration;
-
-    /// The shared timer of one store (and its clones).
-    #[derive(Debug)]
-    pub(super) struct Watchdog {
-        tick: Duration,
-        /// Ticks until a call that starts now is overdue: at least the whole deadline, since
-        /// the clock may be up to one tick behind.
-        ticks: u64,
-        /// Ticks since the timer first ran: the coarse clock every deadline is measured on.
-        now: AtomicU64,
-        waiting: Mutex<Waiting>,
-    }
-
-    #[derive(Debug, Default)]
-    struct Waiting {
-        /// Registered calls: their deadline (in ticks) and waker; `None` for a free slot.
-        slots: Vec<Option<(u64, Waker)>>,
-        free: Vec<usize>,
-        /// The ticking task that is alive, if any (it clears this when it ends or is dropped).
-        ticking: Option<u64>,
-        /// How many ticking tasks were started.
-        started: u64,
-    }
-
-    impl Watchdog {
-        pub(super) fn new(timeout: Duration) -> Arc<Self> {
-            let tick = (timeout / 32).clamp(Duration::from_millis(1), Duration::from_millis(25));
-            let ticks = (timeout.as_nanos().div_ceil(tick.as_nanos()) as u64).saturating_add(1);
-            Arc::new(Self {
-                tick,
-                ticks,
-                now: AtomicU64::new(0),
-                waiting: Mutex::new(Waiting::default()),
-            })
-        }
-
-        fn lock(&self) -> MutexGuard<'_, Waiting> {
-            // A panic while holding it leaves nothing half-done that matters here.
-            self.waiting.lock().unwrap_or_else(|e| e.into_inner())
-        }
-
-        fn register(self: &Arc<Self>, deadline: u64, waker: &Waker) -> usize {
-            let mut waiting = self.lock();
-            let entry = Some((deadline, waker.clone()));
-            let slot = match waiting.free.pop() {
-                Some(slot) => {
-                    waiting.slots[slot] = entry;
-                    slot
-                }
-                None => {
-                    waiting.slots.push(entry);
-                    waiting.slots.len() - 1
-                }
-            };
-            if waiting.ticking.is_none() {
-                waiting.started += 1;
-                let id = waiting.started;
-                waiting.ticking = Some(id);
-                drop(waiting);
-                tokio::spawn(tick(Arc::downgrade(self), id));
-            }
-            slot
-        }
-
-        fn update(&self, slot: usize, waker: &Waker) {
-            if let Some((_, registered)) = &mut self.lock().slots[slot] {
-                registered.clone_from(waker);
-            }
-        }
-
-        fn remove(&self, slot: usize) {
-            let mut waiting = self.lock();
-            waiting.slots[slot] = None;
-            waiting.free.push(slot);
-        }
-    }
-
-    /// Clears `ticking` however ticking task `id` ends, dropped with its runtime included, so
-    /// that the next call starts another.
-    struct Ticking(Weak<Watchdog>, u64);
-
-    impl Drop for Ticking {
-        fn drop(&mut self) {
-            if let Some(watchdog) = self.0.upgrade() {
-                let mut waiting = watchdog.lock();
-                if waiting.ticking == Some(self.1) {
-                    waiting.ticking = None;
-                }
-            }
-        }
-    }
-
-    /// Ticking task `id`: advances the clock of `watchdog` and wakes the calls that are overdue.
-    async fn tick(watchdog: Weak<Watchdog>, id: u64) {
-        let _ticking = Ticking(watchdog.clone(), id);
-        let Some(period) = watchdog.upgrade().map(|watchdog| watchdog.tick) else {
-            return;
-        };
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        interval.tick().await;
-        loop {
-            interval.tick().await;
-            let Some(watchdog) = watchdog.upgrade() else {
-                return;
-            };
-            let mut waiting = watchdog.lock();
-            if waiting.ticking != Some(id) {
-                return;
-            }
-            // Advanced under the lock: only the one live task moves the clock.
-            let now = watchdog.now.fetch_add(1, Ordering::AcqRel) + 1;
-            if waiting.free.len() == waiting.slots.len() {
-                // Nothing waits: end, and let the next call start the clock again. Cleared
-                // here, under the lock, so that a call registering now starts a new task.
-                waiting.ticking = None;
-                return;
-            }
-            for (deadline, waker) in waiting.slots.iter().flatten() {
-                if *deadline <= now {
-                    waker.wake_by_ref();
-                }
-            }
-        }
-    }
-
-    pin_project_lite::pin_project! {
-        /// `call`, or `None` once `timeout` has passed.
-        pub(super) struct Deadline<'a, F> {
-            #[pin]
-            call: F,
-            watchdog: &'a Arc<Watchdog>,
-            // The slot, deadline (in ticks) and waker once registered.
-            registered: Option<(usize, u64, Waker)>,
-        }
-
-        impl<F> PinnedDrop for Deadline<'_, F> {
-            fn drop(this: Pin<&mut Self>) {
-                let this = this.project();
-                if let Some((slot, _, _)) = this.registered.take() {
-                    this.watchdog.remove(slot);
-                }
-            }
-        }
-    }
-
-    impl<'a, F> Deadline<'a, F> {
-        pub(super) fn new(watchdog: &'a Arc<Watchdog>, call: F) -> Self {
-            Self {
-                call,
-                watchdog,
-                registered: None,
-            }
-        }
-    }
-
-    impl<F: Future> Future for Deadline<'_, F> {
-        type Output = Option<F::Output>;
-
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            let this = self.project();
-            if let Poll::Ready(reply) = this.call.poll(cx) {
-                if let Some((slot, _, _)) = this.registered.take() {
-                    this.watchdog.remove(slot);
-                }
-                return Poll::Ready(Some(reply));
-            }
-            let now = this.watchdog.now.load(Ordering::Acquire);
-            match this.registered {
-                None => {
-                    let deadline = now + this.watchdog.ticks;
-                    let slot = this.watchdog.register(deadline, cx.waker());
-                    *this.registered = Some((slot, deadline, cx.waker().clone()));
-                }
-                Some((slot, deadline, _)) if *deadline <= now => {
-                    let slot = *slot;
-                    *this.registered = None;
-                    this.watchdog.remove(slot);
-                    return Poll::Ready(None);
-                }
-                Some((slot, _, waker)) => {
-                    // The task moved (another waker): the timer must wake the new one.
-                    if !waker.will_wake(cx.waker()) {
-                        waker.clone_from(cx.waker());
-                        this.watchdog.update(*slot, cx.waker());
-                    }
-                }
-            }
-            Poll::Pending
-        }
-    }
-}
+pub(super) const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
 
 #[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use redis::aio::ConnectionLike;
-
-    use super::RedisStore;
-    use crate::Error;
-    use crate::store::{Backend, LeaseRef, LockRef, Mode, Secret};
-
-    /// A connection that never answers, as a blackholed Redis.
-    #[derive(Clone)]
-    struct Silent;
-
-    impl ConnectionLike for Silent {
-        fn req_packed_command<'a>(
-            &'a mut self,
-            _cmd: &'a redis::Cmd,
-        ) -> redis::RedisFuture<'a, redis::Value> {
-            Box::pin(std::future::pending())
-        }
-
-        fn req_packed_commands<'a>(
-            &'a mut self,
-            _cmd: &'a redis::Pipeline,
-            _offset: usize,
-            _count: usize,
-        ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-            Box::pin(std::future::pending())
-        }
-
-        fn get_db(&self) -> i64 {
-            0
-        }
-    }
-
-    /// One store used from one runtime after another: the timer of the first runtime dies with
-    /// it, and the next call starts one in its own.
-    #[test]
-    fn the_deadline_holds_in_every_runtime_a_store_is_used_from() {
-        let deadline = Duration::from_millis(80);
-        let store = RedisStore::new(Silent).timeout(deadline);
-        let secret = Secret::random();
-        for _ in 0..3 {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                for _ in 0..2 {
-                    let lock = LockRef::new("ns", b"name", Duration::from_secs(1), false);
-                    let started = Instant::now();
-                    let calls = futures_util::future::join(
-                        store.acquire(LeaseRef::new(lock, Mode::Exclusive, &secret)),
-                        store.release(LeaseRef::new(lock, Mode::Read, &secret)),
-                    );
-                    let (acquire, release) = calls.await;
-                    let elapsed = started.elapsed();
-                    assert!(matches!(acquire, Err(Error::Timeout(d)) if d == deadline));
-                    assert!(matches!(release, Err(Error::Timeout(d)) if d == deadline));
-                    assert!(elapsed >= deadline, "{elapsed:?}");
-                    assert!(elapsed < deadline * 2, "{elapsed:?}");
-                }
-            });
-        }
-    }
-}
+#[path = "redis_tests.rs"]
+mod tests;

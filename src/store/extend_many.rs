@@ -1,0 +1,126 @@
+//! [`Backend::extend_many`] for [`RedisStore`]: the heartbeat's batches as one pipeline.
+
+use redis::aio::ConnectionLike;
+
+use super::redis::{NO_SCRIPT, answered_one};
+use super::scripts::{Holder, Lua, holder_script};
+use super::{Backend, LeaseRef, RedisStore};
+use crate::{Error, Result};
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// [`Backend::extend_many`]: one pipeline of `EVALSHA`s, then one of `EVAL`s for those that
+    /// answered `NOSCRIPT` (after a restart or a `SCRIPT FLUSH`).
+    ///
+    /// A cluster pipeline goes to one slot's node, and every name has its own slot, so on a
+    /// cluster connection the extends run as concurrent single calls.
+    pub(super) async fn extend_pipelined(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
+        if leases.len() < 2 || is_cluster::<C>() {
+            return self.extend_each(leases).await;
+        }
+        let mut replies = match self
+            .extend_pipeline(leases, |lua| lua.sha(), "EVALSHA")
+            .await
+        {
+            Ok(replies) => replies,
+            // A cluster connection behind some wrapper: it refuses the cross-slot pipeline
+            // before sending anything.
+            Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::Server(CROSS_SLOT) => {
+                return self.extend_each(leases).await;
+            }
+            Err(e) => return leases.iter().map(|_| Err(copy(&e))).collect(),
+        };
+        if replies.len() != leases.len() {
+            let missing = format!("{} replies to {} extends", replies.len(), leases.len());
+            return leases
+                .iter()
+                .map(|_| Err(Error::UnexpectedReply(missing.clone())))
+                .collect();
+        }
+        let mut no_script = Vec::new();
+        let mut answers: Vec<Result<bool>> = Vec::with_capacity(leases.len());
+        for (i, reply) in replies.drain(..).enumerate() {
+            if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
+                no_script.push(i);
+            }
+            answers.push(answer(reply));
+        }
+        if !no_script.is_empty() {
+            let missing: Vec<_> = no_script.iter().map(|&i| leases[i]).collect();
+            match self.extend_pipeline(&missing, |lua| lua.code, "EVAL").await {
+                Ok(again) if again.len() == missing.len() => {
+                    for (i, reply) in no_script.into_iter().zip(again) {
+                        answers[i] = answer(reply);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    for i in no_script {
+                        answers[i] = Err(copy(&e));
+                    }
+                }
+            }
+        }
+        answers
+    }
+
+    /// Sends one pipelined `verb` (`EVALSHA` or `EVAL`) of the extend script per lease; errors
+    /// of single commands come back as [`redis::Value::ServerError`] in their place.
+    async fn extend_pipeline(
+        &self,
+        leases: &[LeaseRef<'_>],
+        script: fn(&'static Lua) -> &'static str,
+        verb: &str,
+    ) -> Result<Vec<redis::Value>> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for lease in leases {
+            let (lua, role) = holder_script(lease.mode, Holder::Extend);
+            pipe.cmd(verb)
+                .arg(script(lua))
+                .arg(1)
+                .arg(self.key_arg(role, lease.lock))
+                .arg(lease.secret.as_bytes().as_slice())
+                .arg(lease.lock.ttl.as_millis() as u64);
+        }
+        let mut conn = self.conn.clone();
+        self.bounded(async { self.reply(pipe.query_async(&mut conn).await) })
+            .await
+    }
+
+    async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
+        let calls = leases.iter().map(|&lease| self.extend(lease));
+        futures_util::future::join_all(calls).await
+    }
+}
+
+const CROSS_SLOT: redis::ServerErrorKind = redis::ServerErrorKind::CrossSlot;
+
+/// Whether `C` is redis-rs's cluster connection, whose pipelines cannot span slots.
+fn is_cluster<C: 'static>() -> bool {
+    #[cfg(feature = "cluster")]
+    {
+        std::any::TypeId::of::<C>()
+            == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>()
+    }
+    #[cfg(not(feature = "cluster"))]
+    false
+}
+
+fn answer(reply: redis::Value) -> Result<bool> {
+    match reply {
+        redis::Value::ServerError(e) => Err(Error::Redis(e.into())),
+        reply => answered_one(reply),
+    }
+}
+
+/// The same failure again, for each lease of a batch that failed as a whole.
+fn copy(error: &Error) -> Error {
+    match error {
+        Error::Redis(e) => Error::Redis(e.clone()),
+        Error::Timeout(d) => Error::Timeout(*d),
+        other => Error::UnexpectedReply(other.to_string()),
+    }
+}

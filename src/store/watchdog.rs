@@ -1,0 +1,207 @@
+//! The store's own deadline: one coarse timer per store, shared by all its calls, instead of a
+//! `tokio::time::timeout` per call.
+//!
+//! A call registers its waker once, when it first waits, and removes it when it ends: two
+//! uncontended lock round trips, where a tokio timer entry costs several times as many
+//! instructions (the `throughput` benchmark's `diag` variants measure both). A task ticks
+//! `tick` at a time while calls are waiting, wakes those whose deadline has passed, and ends
+//! when none are left or when the store is gone. A call fails after between `timeout` and
+//! `timeout` plus two ticks (a 32nd of the deadline each, at most 25 ms).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// The shared timer of one store (and its clones).
+#[derive(Debug)]
+pub(super) struct Watchdog {
+    tick: Duration,
+    /// Ticks until a call that starts now is overdue: at least the whole deadline, since
+    /// the clock may be up to one tick behind.
+    ticks: u64,
+    /// Ticks since the timer first ran: the coarse clock every deadline is measured on.
+    now: AtomicU64,
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    /// Registered calls: their deadline (in ticks) and waker; `None` for a free slot.
+    slots: Vec<Option<(u64, Waker)>>,
+    free: Vec<usize>,
+    /// The ticking task that is alive, if any (it clears this when it ends or is dropped).
+    ticking: Option<u64>,
+    /// How many ticking tasks were started.
+    started: u64,
+}
+
+impl Watchdog {
+    pub(super) fn new(timeout: Duration) -> Arc<Self> {
+        let tick = (timeout / 32).clamp(Duration::from_millis(1), Duration::from_millis(25));
+        let ticks = (timeout.as_nanos().div_ceil(tick.as_nanos()) as u64).saturating_add(1);
+        Arc::new(Self {
+            tick,
+            ticks,
+            now: AtomicU64::new(0),
+            waiting: Mutex::new(Waiting::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        // A panic while holding it leaves nothing half-done that matters here.
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(self: &Arc<Self>, deadline: u64, waker: &Waker) -> usize {
+        let mut waiting = self.lock();
+        let entry = Some((deadline, waker.clone()));
+        let slot = match waiting.free.pop() {
+            Some(slot) => {
+                waiting.slots[slot] = entry;
+                slot
+            }
+            None => {
+                waiting.slots.push(entry);
+                waiting.slots.len() - 1
+            }
+        };
+        if waiting.ticking.is_none() {
+            waiting.started += 1;
+            let id = waiting.started;
+            waiting.ticking = Some(id);
+            drop(waiting);
+            tokio::spawn(tick(Arc::downgrade(self), id));
+        }
+        slot
+    }
+
+    fn update(&self, slot: usize, waker: &Waker) {
+        if let Some((_, registered)) = &mut self.lock().slots[slot] {
+            registered.clone_from(waker);
+        }
+    }
+
+    fn remove(&self, slot: usize) {
+        let mut waiting = self.lock();
+        waiting.slots[slot] = None;
+        waiting.free.push(slot);
+    }
+}
+
+/// Clears `ticking` however ticking task `id` ends, dropped with its runtime included, so
+/// that the next call starts another.
+struct Ticking(Weak<Watchdog>, u64);
+
+impl Drop for Ticking {
+    fn drop(&mut self) {
+        if let Some(watchdog) = self.0.upgrade() {
+            let mut waiting = watchdog.lock();
+            if waiting.ticking == Some(self.1) {
+                waiting.ticking = None;
+            }
+        }
+    }
+}
+
+/// Ticking task `id`: advances the clock of `watchdog` and wakes the calls that are overdue.
+async fn tick(watchdog: Weak<Watchdog>, id: u64) {
+    let _ticking = Ticking(watchdog.clone(), id);
+    let Some(period) = watchdog.upgrade().map(|watchdog| watchdog.tick) else {
+        return;
+    };
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await;
+    loop {
+        interval.tick().await;
+        let Some(watchdog) = watchdog.upgrade() else {
+            return;
+        };
+        let mut waiting = watchdog.lock();
+        if waiting.ticking != Some(id) {
+            return;
+        }
+        // Advanced under the lock: only the one live task moves the clock.
+        let now = watchdog.now.fetch_add(1, Ordering::AcqRel) + 1;
+        if waiting.free.len() == waiting.slots.len() {
+            // Nothing waits: end, and let the next call start the clock again. Cleared
+            // here, under the lock, so that a call registering now starts a new task.
+            waiting.ticking = None;
+            return;
+        }
+        for (deadline, waker) in waiting.slots.iter().flatten() {
+            if *deadline <= now {
+                waker.wake_by_ref();
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `call`, or `None` once `timeout` has passed.
+    pub(super) struct Deadline<'a, F> {
+        #[pin]
+        call: F,
+        watchdog: &'a Arc<Watchdog>,
+        // The slot, deadline (in ticks) and waker once registered.
+        registered: Option<(usize, u64, Waker)>,
+    }
+
+    impl<F> PinnedDrop for Deadline<'_, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some((slot, _, _)) = this.registered.take() {
+                this.watchdog.remove(slot);
+            }
+        }
+    }
+}
+
+impl<'a, F> Deadline<'a, F> {
+    pub(super) fn new(watchdog: &'a Arc<Watchdog>, call: F) -> Self {
+        Self {
+            call,
+            watchdog,
+            registered: None,
+        }
+    }
+}
+
+impl<F: Future> Future for Deadline<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(reply) = this.call.poll(cx) {
+            if let Some((slot, _, _)) = this.registered.take() {
+                this.watchdog.remove(slot);
+            }
+            return Poll::Ready(Some(reply));
+        }
+        let now = this.watchdog.now.load(Ordering::Acquire);
+        match this.registered {
+            None => {
+                let deadline = now + this.watchdog.ticks;
+                let slot = this.watchdog.register(deadline, cx.waker());
+                *this.registered = Some((slot, deadline, cx.waker().clone()));
+            }
+            Some((slot, deadline, _)) if *deadline <= now => {
+                let slot = *slot;
+                *this.registered = None;
+                this.watchdog.remove(slot);
+                return Poll::Ready(None);
+            }
+            Some((slot, _, waker)) => {
+                // The task moved (another waker): the timer must wake the new one.
+                if !waker.will_wake(cx.waker()) {
+                    waker.clone_from(cx.waker());
+                    this.watchdog.update(*slot, cx.waker());
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
