@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,6 +66,9 @@ struct Room {
 #[derive(Default)]
 pub(crate) struct WaitRooms {
     rooms: Mutex<HashMap<Name, Arc<Room>>>,
+    /// How many rooms there are, read without the lock: every release asks, and almost always
+    /// nobody waits.
+    open: AtomicUsize,
 }
 
 impl fmt::Debug for WaitRooms {
@@ -95,6 +98,7 @@ impl WaitRooms {
             })
         });
         let room = room.clone();
+        self.open.store(rooms.len(), Ordering::Release);
         Seat {
             rooms: self.clone(),
             name,
@@ -104,10 +108,10 @@ impl WaitRooms {
 
     /// Says this process released a lease of `name`: the waiter whose turn it is tries now.
     pub(crate) fn released(&self, mode: Mode, namespace: &'static str, name: &[u8]) {
-        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        if rooms.is_empty() {
+        if self.open.load(Ordering::Acquire) == 0 {
             return;
         }
+        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(room) = rooms.get(&Name::new(mode, namespace, name)) {
             room.released.notify_one();
         }
@@ -146,6 +150,7 @@ impl Drop for Seat {
         // The map's copy and ours: nobody else is seated.
         if Arc::strong_count(&self.room) == 2 {
             rooms.remove(&self.name);
+            self.rooms.open.store(rooms.len(), Ordering::Release);
         }
     }
 }
