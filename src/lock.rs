@@ -293,8 +293,10 @@ impl<N: LockName + ?Sized> Lock<N> {
     }
 
     /// Like [`try_lock`](Self::try_lock), but while the lock is held, waits up to `wait` for it:
-    /// woken at once by a release in this process, at the holder's lease end, and by polling
-    /// (from 5 ms, backing off to 100 ms, with jitter) for a release in another. Answers `None`
+    /// woken at once by a release in this process, or in any process when the store has
+    /// [release notifications](crate::RedisStore::notifications) (as `RedisStore::connect` makes
+    /// it); at the holder's lease end; and otherwise by polling (from 5 ms, backing off to
+    /// 100 ms, with jitter). Answers `None`
     /// when the wait ran out; it never waits much longer than `wait` (one store round trip).
     /// A zero wait is exactly `try_lock`.
     ///

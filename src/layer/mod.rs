@@ -125,7 +125,7 @@
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
 //! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
-//! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a held lock, woken by a release in this process, at the holder's lease end, or by polling (5–100 ms, jittered) for a release elsewhere; then `409` as usual |
+//! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a held lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
 //! | [`.max_waiters(n)`](crate::LockLayer::max_waiters) | 1024 | the most requests of the layer waiting at once; beyond it a request is answered at once |
 //! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` (10 s) |

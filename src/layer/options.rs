@@ -121,8 +121,9 @@ macro_rules! options {
 
             /// Waits up to `wait` for a held lock before answering `409` (or
             /// [`held_status`](Self::held_status)): no wait by default. The request is woken
-            /// at once by a release in this process, at the holder's lease end, and by polling
-            /// with jitter for a release in another; within a process the waiters of one name
+            /// at once by a release in this process, or in any process when the store has
+            /// [release notifications](crate::RedisStore::notifications); at the holder's lease
+            /// end; and otherwise by polling with jitter. Within a process the waiters of one name
             /// queue first come, first served, and only the first asks the store. A client that
             /// goes away while waiting leaves nothing behind.
             pub fn wait(mut self, wait: Duration) -> Self {
