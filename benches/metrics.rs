@@ -11,11 +11,10 @@
 //! With `ITERS=n` it runs exactly `n` cycles and requests and prints nothing, for counting
 //! instructions with `valgrind --tool=callgrind` (run two `n` and subtract).
 
+mod support;
+
 use std::convert::Infallible;
-use std::future::Future;
 use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,20 +23,10 @@ use http_body_util::Full;
 use tower::{Service, ServiceExt, service_fn};
 use tower_lease::{Lock, LockLayer, Store, extract};
 
+use support::ready;
+
 const LOCK: Lock<str> = Lock::new("bench", Duration::from_secs(30));
 const ROUND: Duration = Duration::from_millis(200);
-
-/// Runs a future that never waits (the memory store's are all ready at once) to completion.
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => panic!("not ready at once"),
-    }
-}
 
 /// Operations per second of `op` over one round.
 fn round(mut op: impl FnMut()) -> f64 {

@@ -7,32 +7,19 @@
 
 mod support;
 
-use std::future::Future;
 use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, RwLock, Store};
 
+use support::ready;
+
 const TTL: Duration = Duration::from_secs(30);
 const LOCK: Lock<str> = Lock::new("bench", TTL);
 const RWLOCK: RwLock<str> = RwLock::new("bench", TTL);
 const IDS: Lock<u64> = Lock::new("ids", TTL);
-
-/// Runs a future that never waits (the memory store's are all ready at once) to completion.
-fn ready<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => panic!("the memory store's future was not ready at once"),
-    }
-}
 
 fn keys(c: &mut Criterion) {
     let redis = support::Redis::start();

@@ -300,3 +300,15 @@ pub fn machine() -> String {
         .unwrap_or_else(|| "?".into());
     format!("{cores} cores ({model}), redis-server {redis}")
 }
+
+/// Runs a future that never waits (the memory store's are all ready at once) to completion.
+pub fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => panic!("the memory store's future was not ready at once"),
+    }
+}

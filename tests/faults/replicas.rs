@@ -15,7 +15,7 @@ use tower_lease::store::{KeyLayout, KeyRole};
 
 use crate::support::http::Http;
 use crate::support::proxy::{Fault, Proxy};
-use crate::support::server::die_with_parent;
+use crate::support::server::{calls, commandstats, die_with_parent};
 use crate::support::{Endpoint, RedisServer};
 
 /// The `replica` example's executable, built once per test binary with the same features.
@@ -350,15 +350,6 @@ async fn three_replicas_on_a_redis_cluster_lose_no_update() {
     assert_no_lost_update(&what, &replicas, cluster.connection().await).await;
 }
 
-/// The calls of one command in `INFO commandstats`.
-fn calls(stats: &str, command: &str) -> u64 {
-    stats
-        .lines()
-        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Three replica processes with 100 waiting requests each on one counter (`WAIT_MS`): no update
 /// is lost, every request is served or refused within its wait, and with release notifications
 /// each release makes at most one acquisition attempt per replica with waiters, not one per
@@ -371,22 +362,11 @@ async fn three_replicas_with_100_waiters_each_lose_no_update_and_make_no_herd() 
     let replicas: Vec<Replica> = (0..3)
         .map(|_| Replica::start(&server.url(), &env))
         .collect();
-    let mut raw = server.connection().await;
-    let stats = |raw: &mut redis::aio::MultiplexedConnection| {
-        let mut raw = raw.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            info
-        }
-    };
-    let before = stats(&mut raw).await;
+    let raw = server.connection().await;
+    let before = commandstats(&raw).await;
     // 300 requests at once, 100 per replica, all on one counter.
     let tally = hammer(&replicas, &["w"], 300, 300).await;
-    let after = stats(&mut raw).await;
+    let after = commandstats(&raw).await;
     let values = counters(server.connection().await, &["w"]).await;
     eprintln!("waiters: {tally:?}, counter {values:?}");
     assert!(

@@ -214,33 +214,16 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
 /// where polling would have asked every few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
+    use crate::support::server::{calls, commandstats};
     use crate::support::{Endpoint, RedisServer};
     use tower_lease::RedisStore;
 
     let server = RedisServer::start();
     let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
     let waiter_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
-    let mut raw = server.connection().await;
-    let commands = |stats: String, name: &str| -> u64 {
-        stats
-            .lines()
-            .find(|line| line.starts_with(&format!("cmdstat_{name}:")))
-            .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let raw = server.connection().await;
     let holder = JOBS.try_lock(&holder_replica, "n").await.unwrap().unwrap();
-    let stats = |raw: &mut redis::aio::MultiplexedConnection| {
-        let mut raw = raw.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            info
-        }
-    };
-    let before = stats(&mut raw).await;
+    let before = commandstats(&raw).await;
     let waiter = tokio::spawn(async move {
         let token = JOBS
             .try_lock_for(&waiter_replica, "n", Duration::from_secs(3))
@@ -251,14 +234,14 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
     let released = Instant::now();
     assert!(holder.release().await.unwrap());
     let (token, acquired) = waiter.await.unwrap();
-    let after = stats(&mut raw).await;
+    let after = commandstats(&raw).await;
     let handed_off = acquired - released;
     assert!(
         handed_off < Duration::from_millis(40),
         "handed off after {handed_off:?}"
     );
-    let sets = commands(after.clone(), "set") - commands(before.clone(), "set");
-    let pttls = commands(after, "pttl") - commands(before, "pttl");
+    let sets = calls(&after, "set") - calls(&before, "set");
+    let pttls = calls(&after, "pttl") - calls(&before, "pttl");
     assert_eq!(
         (sets, pttls),
         (2, 1),

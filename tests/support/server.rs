@@ -253,3 +253,21 @@ pub fn die_with_parent(command: &mut Command) {
         });
     }
 }
+
+/// `INFO commandstats` of the server behind `conn`.
+pub async fn commandstats(conn: &redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO commandstats")
+}
+
+/// How many times `command` ran, from a [`commandstats`] text (commands inside scripts count).
+pub fn calls(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
