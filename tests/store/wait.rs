@@ -249,3 +249,44 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
     );
     assert!(token.unwrap().unwrap().release().await.unwrap());
 }
+
+/// A release racing a waiter's start, 60 times, at random offsets: with release notifications
+/// (whose safety poll is 1 s) a missed wake-up would show as a hand-off of about a second. The
+/// waiter subscribes before its first attempt, so none is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_racing_the_waiters_subscription_is_never_missed() {
+    use crate::support::{Endpoint, RedisServer};
+    use tower_lease::RedisStore;
+
+    let server = RedisServer::start();
+    let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let waiter_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    for round in 0..60 {
+        let name = format!("race-{round}");
+        let holder = JOBS
+            .try_lock(&holder_replica, &name)
+            .await
+            .unwrap()
+            .unwrap();
+        let waiter = tokio::spawn({
+            let (store, name) = (waiter_replica.clone(), name.clone());
+            async move {
+                let token = JOBS
+                    .try_lock_for(&store, &name, Duration::from_secs(5))
+                    .await;
+                (token, Instant::now())
+            }
+        });
+        // From before the waiter has subscribed to after its first attempt.
+        tokio::time::sleep(Duration::from_micros(rand::random_range(0..3_000))).await;
+        let released = Instant::now();
+        assert!(holder.release().await.unwrap());
+        let (token, acquired) = waiter.await.unwrap();
+        let handed_off = acquired.saturating_duration_since(released);
+        assert!(
+            handed_off < Duration::from_millis(300),
+            "round {round}: handed off after {handed_off:?}"
+        );
+        assert!(token.unwrap().unwrap().release().await.unwrap());
+    }
+}
