@@ -30,7 +30,9 @@ enum Enrolment {
     /// trips; so the response future waits on this timer while it is polled anyway, and enrols
     /// the lease only when it fires (or when the body takes the lease, as nobody may poll that).
     Pending {
-        first_beat: Pin<Box<Sleep>>,
+        /// Made the first time the response future waits: a handler that answers at once
+        /// (most do) never costs a timer.
+        first_beat: Option<Pin<Box<Sleep>>>,
         acquired_at: Instant,
         timing: HeartbeatTiming,
     },
@@ -55,7 +57,7 @@ impl LeaseGuard {
         LeaseGuard {
             state,
             enrolment: Enrolment::Pending {
-                first_beat: Box::pin(sleep_until(sent_at + timing.every)),
+                first_beat: None,
                 acquired_at: sent_at,
                 timing,
             },
@@ -65,9 +67,17 @@ impl LeaseGuard {
     /// Enrols the lease in `heartbeat` once its first extension is due; the caller's task is
     /// woken then. Must be called within a tokio runtime.
     pub(crate) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
-        if let Enrolment::Pending { first_beat, .. } = &mut self.enrolment
-            && first_beat.as_mut().poll(cx).is_ready()
-        {
+        let Enrolment::Pending {
+            first_beat,
+            acquired_at,
+            timing,
+        } = &mut self.enrolment
+        else {
+            return;
+        };
+        let due = *acquired_at + timing.every;
+        let first_beat = first_beat.get_or_insert_with(|| Box::pin(sleep_until(due)));
+        if first_beat.as_mut().poll(cx).is_ready() {
             self.enrol_now(heartbeat);
         }
     }

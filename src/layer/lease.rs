@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -94,7 +95,14 @@ impl Lease {
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.state.lost.clone().cancelled_owned()
+        let state = self.state.clone();
+        async move {
+            state.ended.cancelled().await;
+            if !state.lost.load(Ordering::Acquire) {
+                // Released, not lost: this never resolves.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Resolves once the lease is over: lost, or released after the response.
@@ -122,8 +130,8 @@ pub(super) struct LeaseState {
     pub(super) holding: Holding,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
-    /// Cancelled when the lease is lost; cancels `ended` with it.
-    lost: CancellationToken,
+    /// Set when the lease is lost, before `ended` is cancelled.
+    lost: AtomicBool,
     /// Cancelled when the lease is over, lost or released: nothing extends it from then on.
     ended: CancellationToken,
 }
@@ -131,12 +139,11 @@ pub(super) struct LeaseState {
 impl LeaseState {
     /// The state of `holding`, acquired by a command sent at `sent_at`.
     pub(super) fn new(holding: Holding, sent_at: Instant) -> Self {
-        let lost = CancellationToken::new();
         let state = Self {
             holding,
             valid_until: Mutex::new(sent_at),
-            ended: lost.child_token(),
-            lost,
+            lost: AtomicBool::new(false),
+            ended: CancellationToken::new(),
         };
         state.confirm(sent_at);
         state
@@ -178,7 +185,8 @@ impl LeaseState {
             "lease lost"
         );
         telemetry::lost(namespace, mode, reason);
-        self.lost.cancel();
+        self.lost.store(true, Ordering::Release);
+        self.ended.cancel();
     }
 
     /// Says the lease is over without being lost (it is being released).
@@ -186,8 +194,9 @@ impl LeaseState {
         self.ended.cancel();
     }
 
-    /// Resolves when the lease is lost.
+    /// Resolves when the lease ends. While the inner service runs, or the body streams, the
+    /// guard has not released it yet, so an end there is a loss.
     pub(super) fn when_lost(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.lost.clone().cancelled_owned()
+        self.ended.clone().cancelled_owned()
     }
 }
