@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::name::LockName;
-use crate::store::{Mode, Store};
+use crate::store::{LockRef, Mode, Store};
 use crate::telemetry::AcquireOutcome;
 use crate::token::{Attempt, Holding, LockToken, ReadToken};
 use crate::wait;
@@ -20,6 +20,7 @@ pub(crate) struct Spec {
     pub(crate) namespace: &'static str,
     pub(crate) ttl: Duration,
     pub(crate) fenced: bool,
+    pub(crate) writer_preferred: bool,
 }
 
 /// Why a definition is invalid; `const` so that [`Lock::new`] fails at compile time.
@@ -70,6 +71,7 @@ impl Spec {
             namespace,
             ttl: Duration::from_millis(millis as u64),
             fenced: false,
+            writer_preferred: false,
         })
     }
 
@@ -86,6 +88,16 @@ impl Spec {
                 "tower-lease: a lock namespace may only hold printable ASCII without ':', '{{', '}}' or space"
             ),
             Err(Invalid::Ttl) => panic!("tower-lease: a lock TTL must be at least 1 ms"),
+        }
+    }
+
+    /// The lock named `name` under this definition, as [`Backend`](crate::store::Backend)
+    /// calls take it.
+    pub(crate) fn lock_ref<'a>(&self, name: &'a [u8]) -> LockRef<'a> {
+        let lock = LockRef::new(self.namespace, name, self.ttl, self.fenced);
+        match self.writer_preferred {
+            true => lock.writer_preferred(),
+            false => lock,
         }
     }
 
@@ -261,7 +273,7 @@ definition! {
     /// a lease of its own.
     ///
     /// Writers can starve while readers keep overlapping: a writer is refused as long as any
-    /// reader lease is live.
+    /// reader lease is live, unless the lock is [`writer_preferred`](Self::writer_preferred).
     ///
     /// ```
     /// use std::time::Duration;
@@ -321,6 +333,31 @@ impl<N: LockName + ?Sized> Lock<N> {
     pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
         let attempt = self.spec.acquire(store, Mode::Exclusive, name).await?;
         Ok(attempt.map(LockToken::new))
+    }
+}
+
+impl<N: ?Sized> RwLock<N> {
+    /// Makes writers win over a stream of readers: a write attempt refused by live readers
+    /// leaves a *write intent* (for two thirds of the TTL, renewed by each attempt, as a writer
+    /// waiting with [`try_write_for`](Self::try_write_for) or the layer's `.wait(..)` makes)
+    /// while which new readers are refused, with the intent's remaining time as their
+    /// `retry_after`. The readers already in finish, and the writer gets in.
+    ///
+    /// Without it, a writer is refused as long as any reader lease lives, and overlapping readers
+    /// can keep it out for good.
+    pub const fn writer_preferred(self) -> Self {
+        Self {
+            spec: Spec {
+                writer_preferred: true,
+                ..self.spec
+            },
+            name: PhantomData,
+        }
+    }
+
+    /// Whether writers win over new readers; see [`writer_preferred`](Self::writer_preferred).
+    pub const fn is_writer_preferred(&self) -> bool {
+        self.spec.writer_preferred
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::Result;
 use crate::lock::Spec;
 use crate::name::check_name;
-use crate::store::{Acquisition, LeaseRef, LockRef, Mode, Secret, Store};
+use crate::store::{Acquisition, LeaseRef, Mode, Secret, Store};
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
@@ -92,7 +92,7 @@ impl Holding {
             return Err(invalid);
         }
         let secret = Secret::random();
-        let lock = LockRef::new(namespace, &name, spec.ttl, spec.fenced);
+        let lock = spec.lock_ref(&name);
         let sent = Moment::now();
         let acquisition = store
             .backend()
@@ -123,13 +123,7 @@ impl Holding {
 
     /// This lease, as [`Backend`](crate::store::Backend) calls take it.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
-        let lock = LockRef::new(
-            self.spec.namespace,
-            &self.name,
-            self.spec.ttl,
-            self.spec.fenced,
-        );
-        LeaseRef::new(lock, self.mode, &self.secret)
+        LeaseRef::new(self.spec.lock_ref(&self.name), self.mode, &self.secret)
     }
 
     pub(crate) fn store(&self) -> &Store {

@@ -32,19 +32,20 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 /// removal, a publish on a node that failed over).
 const WATCHED_POLL: Duration = Duration::from_secs(1);
 
-/// Which lock a waiter waits for: releases of any of its leases may let a waiter in.
+/// Which lease a waiter waits for. Readers and writers of an `RwLock` wait in rooms of their
+/// own: a waiting writer must not hold back readers that would be let in at once, nor the
+/// other way round.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Name {
-    rwlock: bool,
+    mode: Mode,
     namespace: &'static str,
     name: Box<[u8]>,
 }
 
 impl Name {
     fn new(mode: Mode, namespace: &'static str, name: &[u8]) -> Self {
-        let rwlock = mode != Mode::Exclusive;
         Name {
-            rwlock,
+            mode,
             namespace,
             name: name.into(),
         }
@@ -112,8 +113,17 @@ impl WaitRooms {
             return;
         }
         let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(room) = rooms.get(&Name::new(mode, namespace, name)) {
-            room.released.notify_one();
+        // Any release of an `RwLock` may let readers or writers in.
+        let freed: &[Mode] = match mode {
+            Mode::Exclusive => &[Mode::Exclusive],
+            Mode::Read | Mode::Write => &[Mode::Read, Mode::Write],
+        };
+        let mut name = Name::new(mode, namespace, name);
+        for &mode in freed {
+            name.mode = mode;
+            if let Some(room) = rooms.get(&name) {
+                room.released.notify_one();
+            }
         }
     }
 
@@ -260,7 +270,10 @@ pub(crate) async fn acquire_within(
             let attempt = attempt(&store, spec, mode, &name).await;
             match &attempt {
                 Ok(Attempt::Acquired(_)) => {
-                    turn.pass_on_held();
+                    // Readers share: the next reader may well get in too.
+                    if mode != Mode::Read {
+                        turn.pass_on_held();
+                    }
                     end(if attempts == 1 {
                         AcquireOutcome::Acquired
                     } else {

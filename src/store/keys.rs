@@ -72,6 +72,7 @@ impl KeyLayout {
             KeyRole::LockFence => (b":lock:{", b":fence"),
             KeyRole::Writer => (b":rwlock:{", b":w"),
             KeyRole::Readers => (b":rwlock:{", b":r"),
+            KeyRole::WriteIntent => (b":rwlock:{", b":wi"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
         };
         let prefix = self.prefix.as_bytes();
@@ -126,6 +127,10 @@ pub enum KeyRole {
     Writer,
     /// The reader set of an [`RwLock`](crate::RwLock).
     Readers,
+    /// The write intent of a [writer-preferred](crate::RwLock::writer_preferred)
+    /// [`RwLock`](crate::RwLock): a refused writer's secret, `PX` about two heartbeats, while
+    /// new readers are refused.
+    WriteIntent,
     /// The fence counter of an [`RwLock`](crate::RwLock).
     RwLockFence,
 }

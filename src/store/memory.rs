@@ -45,6 +45,8 @@ struct StoredLease {
 struct RwEntry {
     writer: Option<StoredLease>,
     readers: HashMap<Secret, Instant>,
+    /// Until when new readers are refused for a waiting writer (writer-preferred locks).
+    intent: Option<Instant>,
 }
 
 impl StoredLease {
@@ -59,10 +61,13 @@ impl RwEntry {
         if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
             self.writer = None;
         }
+        if self.intent.is_some_and(|until| until <= now) {
+            self.intent = None;
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.writer.is_none() && self.readers.is_empty()
+        self.writer.is_none() && self.readers.is_empty() && self.intent.is_none()
     }
 }
 
@@ -113,6 +118,11 @@ impl MemoryStore {
                         retry_after: writer.ends - now,
                     };
                 }
+                if let Some(intent) = shared.intent {
+                    return Acquisition::Busy {
+                        retry_after: intent - now,
+                    };
+                }
                 shared.readers.insert(lease.secret.clone(), ends);
                 let fence = lock
                     .fenced
@@ -128,10 +138,15 @@ impl MemoryStore {
                     .map(|w| w.ends)
                     .or_else(|| shared.readers.values().max().copied());
                 if let Some(until) = blocked_until {
+                    if shared.writer.is_none() && lock.writer_preferred {
+                        // Refused by readers: new ones wait while the intent lives.
+                        shared.intent = Some(now + lock.ttl * 2 / 3);
+                    }
                     return Acquisition::Busy {
                         retry_after: until - now,
                     };
                 }
+                shared.intent = None;
                 shared.writer = Some(StoredLease {
                     secret: lease.secret.clone(),
                     ends,

@@ -186,6 +186,9 @@ pub struct LockRef<'a> {
     pub ttl: Duration,
     /// Whether exclusive and write acquisitions take a fencing token.
     pub fenced: bool,
+    /// Whether a write attempt refused by readers makes new readers wait
+    /// ([`RwLock::writer_preferred`](crate::RwLock::writer_preferred)).
+    pub writer_preferred: bool,
 }
 
 impl<'a> LockRef<'a> {
@@ -199,6 +202,15 @@ impl<'a> LockRef<'a> {
             name,
             ttl,
             fenced,
+            writer_preferred: false,
+        }
+    }
+
+    /// The same lock, [writer-preferred](crate::RwLock::writer_preferred).
+    pub fn writer_preferred(self) -> Self {
+        Self {
+            writer_preferred: true,
+            ..self
         }
     }
 }

@@ -50,7 +50,18 @@ pub struct RedisStore<C> {
 #[derive(Clone, Copy)]
 enum LastArg<'a> {
     Ttl,
+    /// A write acquisition: the TTL, then how long a write intent lasts (0 for none).
+    TtlAndIntent(u64),
     Channel(&'a [u8]),
+}
+
+/// How long a refused writer's intent lasts: about two heartbeats of the layer's default (a
+/// third of the TTL each), renewed by every attempt; 0 when the lock does not prefer writers.
+pub(super) fn intent_ms(lock: LockRef<'_>) -> u64 {
+    match lock.writer_preferred {
+        true => (lock.ttl.as_millis() as u64 * 2 / 3).max(1),
+        false => 0,
+    }
 }
 
 /// Who keeps a call's deadline.
@@ -176,6 +187,9 @@ where
             match last {
                 LastArg::Ttl => {
                     command.arg(lock.ttl.as_millis() as u64);
+                }
+                LastArg::TtlAndIntent(intent) => {
+                    command.arg(lock.ttl.as_millis() as u64).arg(intent);
                 }
                 LastArg::Channel(channel) => {
                     command.arg(channel);
@@ -375,10 +389,13 @@ where
                     } else {
                         &WRITE_ACQUIRE
                     };
-                    let roles = [KeyRole::Writer, KeyRole::Readers];
+                    let roles = [KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
                     let fence = Some(KeyRole::RwLockFence);
-                    self.run(script, lock, &roles, fence, secret, LastArg::Ttl)
-                        .await?
+                    let last = match mode {
+                        Mode::Write => LastArg::TtlAndIntent(intent_ms(lock)),
+                        _ => LastArg::Ttl,
+                    };
+                    self.run(script, lock, &roles, fence, secret, last).await?
                 }
             };
             acquisition(reply, lock.fenced)

@@ -13,3 +13,4 @@ mod options;
 mod responses;
 mod rw;
 mod wait;
+mod writer;

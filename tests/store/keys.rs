@@ -7,11 +7,12 @@ use proptest::prelude::*;
 use tower_lease::MAX_NAME_LEN;
 use tower_lease::store::{KeyLayout, KeyRole};
 
-const ROLES: [KeyRole; 5] = [
+const ROLES: [KeyRole; 6] = [
     KeyRole::Lock,
     KeyRole::LockFence,
     KeyRole::Writer,
     KeyRole::Readers,
+    KeyRole::WriteIntent,
     KeyRole::RwLockFence,
 ];
 
@@ -36,6 +37,8 @@ fn decode(key: &[u8]) -> Option<(String, KeyRole, String, Vec<u8>)> {
                 (KeyRole::Writer, name)
             } else if let Some(name) = rest.strip_suffix(b"}:r") {
                 (KeyRole::Readers, name)
+            } else if let Some(name) = rest.strip_suffix(b"}:wi") {
+                (KeyRole::WriteIntent, name)
             } else {
                 (KeyRole::RwLockFence, rest.strip_suffix(b"}:fence")?)
             }

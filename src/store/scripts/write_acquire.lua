@@ -1,6 +1,8 @@
 -- Exclusive acquire for `RwLock`: refused while a writer holds or any reader lease is live.
--- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] fence counter (only when fenced)
--- ARGV[1] secret, ARGV[2] TTL in ms
+-- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] write intent, KEYS[4] fence counter (only when
+-- fenced)
+-- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a write intent lasts in ms (0: the lock is
+-- not writer-preferred, and a refused writer leaves none)
 -- Returns {1, fence} when acquired (fence 0 when unfenced), {0, ms until the blocking lease ends}.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -11,14 +13,19 @@ if writer ~= -2 then
 end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if last[2] then
+  -- Refused by readers: new readers are refused while the intent lives, so these end.
+  if tonumber(ARGV[3]) > 0 then
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+  end
   return {0, tonumber(last[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if KEYS[3] then
+redis.call('DEL', KEYS[3])
+if KEYS[4] then
   -- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter.
   local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, micros)
-  redis.call('SET', KEYS[3], string.format('%d', fence))
+  local fence = math.max(tonumber(redis.call('GET', KEYS[4]) or '0') + 1, micros)
+  redis.call('SET', KEYS[4], string.format('%d', fence))
   return {1, fence}
 end
 return {1, 0}

@@ -1,0 +1,110 @@
+//! Writer preference over real TCP: GETs that keep overlapping starve a waiting PUT on a plain
+//! `RwLock`, and let it in within about one read's duration on a writer-preferred one; a
+//! witness counts readers inside during the write (it must stay 0).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use http::{Method, StatusCode};
+use tower_lease::{RwLock, RwLockLayer, extract};
+
+use crate::support::Env;
+use crate::support::http::{Http, serve};
+
+const TTL: Duration = Duration::from_millis(900);
+const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
+const PREFERRED: RwLock<str> = RwLock::new("docs-preferred", TTL).writer_preferred();
+const READ: Duration = Duration::from_millis(100);
+
+crate::store_tests!(Layer: [a_preferred_writer_gets_in_and_a_plain_one_starves]);
+
+#[derive(Clone, Default)]
+struct Witness {
+    readers: Arc<AtomicUsize>,
+    writing: Arc<AtomicBool>,
+    read_during_write: Arc<AtomicBool>,
+}
+
+async fn read(State(w): State<Witness>) -> &'static str {
+    w.readers.fetch_add(1, Ordering::SeqCst);
+    if w.writing.load(Ordering::SeqCst) {
+        w.read_during_write.store(true, Ordering::SeqCst);
+    }
+    tokio::time::sleep(READ).await;
+    w.readers.fetch_sub(1, Ordering::SeqCst);
+    "read"
+}
+
+async fn write(State(w): State<Witness>) -> &'static str {
+    w.writing.store(true, Ordering::SeqCst);
+    if w.readers.load(Ordering::SeqCst) > 0 {
+        w.read_during_write.store(true, Ordering::SeqCst);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    w.writing.store(false, Ordering::SeqCst);
+    "written"
+}
+
+/// Four readers looping GETs, staggered so that reads always overlap, and after 300 ms one
+/// PUT that waits up to a second; answers the PUT's status and how long it took.
+async fn contend(env: &Env, lock: RwLock<str>) -> (StatusCode, Duration, Witness) {
+    let witness = Witness::default();
+    let layer = RwLockLayer::new(env.store.clone(), lock, extract::path_segment(1))
+        .wait(Duration::from_secs(1));
+    let app = Router::new()
+        .route("/docs/{id}", get(read).put(write))
+        .route_layer(layer)
+        .with_state(witness.clone());
+    let addr = serve(app).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for i in 0..4u64 {
+        let stop = stop.clone();
+        readers.push(tokio::spawn(async move {
+            tokio::time::sleep(READ / 4 * i as u32).await;
+            let http = Http::new();
+            while !stop.load(Ordering::SeqCst) {
+                http.get(addr, "/docs/1").await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let put = Http::new().send(addr, Method::PUT, "/docs/1", &[]).await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    (put.status, took, witness)
+}
+
+async fn a_preferred_writer_gets_in_and_a_plain_one_starves(env: Env) {
+    let (status, took, witness) = contend(&env, PLAIN).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "overlapping reads starve the writer"
+    );
+    assert!(
+        took >= Duration::from_secs(1),
+        "it waited its whole wait: {took:?}"
+    );
+    assert!(!witness.read_during_write.load(Ordering::SeqCst));
+
+    let (status, took, witness) = contend(&env, PREFERRED).await;
+    assert_eq!(status, StatusCode::OK, "the preferred writer gets in");
+    // The reads in progress end within one read's duration; the last one's release wakes it.
+    assert!(
+        took < READ + Duration::from_millis(300),
+        "it got in after {took:?}"
+    );
+    assert!(
+        !witness.read_during_write.load(Ordering::SeqCst),
+        "no reader during the write"
+    );
+}

@@ -1,0 +1,118 @@
+//! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
+//! the intent's remaining time as their `retry_after`, until the readers leave and the writer
+//! gets in; the intent ends by itself when its writer gives up; without the preference, readers
+//! keep coming.
+
+use std::time::Duration;
+
+use tokio::time::sleep;
+use tower_lease::RwLock;
+
+use super::ROUNDING;
+use crate::support::Env;
+
+crate::store_tests!(
+    Core: [
+        a_refused_writer_holds_new_readers_off_until_the_readers_leave,
+        an_abandoned_intent_ends_by_itself,
+        without_the_preference_readers_keep_coming_in,
+    ]
+);
+
+const TTL: Duration = Duration::from_millis(900);
+const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).writer_preferred();
+const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
+/// Two thirds of the TTL.
+const INTENT: Duration = Duration::from_millis(600);
+
+async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
+    assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
+    let reader = PREFERRED
+        .try_read(&env.store, "doc")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        PREFERRED
+            .try_write(&env.store, "doc")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let refused = PREFERRED.attempt_read(&env.store, "doc").await.unwrap();
+    let retry_after = refused
+        .retry_after()
+        .expect("a new reader waits for the writer");
+    assert!(
+        retry_after <= INTENT + ROUNDING && retry_after > INTENT - Duration::from_millis(200),
+        "retry_after {retry_after:?}, the intent's remaining time"
+    );
+
+    assert!(reader.release().await.unwrap());
+    let writer = PREFERRED.try_write(&env.store, "doc").await.unwrap();
+    let writer = writer.expect("the writer gets in once the readers left");
+    assert!(
+        PREFERRED
+            .try_read(&env.store, "doc")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(writer.release().await.unwrap());
+    let reader = PREFERRED.try_read(&env.store, "doc").await.unwrap();
+    assert!(
+        reader
+            .expect("no intent left after the write")
+            .release()
+            .await
+            .unwrap()
+    );
+}
+
+async fn an_abandoned_intent_ends_by_itself(env: Env) {
+    let reader = PREFERRED
+        .try_read(&env.store, "gone")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        PREFERRED
+            .try_write(&env.store, "gone")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        PREFERRED
+            .try_read(&env.store, "gone")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The writer gave up; its intent ends two thirds of a TTL after its last attempt.
+    sleep(INTENT + Duration::from_millis(50)).await;
+    let second = PREFERRED.try_read(&env.store, "gone").await.unwrap();
+    assert!(
+        second
+            .expect("readers come in again")
+            .release()
+            .await
+            .unwrap()
+    );
+    assert!(reader.release().await.unwrap());
+}
+
+async fn without_the_preference_readers_keep_coming_in(env: Env) {
+    let first = PLAIN.try_read(&env.store, "doc").await.unwrap().unwrap();
+    assert!(PLAIN.try_write(&env.store, "doc").await.unwrap().is_none());
+    let second = PLAIN.try_read(&env.store, "doc").await.unwrap();
+    assert!(
+        second
+            .expect("a new reader is let in")
+            .release()
+            .await
+            .unwrap()
+    );
+    assert!(first.release().await.unwrap());
+}
