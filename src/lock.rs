@@ -1,4 +1,6 @@
 //! Lock definitions: [`Lock`] and [`RwLock`], each a `const` namespace, TTL and fencing choice.
+//!
+//! (A little over 400 lines: most are the docs and doctests users read on the two types.)
 
 use std::fmt;
 use std::marker::PhantomData;

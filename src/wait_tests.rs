@@ -1,0 +1,57 @@
+//! The rooms of bounded waits: their lifetime, their turn, and wake-ups that land early.
+
+use super::*;
+
+#[tokio::test]
+async fn a_room_lives_as_long_as_its_seats() {
+    let rooms = Arc::new(WaitRooms::default());
+    let first = rooms.enter(Mode::Exclusive, "jobs", b"a");
+    let second = rooms.enter(Mode::Exclusive, "jobs", b"a");
+    let other = rooms.enter(Mode::Read, "jobs", b"a");
+    assert_eq!(
+        rooms.rooms(),
+        2,
+        "a lock and an rwlock of one name are apart"
+    );
+    drop(first);
+    assert_eq!(rooms.rooms(), 2);
+    drop((second, other));
+    assert_eq!(rooms.rooms(), 0, "nothing left once every waiter is gone");
+}
+
+#[tokio::test]
+async fn a_release_before_the_wait_is_not_missed() {
+    let rooms = Arc::new(WaitRooms::default());
+    let seat = rooms.enter(Mode::Write, "docs", b"d");
+    let turn = seat
+        .turn(Instant::now() + Duration::from_secs(1))
+        .await
+        .unwrap();
+    let released = turn.released();
+    // The release lands between the attempt and the wait: the wait still ends at once.
+    rooms.released(Mode::Read, "docs", b"d");
+    let woken = tokio::time::timeout(Duration::from_millis(100), released).await;
+    assert!(woken.is_ok());
+}
+
+#[tokio::test]
+async fn only_one_waiter_of_a_name_has_the_turn() {
+    let rooms = Arc::new(WaitRooms::default());
+    let (a, b) = (
+        rooms.enter(Mode::Exclusive, "j", b"n"),
+        rooms.enter(Mode::Exclusive, "j", b"n"),
+    );
+    let deadline = Instant::now() + Duration::from_millis(50);
+    let turn = a.turn(deadline).await;
+    assert!(turn.is_some());
+    assert!(
+        b.turn(deadline).await.is_none(),
+        "the second waits for the first"
+    );
+    drop(turn);
+    assert!(
+        b.turn(Instant::now() + Duration::from_millis(50))
+            .await
+            .is_some()
+    );
+}
