@@ -310,9 +310,8 @@ impl<N: LockName + ?Sized> Lock<N> {
     /// woken at once by a release in this process, or in any process when the store has
     /// [release notifications](crate::RedisStore::notifications) (as `RedisStore::connect` makes
     /// it); at the holder's lease end; and otherwise by polling (from 5 ms, backing off to
-    /// 100 ms, with jitter). Answers `None`
-    /// when the wait ran out; it never waits much longer than `wait` (one store round trip).
-    /// A zero wait is exactly `try_lock`.
+    /// 100 ms, with jitter). Answers `None` when the wait ran out; it never waits much longer
+    /// than `wait` (one store round trip). A zero wait is exactly `try_lock`.
     ///
     /// Within one process, waiters of one name queue first come, first served, and only the
     /// first of them asks the store; across processes no order is promised. Dropping the future

@@ -5,13 +5,12 @@
 //! their turn, first come first served, so a release wakes one contender per process, never a
 //! herd. The turn is a one-permit [`tokio::sync::Semaphore`], whose queue is FIFO.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use std::borrow::Cow;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::{Instant, sleep_until};
@@ -243,8 +242,7 @@ pub(crate) async fn acquire_within(
     let Some(turn) = seat.turn(deadline).await else {
         // The wait ran out in the queue: one attempt still says who holds it, and for how
         // long, so the answer is as exact as an immediate refusal.
-        let sent_at = Instant::now();
-        let attempt = attempt(&store, spec, mode, &name).await;
+        let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
         end(match &attempt {
             Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
             Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
@@ -266,8 +264,7 @@ pub(crate) async fn acquire_within(
             None
         } else {
             attempts += 1;
-            let sent_at = now;
-            let attempt = attempt(&store, spec, mode, &name).await;
+            let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
             match &attempt {
                 Ok(Attempt::Acquired(_)) => {
                     // Readers share: the next reader may well get in too.
@@ -317,19 +314,17 @@ pub(crate) async fn acquire_within(
     }
 }
 
-/// One attempt, finished in a task of its own if the waiter is dropped while it is on the wire.
-async fn attempt(
-    store: &Store,
-    spec: Spec,
-    mode: Mode,
-    name: &[u8],
-) -> crate::Result<Attempt<Holding>> {
+/// One attempt, with the instant it was sent; finished in a task of its own if the waiter is
+/// dropped while it is on the wire.
+async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8]) -> Acquired {
     let (store, name) = (store.clone(), name.to_vec());
     let call = Box::pin(async move {
+        // Taken before the command leaves, so the lease's end is never overestimated.
+        let sent_at = Instant::now();
         let attempt = Holding::acquire_as(store, spec, mode, Cow::Owned(name), None).await;
-        (Instant::now(), attempt)
+        (sent_at, attempt)
     });
-    FinishOnDrop::acquisition(call).await.1
+    FinishOnDrop::acquisition(call).await
 }
 
 /// A waiter, for the `tower_lease_waiters` gauge.

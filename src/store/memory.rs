@@ -138,9 +138,9 @@ impl MemoryStore {
                     .map(|w| w.ends)
                     .or_else(|| shared.readers.values().max().copied());
                 if let Some(until) = blocked_until {
-                    if shared.writer.is_none() && lock.writer_preferred {
+                    if let Some(intent) = lock.write_intent().filter(|_| shared.writer.is_none()) {
                         // Refused by readers: new ones wait while the intent lives.
-                        shared.intent = Some(now + lock.ttl * 2 / 3);
+                        shared.intent = Some(now + intent);
                     }
                     return Acquisition::Busy {
                         retry_after: until - now,

@@ -206,6 +206,14 @@ impl<'a> LockRef<'a> {
         }
     }
 
+    /// How long a refused writer's write intent lasts: two thirds of the TTL (about two of the
+    /// layer's heartbeats), renewed by each attempt; `None` for a lock that does not prefer
+    /// writers. Every backend keeps the intent this long.
+    pub(crate) fn write_intent(&self) -> Option<Duration> {
+        self.writer_preferred
+            .then(|| (self.ttl * 2 / 3).max(Duration::from_millis(1)))
+    }
+
     /// The same lock, [writer-preferred](crate::RwLock::writer_preferred).
     pub fn writer_preferred(self) -> Self {
         Self {

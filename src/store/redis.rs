@@ -58,15 +58,6 @@ enum LastArg<'a> {
     Channel(&'a [u8]),
 }
 
-/// How long a refused writer's intent lasts: about two heartbeats of the layer's default (a
-/// third of the TTL each), renewed by every attempt; 0 when the lock does not prefer writers.
-pub(super) fn intent_ms(lock: LockRef<'_>) -> u64 {
-    match lock.writer_preferred {
-        true => (lock.ttl.as_millis() as u64 * 2 / 3).max(1),
-        false => 0,
-    }
-}
-
 /// Who keeps a call's deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Bound {
@@ -395,7 +386,10 @@ where
                     let roles = [KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
                     let fence = Some(KeyRole::RwLockFence);
                     let last = match mode {
-                        Mode::Write => LastArg::TtlAndIntent(intent_ms(lock)),
+                        Mode::Write => {
+                            let intent = lock.write_intent().unwrap_or_default();
+                            LastArg::TtlAndIntent(intent.as_millis() as u64)
+                        }
                         _ => LastArg::Ttl,
                     };
                     self.run(script, lock, &roles, fence, secret, last).await?
