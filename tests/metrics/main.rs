@@ -299,29 +299,44 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         Router::new()
             .route("/jobs/{id}", post(count))
             .route_layer(layer)
-            .with_state(runs),
+            .with_state(runs.clone()),
     )
     .await;
     let http = Http::new();
     let names: Vec<String> = (0..300).map(|i| format!("secret-name-{i}")).collect();
+    let (cut_holders, holders_cut) = tokio::sync::watch::channel(false);
     let mut requests = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let (http, path) = (http.clone(), format!("/jobs/{name}"));
+        let mut holders_cut = holders_cut.clone();
         // Half are cut while their handler works (surely holding their lease), half at any
         // point from before the acquisition to after the response.
         let (cut, work) = match i % 2 {
-            0 => (150 + (i as u64 * 7) % 100, 2_000),
-            _ => (1 + (i as u64 * 7) % 40, (i as u64 * 3) % 30),
+            0 => (None, 5_000),
+            _ => (Some(1 + (i as u64 * 7) % 40), (i as u64 * 3) % 30),
         };
-        let cut = Duration::from_millis(cut);
         requests.push(tokio::spawn(async move {
             let work = work.to_string();
             let headers = [("x-work-ms", work.as_bytes())];
             let send = http.send(addr, http::Method::POST, &path, &headers);
-            // Cut at a point that falls before, during or after the acquisition.
-            let _ = tokio::time::timeout(cut, send).await;
+            match cut {
+                // Cut at a point that falls before, during or after the acquisition.
+                Some(cut) => drop(tokio::time::timeout(Duration::from_millis(cut), send).await),
+                None => tokio::select! {
+                    _ = send => {}
+                    _ = holders_cut.wait_for(|cut| *cut) => {}
+                },
+            }
         }));
     }
+    // The holders are cut once 100 handlers are running (or after 5 s, whatever ran).
+    support::poll(
+        Duration::from_millis(10),
+        Duration::from_secs(5),
+        || async { (runs.load(std::sync::atomic::Ordering::SeqCst) >= 100).then_some(()) },
+    )
+    .await;
+    cut_holders.send(true).unwrap();
     for request in requests {
         request.await.unwrap();
     }
