@@ -12,51 +12,20 @@
 //! HEARTBEAT_LEASES=50000 HEARTBEAT_SECS=30 cargo bench --all-features --bench heartbeat
 //! ```
 
+mod alloc;
 mod phases;
 mod probe;
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use phases::{TTL, batched, plain_tokens, through_layer};
 use probe::Stats;
 use support::Redis;
 
-/// Counts the bytes this process has allocated and not freed, to measure memory per lease
-/// more finely than the resident set.
-struct Counting;
-
-pub(crate) static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller upholds `alloc`'s contract, which is `System.alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).map_or(default, |v| v.parse().expect("a whole number"))
@@ -123,6 +92,11 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         format!("{:.0} B", s.server_memory_per_lease)
     });
     row("leases lost", &|s| s.lost.to_string());
+
+    println!("\nheap blocks alive per held lease, by size (all acquired):");
+    for (what, stats) in [("LockLayer", &layer), ("plain tokens", &tokens), ("batched", &batched)] {
+        println!("- {what}: {}", alloc::describe(&stats.blocks));
+    }
 
     let check = |met: bool| if met { "met" } else { "MISSED" };
     let core = layer.core_share();

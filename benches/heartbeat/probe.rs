@@ -1,8 +1,8 @@
 //! The measuring around each phase: baselines, the window the leases are held, what was left.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::alloc::Live;
 use crate::support::{self, Redis};
 
 /// `INFO commandstats` calls of `EVALSHA` (the extends) and the server's `used_memory`.
@@ -42,6 +42,7 @@ pub(crate) struct Stats {
     pub(crate) cpu: Duration,
     pub(crate) server_cpu: Option<Duration>,
     pub(crate) heap_per_lease: f64,
+    pub(crate) blocks: Vec<(usize, f64)>,
     pub(crate) resident_per_lease: f64,
     pub(crate) server_memory_per_lease: f64,
     pub(crate) lost: usize,
@@ -59,13 +60,15 @@ pub(crate) struct Probe<'a> {
     conn: redis::aio::MultiplexedConnection,
     leases: usize,
     rss: u64,
-    heap: isize,
+    heap: Live,
     server_memory: u64,
     pub(crate) started: Instant,
 }
 
 pub(crate) struct Held {
     pub(crate) acquired_in: Duration,
+    /// Blocks alive per lease by size class: `(up to bytes, blocks per lease)`.
+    pub(crate) blocks: Vec<(usize, f64)>,
     pub(crate) heap_per_lease: f64,
     pub(crate) resident_per_lease: f64,
 }
@@ -79,7 +82,7 @@ impl<'a> Probe<'a> {
             conn,
             leases,
             rss: support::resident_bytes(),
-            heap: crate::LIVE_BYTES.load(Ordering::SeqCst),
+            heap: Live::now(),
             server_memory,
             started: Instant::now(),
         }
@@ -88,9 +91,11 @@ impl<'a> Probe<'a> {
     /// Call once every lease is held.
     pub(crate) fn held(&self) -> Held {
         let n = self.leases as f64;
+        let live = Live::now();
         Held {
             acquired_in: self.started.elapsed(),
-            heap_per_lease: (crate::LIVE_BYTES.load(Ordering::SeqCst) - self.heap) as f64 / n,
+            blocks: live.blocks_since(&self.heap, self.leases),
+            heap_per_lease: (live.bytes - self.heap.bytes) as f64 / n,
             resident_per_lease: support::resident_bytes().saturating_sub(self.rss) as f64 / n,
         }
     }
@@ -116,6 +121,7 @@ impl<'a> Probe<'a> {
             cpu,
             server_cpu,
             heap_per_lease: held.heap_per_lease,
+            blocks: held.blocks,
             resident_per_lease: held.resident_per_lease,
             server_memory_per_lease: server_memory.saturating_sub(self.server_memory) as f64
                 / self.leases as f64,
