@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, MemoryStore};
+use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, MemoryStore};
 use tower_lease::{Lock, RwLock, Store};
 
 use crate::support::Env;
@@ -156,6 +156,10 @@ impl Backend for Counting {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
         self.0.memory.release(lease)
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+        self.0.memory.in_use(lock)
     }
 }
 
