@@ -11,6 +11,8 @@ const CLASSES: usize = 257;
 pub(crate) struct Counting;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+/// The most `LIVE_BYTES` reached since the last [`Live::now`].
+static PEAK_BYTES: AtomicIsize = AtomicIsize::new(0);
 static LIVE_BLOCKS: [AtomicIsize; CLASSES] = [const { AtomicIsize::new(0) }; CLASSES];
 
 fn class(size: usize) -> usize {
@@ -18,7 +20,11 @@ fn class(size: usize) -> usize {
 }
 
 fn count(size: usize, blocks: isize) {
-    LIVE_BYTES.fetch_add(size as isize * blocks, Ordering::Relaxed);
+    let bytes = size as isize * blocks;
+    let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    if blocks > 0 {
+        PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+    }
     LIVE_BLOCKS[class(size)].fetch_add(blocks, Ordering::Relaxed);
 }
 
@@ -48,13 +54,17 @@ unsafe impl GlobalAlloc for Counting {
 #[derive(Clone)]
 pub(crate) struct Live {
     pub(crate) bytes: isize,
+    /// The most bytes alive at once since the previous snapshot.
+    pub(crate) peak: isize,
     blocks: Vec<isize>,
 }
 
 impl Live {
     pub(crate) fn now() -> Self {
+        let bytes = LIVE_BYTES.load(Ordering::SeqCst);
         Live {
-            bytes: LIVE_BYTES.load(Ordering::SeqCst),
+            bytes,
+            peak: PEAK_BYTES.swap(bytes, Ordering::SeqCst),
             blocks: LIVE_BLOCKS
                 .iter()
                 .map(|n| n.load(Ordering::SeqCst))

@@ -13,6 +13,7 @@
 //! ```
 
 mod alloc;
+mod memory;
 mod phases;
 mod probe;
 #[path = "../support/mod.rs"]
@@ -20,6 +21,7 @@ mod support;
 
 use std::time::Duration;
 
+use memory::{Arrival, Memory, Stack};
 use phases::{TTL, batched, plain_tokens, through_layer};
 use probe::Stats;
 use support::Redis;
@@ -39,6 +41,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if let Some((stack, arrival)) = memory::requested() {
+        runtime.block_on(memory::child(&redis, leases, stack, arrival));
+        return;
+    }
     runtime.block_on(bench(&redis, leases, hold));
 }
 
@@ -46,6 +52,14 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     let layer = through_layer(redis, leases, hold).await;
     let tokens = plain_tokens(redis, leases, hold).await;
     let batched = batched(redis, leases, hold).await;
+    let ways = [
+        (Stack::Layer, Arrival::AllAtOnce),
+        (Stack::Bare, Arrival::AllAtOnce),
+        (Stack::Layer, Arrival::InWaves),
+        (Stack::Bare, Arrival::InWaves),
+    ];
+    let [layer_once, bare_once, layer_waves, bare_waves] =
+        ways.map(|(stack, arrival)| memory::measure(redis, leases, stack, arrival));
 
     println!("\n{leases} leases held at once, TTL {TTL:?}, extended every TTL/3, for {hold:?}");
     println!("machine: {}\n", support::machine());
@@ -79,28 +93,46 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         ),
         None => "n/a".into(),
     });
-    row("heap per held lease", &|s| {
+    row("heap per held lease (all at once)", &|s| {
         format!("{:.0} B", s.heap_per_lease)
     });
-    // The second phase reuses memory the first one freed, so only the first one's resident
-    // growth means anything.
-    println!(
-        "| resident memory per held lease | {:.0} B | n/a | n/a |",
-        layer.resident_per_lease
-    );
+    row("peak heap per lease while acquiring", &|s| {
+        format!("{:.0} B", s.peak_heap_per_lease)
+    });
     row("redis-server memory per lease", &|s| {
         format!("{:.0} B", s.server_memory_per_lease)
     });
     row("leases lost", &|s| s.lost.to_string());
 
-    println!("\nheap blocks alive per held lease, by size (all acquired):");
-    for (what, stats) in [("LockLayer", &layer), ("plain tokens", &tokens), ("batched", &batched)] {
-        println!("- {what}: {}", alloc::describe(&stats.blocks));
-    }
+    println!("\nmemory per held request, each way in a fresh process:\n");
+    println!(
+        "| arrival | measure | LockLayer | bare requests (the benchmark's) | the layer's own |"
+    );
+    println!("|---|---|---:|---:|---:|");
+    let share = |what: &str, layer: &Memory, bare: &Memory| {
+        for (measure, f) in [
+            ("heap", (|m: &Memory| m.heap) as fn(&Memory) -> f64),
+            ("peak heap", |m| m.peak_heap),
+            ("resident", |m| m.resident),
+        ] {
+            let (l, b) = (f(layer), f(bare));
+            println!(
+                "| {what} | {measure} | {l:.0} B | {b:.0} B | {:.0} B |",
+                l - b
+            );
+        }
+    };
+    share("all at once", &layer_once, &bare_once);
+    share("64 at a time", &layer_waves, &bare_waves);
+    println!("\nheap blocks alive per held request, by size:");
+    println!("- LockLayer, all at once: {}", layer_once.blocks);
+    println!("- bare, all at once: {}", bare_once.blocks);
+    println!("- plain tokens: {}", alloc::describe(&tokens.blocks));
 
     let check = |met: bool| if met { "met" } else { "MISSED" };
     let core = layer.core_share();
-    let memory = layer.heap_per_lease.max(layer.resident_per_lease);
+    let own = |layer: &Memory, bare: &Memory| layer.resident - bare.resident;
+    let (own_once, own_waves) = (own(&layer_once, &bare_once), own(&layer_waves, &bare_waves));
     println!("\ntargets (LockLayer):");
     println!(
         "- heartbeat < 5 % of one core: {:.2} % {}",
@@ -108,10 +140,14 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         check(core < 0.05)
     );
     println!(
-        "- < 2 KiB per lease: heap {:.0} B, resident {:.0} B {}",
-        layer.heap_per_lease,
-        layer.resident_per_lease,
-        check(memory < 2048.0)
+        "- < 2 KiB resident per held lease, the layer's own: {own_once:.0} B all at once {}, \
+         {own_waves:.0} B 64 at a time {}",
+        check(own_once < 2048.0),
+        check(own_waves < 2048.0)
+    );
+    println!(
+        "  (with the benchmark's own requests: {:.0} B and {:.0} B)",
+        layer_once.resident, layer_waves.resident
     );
     println!("- 0 leases lost: {} {}", layer.lost, check(layer.lost == 0));
     assert_eq!(tokens.lost, 0, "plain tokens lost leases");

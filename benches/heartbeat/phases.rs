@@ -201,7 +201,12 @@ pub(crate) async fn batched(redis: &Redis, leases: usize, hold: Duration) -> Sta
         let mut pipe = redis::pipe();
         for (key, token) in chunk {
             // The script publishes each release on the channel it is given; nobody listens here.
-            pipe.invoke_script(RELEASE.key(key).arg(&token[..]).arg("bench-batched-released"));
+            pipe.invoke_script(
+                RELEASE
+                    .key(key)
+                    .arg(&token[..])
+                    .arg("bench-batched-released"),
+            );
         }
         let released: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
         lost.fetch_add(

@@ -42,8 +42,8 @@ pub(crate) struct Stats {
     pub(crate) cpu: Duration,
     pub(crate) server_cpu: Option<Duration>,
     pub(crate) heap_per_lease: f64,
+    pub(crate) peak_heap_per_lease: f64,
     pub(crate) blocks: Vec<(usize, f64)>,
-    pub(crate) resident_per_lease: f64,
     pub(crate) server_memory_per_lease: f64,
     pub(crate) lost: usize,
 }
@@ -59,7 +59,6 @@ pub(crate) struct Probe<'a> {
     redis: &'a Redis,
     conn: redis::aio::MultiplexedConnection,
     leases: usize,
-    rss: u64,
     heap: Live,
     server_memory: u64,
     pub(crate) started: Instant,
@@ -70,7 +69,8 @@ pub(crate) struct Held {
     /// Blocks alive per lease by size class: `(up to bytes, blocks per lease)`.
     pub(crate) blocks: Vec<(usize, f64)>,
     pub(crate) heap_per_lease: f64,
-    pub(crate) resident_per_lease: f64,
+    /// The most heap alive at once while the leases were being acquired, per lease.
+    pub(crate) peak_heap_per_lease: f64,
 }
 
 impl<'a> Probe<'a> {
@@ -81,7 +81,6 @@ impl<'a> Probe<'a> {
             redis,
             conn,
             leases,
-            rss: support::resident_bytes(),
             heap: Live::now(),
             server_memory,
             started: Instant::now(),
@@ -96,7 +95,7 @@ impl<'a> Probe<'a> {
             acquired_in: self.started.elapsed(),
             blocks: live.blocks_since(&self.heap, self.leases),
             heap_per_lease: (live.bytes - self.heap.bytes) as f64 / n,
-            resident_per_lease: support::resident_bytes().saturating_sub(self.rss) as f64 / n,
+            peak_heap_per_lease: (live.peak - self.heap.bytes) as f64 / n,
         }
     }
 
@@ -122,7 +121,7 @@ impl<'a> Probe<'a> {
             server_cpu,
             heap_per_lease: held.heap_per_lease,
             blocks: held.blocks,
-            resident_per_lease: held.resident_per_lease,
+            peak_heap_per_lease: held.peak_heap_per_lease,
             server_memory_per_lease: server_memory.saturating_sub(self.server_memory) as f64
                 / self.leases as f64,
             lost: 0,
