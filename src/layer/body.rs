@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep};
 
-use super::future::{AbortOnLoss, poll_release};
+use super::future::poll_release;
 use super::guard::LeaseGuard;
 use crate::finish_on_drop::FinishOnDrop;
 
@@ -62,7 +62,7 @@ pin_project! {
 enum BodyLease<D> {
     Held {
         guard: LeaseGuard,
-        abort_on_loss: Option<AbortOnLoss>,
+        abort_on_loss: bool,
         release_wait: Duration,
     },
     // The body has ended; its last frame (if it had one) waits for the release, for at most
@@ -89,7 +89,7 @@ impl<B: Body> LeaseBody<B> {
     pub(crate) fn holding(
         body: B,
         guard: LeaseGuard,
-        abort_on_loss: Option<AbortOnLoss>,
+        abort_on_loss: bool,
         release_wait: Duration,
     ) -> Self {
         let lease = BodyLease::Held {
@@ -129,10 +129,12 @@ where
             }
             KindProj::Holding { mut body, lease } => loop {
                 match lease {
-                    BodyLease::Held { abort_on_loss, .. } => {
-                        if let Some(lost) = abort_on_loss
-                            && lost.as_mut().poll(cx).is_ready()
-                        {
+                    BodyLease::Held {
+                        guard,
+                        abort_on_loss,
+                        ..
+                    } => {
+                        if *abort_on_loss && guard.poll_lost(cx).is_ready() {
                             // Held → Ended: truncate rather than finish a response whose lease
                             // is gone; the dropped guard releases in the background.
                             *lease = BodyLease::Ended;

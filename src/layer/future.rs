@@ -9,7 +9,6 @@ use std::task::{Context, Poll, ready};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
 use super::body::LeaseBody;
@@ -19,9 +18,6 @@ use super::lease::LeaseLost;
 use super::problem::Problem;
 use crate::finish_on_drop::{Acquired, FinishOnDrop};
 use crate::token::Attempt;
-
-/// Resolves when a lease is lost, for the policy [`LeaseLost::Abort`].
-pub(crate) type AbortOnLoss = Pin<Box<WaitForCancellationFutureOwned>>;
 
 pin_project! {
     /// The response future of [`LockService`](super::LockService).
@@ -61,8 +57,8 @@ pin_project! {
             #[pin]
             inner: S::Future,
             guard: LeaseGuard,
-            // `Some` under `LeaseLost::Abort`.
-            abort_on_loss: Option<AbortOnLoss>,
+            // Under `LeaseLost::Abort`.
+            abort_on_loss: bool,
         },
         // Giving the lease back before the inner service's response goes out, for at most
         // the layer's `release_wait`.
@@ -166,8 +162,7 @@ where
                         Ok(Attempt::Acquired(holding)) => {
                             let guard = LeaseGuard::new(holding, sent_at, config.timing);
                             req.extensions_mut().insert(guard.lease());
-                            let abort_on_loss = (config.on_lease_lost == LeaseLost::Abort)
-                                .then(|| Box::pin(guard.when_lost()));
+                            let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
                             let inner = inner.call(req);
                             State::Locked {
                                 inner,
@@ -218,9 +213,7 @@ where
                         Poll::Ready(response) => response,
                         Poll::Pending => {
                             guard.poll_first_beat(cx, &config.heartbeat);
-                            let lost = abort_on_loss
-                                .as_mut()
-                                .is_some_and(|lost| lost.as_mut().poll(cx).is_ready());
+                            let lost = *abort_on_loss && guard.poll_lost(cx).is_ready();
                             if !lost {
                                 return Poll::Pending;
                             }
@@ -248,7 +241,7 @@ where
                     };
                     // The success rule: a response is only worth passing on if the lease was
                     // still ours when it was produced, however late the heartbeat runs.
-                    if abort_on_loss.is_some() && !guard.valid_at(Instant::now()) {
+                    if abort_on_loss && !guard.valid_at(Instant::now()) {
                         tracing::warn!(
                             namespace,
                             "lease ran out before the inner service answered"

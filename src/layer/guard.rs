@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Context;
+use std::task::{Context, Poll};
 
 use tokio::time::{Instant, Sleep, sleep_until};
 
@@ -132,9 +132,10 @@ impl LeaseGuard {
         &self.state
     }
 
-    /// Resolves when the lease is lost.
-    pub(crate) fn when_lost(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.state.when_lost()
+    /// Ready once the lease has ended, which before its release means it is lost; otherwise
+    /// the task of `cx` is woken when it does.
+    pub(crate) fn poll_lost(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.state.poll_ended(cx)
     }
 
     /// Stops the heartbeat and gives the lease back; the future resolves when the store has

@@ -3,11 +3,12 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering, fence};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -97,8 +98,8 @@ impl Lease {
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let state = self.state.clone();
         async move {
-            state.ended.cancelled().await;
-            if !state.lost.load(Ordering::Acquire) {
+            state.ended().cancelled().await;
+            if !state.is_lost() {
                 // Released, not lost: this never resolves.
                 std::future::pending::<()>().await;
             }
@@ -109,7 +110,7 @@ impl Lease {
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.state.ended.clone().cancelled_owned()
+        self.state.ended().clone().cancelled_owned()
     }
 }
 
@@ -126,15 +127,27 @@ impl fmt::Debug for Lease {
 }
 
 /// What the guard, the heartbeat and every [`Lease`] clone know about one held lease.
+///
+/// It is one allocation per lease: the end of the lease is a flag and a waker slot in here,
+/// not a cancellation token of its own. Only [`Lease::lost`] and [`Lease::ended`] need a
+/// token (any number of futures may wait on them), and few handlers call them, so it is made
+/// on first use.
 pub(super) struct LeaseState {
     pub(super) holding: Holding,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
-    /// Set when the lease is lost, before `ended` is cancelled.
-    lost: AtomicBool,
-    /// Cancelled when the lease is over, lost or released: nothing extends it from then on.
-    ended: CancellationToken,
+    /// [`LIVE`], [`RELEASED`] or [`LOST`]; it leaves `LIVE` once.
+    over: AtomicU8,
+    /// The task that polls for the end of the lease while the inner service runs or the body
+    /// streams (the response future or the body, one at a time), woken when it ends.
+    end_waker: AtomicWaker,
+    /// Cancelled when the lease ends, for [`Lease::lost`] and [`Lease::ended`].
+    ended: OnceLock<CancellationToken>,
 }
+
+const LIVE: u8 = 0;
+const RELEASED: u8 = 1;
+const LOST: u8 = 2;
 
 impl LeaseState {
     /// The state of `holding`, acquired by a command sent at `sent_at`.
@@ -142,8 +155,9 @@ impl LeaseState {
         let state = Self {
             holding,
             valid_until: Mutex::new(sent_at),
-            lost: AtomicBool::new(false),
-            ended: CancellationToken::new(),
+            over: AtomicU8::new(LIVE),
+            end_waker: AtomicWaker::new(),
+            ended: OnceLock::new(),
         };
         state.confirm(sent_at);
         state
@@ -172,7 +186,11 @@ impl LeaseState {
 
     /// Whether the lease is lost or released.
     pub(super) fn is_over(&self) -> bool {
-        self.ended.is_cancelled()
+        self.over.load(Ordering::Acquire) != LIVE
+    }
+
+    fn is_lost(&self) -> bool {
+        self.over.load(Ordering::Acquire) == LOST
     }
 
     /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve.
@@ -185,18 +203,52 @@ impl LeaseState {
             "lease lost"
         );
         telemetry::lost(namespace, mode, reason);
-        self.lost.store(true, Ordering::Release);
-        self.ended.cancel();
+        self.finish(LOST);
     }
 
     /// Says the lease is over without being lost (it is being released).
     pub(super) fn end(&self) {
-        self.ended.cancel();
+        self.finish(RELEASED);
     }
 
-    /// Resolves when the lease ends. While the inner service runs, or the body streams, the
-    /// guard has not released it yet, so an end there is a loss.
-    pub(super) fn when_lost(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.ended.clone().cancelled_owned()
+    /// Leaves `LIVE` for `how` (the first end is the one that counts), and wakes whoever waits.
+    fn finish(&self, how: u8) {
+        let _ = self
+            .over
+            .compare_exchange(LIVE, how, Ordering::SeqCst, Ordering::Acquire);
+        // Pairs with the fence in `ended`: either that call sees the flag, or this one sees
+        // its token.
+        fence(Ordering::SeqCst);
+        if let Some(ended) = self.ended.get() {
+            ended.cancel();
+        }
+        self.end_waker.wake();
+    }
+
+    /// The token cancelled at the end of the lease, made on first use.
+    fn ended(&self) -> &CancellationToken {
+        let ended = self.ended.get_or_init(CancellationToken::new);
+        fence(Ordering::SeqCst);
+        if self.is_over() {
+            // It may have ended before the token was there to cancel.
+            ended.cancel();
+        }
+        ended
+    }
+
+    /// Ready once the lease has ended; otherwise the task of `cx` is woken when it does. While
+    /// the inner service runs, or the body streams, the guard has not released the lease yet,
+    /// so an end there is a loss. One poller at a time: the last one registered is woken.
+    pub(super) fn poll_ended(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_over() {
+            return Poll::Ready(());
+        }
+        self.end_waker.register(cx.waker());
+        // It may have ended before the waker was registered.
+        if self.is_over() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 }
