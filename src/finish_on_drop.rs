@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::Result;
@@ -13,6 +14,40 @@ use crate::token::{Attempt, Holding};
 
 /// An acquisition's answer, with the instant its command was sent.
 pub(crate) type Acquired = (Instant, Result<Attempt<Holding>>);
+
+pin_project! {
+    /// An acquisition that also answers when it was first polled, which is before its command
+    /// leaves: counting the lease from then never overestimates its end.
+    ///
+    /// A type rather than an `async` block around the call: awaiting a captured future moves
+    /// it into a second slot of the block's state, and this state is boxed for every
+    /// acquisition in flight.
+    pub(crate) struct SentAt<F> {
+        #[pin]
+        call: F,
+        sent_at: Option<Instant>,
+    }
+}
+
+impl<F> SentAt<F> {
+    pub(crate) fn new(call: F) -> Self {
+        Self {
+            call,
+            sent_at: None,
+        }
+    }
+}
+
+impl<F: Future> Future for SentAt<F> {
+    type Output = (Instant, F::Output);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let sent_at = *this.sent_at.get_or_insert_with(Instant::now);
+        let answer = ready!(this.call.poll(cx));
+        Poll::Ready((sent_at, answer))
+    }
+}
 
 /// A store call that is finished in a spawned task if the request is dropped first.
 ///

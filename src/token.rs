@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -65,59 +66,64 @@ pub(crate) struct Holding {
 
 impl Holding {
     /// Takes the lease on `name` if it is free; a store failure counts as `store_error`.
-    pub(crate) async fn acquire(
+    pub(crate) fn acquire(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
-    ) -> Result<Attempt<Holding>> {
-        Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError)).await
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send + '_ {
+        Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError))
     }
 
     /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as (the layer
     /// runs the request unlocked under `fail_open`), or `None` when the caller counts the
     /// outcome itself (a bounded wait counts once, at its end).
-    pub(crate) async fn acquire_as(
+    ///
+    /// A function returning a block rather than an `async fn`: an `async fn` keeps each of its
+    /// arguments twice across an await (as it was passed, and as the local it is moved into),
+    /// and this future is alive for every acquisition in flight, inside the layer's.
+    pub(crate) fn acquire_as(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
         on_store_error: Option<AcquireOutcome>,
-    ) -> Result<Attempt<Holding>> {
-        let namespace = spec.namespace;
-        if let Err(invalid) = check_name(&name) {
-            if on_store_error.is_some() {
-                telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send + '_ {
+        async move {
+            if let Err(invalid) = check_name(&name) {
+                if on_store_error.is_some() {
+                    telemetry::refused(spec.namespace, mode, AcquireOutcome::InvalidName);
+                }
+                return Err(invalid);
             }
-            return Err(invalid);
-        }
-        let secret = Secret::random();
-        let lock = spec.lock_ref(&name);
-        let sent = Moment::now();
-        let acquisition = store
-            .backend()
-            .acquire(LeaseRef::new(lock, mode, &secret))
-            .await;
-        let answered = Moment::now();
-        let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
-        let outcome = on_store_error.map(|on_store_error| match &acquisition {
-            Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
-            Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
-            Err(_) => on_store_error,
-        });
-        telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
-        match acquisition? {
-            Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
-                store,
-                spec,
-                mode,
-                name: name.into_owned().into_boxed_slice(),
-                secret,
-                fence,
-                #[cfg(feature = "metrics")]
-                taken: answered,
-            })),
-            Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
+            let secret = Secret::random();
+            let sent = Moment::now();
+            let acquisition = store
+                .backend()
+                .acquire(LeaseRef::new(spec.lock_ref(&name), mode, &secret))
+                .await;
+            let answered = Moment::now();
+            let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
+            let outcome = on_store_error.map(|on_store_error| match &acquisition {
+                Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
+                Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
+                Err(_) => on_store_error,
+            });
+            let namespace = spec.namespace;
+            telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
+            match acquisition? {
+                Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
+                    store,
+                    spec,
+                    mode,
+                    name: name.into_owned().into_boxed_slice(),
+                    secret,
+                    fence,
+                    #[cfg(feature = "metrics")]
+                    taken: answered,
+                })),
+                Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
+            }
         }
     }
 

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
-use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
@@ -17,7 +16,7 @@ use super::future::ResponseFuture;
 use super::layer::Config;
 use super::problem::Problem;
 use crate::LockName;
-use crate::finish_on_drop::FinishOnDrop;
+use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::store::Mode;
 use crate::telemetry;
 use crate::token::Holding;
@@ -126,16 +125,12 @@ where
                 drop(slot);
                 acquired
             })),
-            None => FinishOnDrop::acquisition(Box::pin(async move {
-                // Taken before the command leaves, so the lease's end is never overestimated.
-                let sent_at = Instant::now();
-                let store = config.store.clone();
-                let name = Cow::Owned(name);
-                let on_store_error = Some(on_store_error);
-                let attempt =
-                    Holding::acquire_as(store, config.spec, mode, name, on_store_error).await;
-                (sent_at, attempt)
-            })),
+            None => {
+                let (store, name, on_store_error) =
+                    (config.store.clone(), Cow::Owned(name), Some(on_store_error));
+                let attempt = Holding::acquire_as(store, config.spec, mode, name, on_store_error);
+                FinishOnDrop::acquisition(Box::pin(SentAt::new(attempt)))
+            }
         };
         ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, span)
     }

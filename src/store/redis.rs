@@ -223,7 +223,44 @@ where
     /// case, makes one round trip with one command. A refused one makes a second round trip
     /// for the holder's remaining lease, within the same deadline. If the holder releases
     /// between the two, `PTTL` answers -2, and "retry now" is then true.
-    async fn set_nx(&self, lock: LockRef<'_>, secret: &Secret) -> Result<Acquisition> {
+    ///
+    /// A function returning a block rather than an `async fn` (which keeps its arguments twice),
+    /// with the commands built outside the block's awaits: the block's state is boxed for every
+    /// acquisition in flight, so it holds only what a round trip needs.
+    fn set_nx<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        secret: &Secret,
+    ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
+        let mut command = self.set_nx_command(lock, secret);
+        async move {
+            let started = self.started();
+            let mut conn = self.conn.clone();
+            {
+                // In a block of its own, so the reply is not kept across the second round trip.
+                match self.reply(conn.req_packed_command(&command).await)? {
+                    redis::Value::Okay => return Ok(Acquisition::Acquired { fence: None }),
+                    redis::Value::Nil => {}
+                    other => {
+                        return Err(Error::UnexpectedReply(format!("SET NX answered {other:?}")));
+                    }
+                }
+            }
+            self.second_trip(&mut conn, started)?;
+            // In the same place as the `SET`: one command's room in the state, not two.
+            command = self.pttl_command(lock);
+            match self.reply(conn.req_packed_command(&command).await)? {
+                // -1 for a key someone set without expiry: "retry soon" rather than never.
+                redis::Value::Int(pttl) => Ok(Acquisition::Busy {
+                    retry_after: Duration::from_millis(pttl.max(0) as u64),
+                }),
+                other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
+            }
+        }
+    }
+
+    /// `SET <key> <secret> NX PX <ttl>`.
+    fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
         set.arg("SET")
@@ -232,25 +269,15 @@ where
             .arg("NX")
             .arg("PX")
             .arg(lock.ttl.as_millis() as u64);
-        let started = self.started();
-        let mut conn = self.conn.clone();
-        match self.reply(conn.req_packed_command(&set).await)? {
-            redis::Value::Okay => Ok(Acquisition::Acquired { fence: None }),
-            redis::Value::Nil => {
-                self.second_trip(&mut conn, started)?;
-                let key = self.key_arg(KeyRole::Lock, lock);
-                let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
-                pttl.arg("PTTL").arg(key);
-                match self.reply(conn.req_packed_command(&pttl).await)? {
-                    // -1 for a key someone set without expiry: "retry soon" rather than never.
-                    redis::Value::Int(pttl) => Ok(Acquisition::Busy {
-                        retry_after: Duration::from_millis(pttl.max(0) as u64),
-                    }),
-                    other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
-                }
-            }
-            other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
-        }
+        set
+    }
+
+    /// `PTTL <key>`.
+    fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
+        let key = self.key_arg(KeyRole::Lock, lock);
+        let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
+        pttl.arg("PTTL").arg(key);
+        pttl
     }
 
     pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
