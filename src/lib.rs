@@ -7,6 +7,7 @@ mod finish_on_drop;
 pub mod layer;
 mod lock;
 mod name;
+mod owned_name;
 mod semaphore;
 pub mod store;
 mod telemetry;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::Result;
 use crate::lock::Spec;
 use crate::name::check_name;
+use crate::owned_name::OwnedName;
 use crate::store::{Acquisition, LeaseRef, Mode, Secret, Store};
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
@@ -56,7 +57,7 @@ pub(crate) struct Holding {
     store: Store,
     spec: Spec,
     mode: Mode,
-    name: Box<[u8]>,
+    name: OwnedName,
     secret: Secret,
     fence: Option<u64>,
     /// When the store confirmed the lease, for `tower_lease_hold_seconds`.
@@ -82,15 +83,21 @@ impl Holding {
     /// A function returning a block rather than an `async fn`: an `async fn` keeps each of its
     /// arguments twice across an await (as it was passed, and as the local it is moved into),
     /// and this future is alive for every acquisition in flight, inside the layer's.
-    pub(crate) fn acquire_as(
+    ///
+    /// The name is any form that can be kept ([`OwnedName`]: a borrowed one is copied once the
+    /// lease is taken, a short one into the lease itself).
+    pub(crate) fn acquire_as<N>(
         store: Store,
         spec: Spec,
         mode: Mode,
-        name: Cow<'_, [u8]>,
+        name: N,
         on_store_error: Option<AcquireOutcome>,
-    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send + '_ {
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    where
+        N: AsRef<[u8]> + Into<OwnedName> + Send,
+    {
         async move {
-            if let Err(invalid) = check_name(&name) {
+            if let Err(invalid) = check_name(name.as_ref()) {
                 if on_store_error.is_some() {
                     telemetry::refused(spec.namespace, mode, AcquireOutcome::InvalidName);
                 }
@@ -100,7 +107,7 @@ impl Holding {
             let sent = Moment::now();
             let acquisition = store
                 .backend()
-                .acquire(LeaseRef::new(spec.lock_ref(&name), mode, &secret))
+                .acquire(LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret))
                 .await;
             let answered = Moment::now();
             let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
@@ -116,7 +123,7 @@ impl Holding {
                     store,
                     spec,
                     mode,
-                    name: name.into_owned().into_boxed_slice(),
+                    name: name.into(),
                     secret,
                     fence,
                     #[cfg(feature = "metrics")]
@@ -129,7 +136,11 @@ impl Holding {
 
     /// This lease, as [`Backend`](crate::store::Backend) calls take it.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
-        LeaseRef::new(self.spec.lock_ref(&self.name), self.mode, &self.secret)
+        LeaseRef::new(
+            self.spec.lock_ref(self.name.as_bytes()),
+            self.mode,
+            &self.secret,
+        )
     }
 
     pub(crate) fn store(&self) -> &Store {
@@ -151,7 +162,7 @@ impl Holding {
         let released = self.store.backend().release(self.lease_ref()).await;
         // Whatever the answer, the lease is not ours any more: a waiter here may try now.
         let rooms = self.store.wait_rooms();
-        rooms.released(self.mode, self.spec.namespace, &self.name);
+        rooms.released(self.mode, self.spec.namespace, self.name.as_bytes());
         released
     }
 
@@ -160,7 +171,7 @@ impl Holding {
     }
 
     pub(crate) fn name(&self) -> &[u8] {
-        &self.name
+        self.name.as_bytes()
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -188,7 +199,7 @@ impl fmt::Debug for Holding {
         // The secret stays out: whoever has it can release the lock.
         f.debug_struct("Lease")
             .field("namespace", &self.spec.namespace)
-            .field("name", &String::from_utf8_lossy(&self.name))
+            .field("name", &self.name)
             .field("mode", &self.mode)
             .field("fence", &self.fence)
             .finish_non_exhaustive()

@@ -1,6 +1,5 @@
 //! [`LockService`]: the one service behind both layers.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +16,7 @@ use super::layer::Config;
 use super::problem::Problem;
 use crate::LockName;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
+use crate::owned_name::OwnedName;
 use crate::store::Mode;
 use crate::telemetry;
 use crate::token::Holding;
@@ -102,8 +102,9 @@ where
         };
         let mode = self.access.mode(&req);
         let span = request_span(namespace, mode);
-        let name = name.lock_name().into_owned();
-        if let Some(defect) = NameDefect::of(&name, self.config.binary_names) {
+        // Owned, as the request moves on with the future: in place when short (no allocation).
+        let name = OwnedName::new(&name.lock_name());
+        if let Some(defect) = NameDefect::of(name.as_bytes(), self.config.binary_names) {
             span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
             let problem = Problem::InvalidName(defect);
@@ -119,15 +120,14 @@ where
             // A bounded wait: dropped with the request (its attempts on the wire finish).
             Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
                 let (store, spec, wait) = (config.store.clone(), config.spec, config.wait);
-                let name = name.into_boxed_slice();
+                let name = name.into_boxed();
                 let acquired =
                     wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
                 drop(slot);
                 acquired
             })),
             None => {
-                let (store, name, on_store_error) =
-                    (config.store.clone(), Cow::Owned(name), Some(on_store_error));
+                let (store, on_store_error) = (config.store.clone(), Some(on_store_error));
                 let attempt = Holding::acquire_as(store, config.spec, mode, name, on_store_error);
                 FinishOnDrop::acquisition(Box::pin(SentAt::new(attempt)))
             }
