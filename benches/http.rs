@@ -11,8 +11,10 @@
 //! `POST /jobs/<random name>` back to back, in alternating rounds. Every response must be `200`
 //! (or `409` when two random names collide); anything else stops the benchmark.
 //!
-//! Then the refused path: the two locked apps again, every request for one name that is held
-//! all along (`POST /jobs/held`), so every response must be `409`.
+//! Then the refused path: the locked apps again, every request for one name that is held all
+//! along (`POST /jobs/held`), so every response must be `409`. A fourth locked app, the
+//! hand-written middleware asking `PTTL` for a `Retry-After` when refused, splits the refused
+//! path's gap into the cost of that round trip and the cost of the layer.
 
 mod support;
 
@@ -64,15 +66,29 @@ fn app() -> Router {
     Router::new().route("/jobs/{name}", post(work))
 }
 
+/// What a hand-written middleware needs: its connection, its keys' prefix, and whether it asks
+/// `PTTL` for a `Retry-After` when the lock is held.
+#[derive(Clone)]
+struct Hand {
+    conn: MultiplexedConnection,
+    prefix: &'static str,
+    retry_after: bool,
+}
+
 /// The lock middleware one writes without this crate: `SET NX PX` with a random token, `409`
-/// when held, compare-and-delete after the handler.
+/// when held (with `Retry-After` from a `PTTL` if `retry_after`, the minimum for what
+/// `LockLayer` answers), compare-and-delete after the handler.
 async fn hand_lock(
-    State(mut conn): State<MultiplexedConnection>,
+    State(Hand {
+        mut conn,
+        prefix,
+        retry_after,
+    }): State<Hand>,
     Path(name): Path<String>,
     req: Request,
     next: Next,
 ) -> Response {
-    let key = format!("bench-hand:jobs:{name}");
+    let key = format!("{prefix}:jobs:{name}");
     let token: [u8; 16] = rand::random();
     let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
         .arg(&key)
@@ -84,7 +100,23 @@ async fn hand_lock(
         .await;
     match set {
         Ok(Some(_)) => {}
-        Ok(None) => return (StatusCode::CONFLICT, "held").into_response(),
+        Ok(None) if !retry_after => return (StatusCode::CONFLICT, "held").into_response(),
+        Ok(None) => {
+            let pttl: redis::RedisResult<i64> =
+                redis::cmd("PTTL").arg(&key).query_async(&mut conn).await;
+            let Ok(pttl) = pttl else {
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            };
+            let secs = Duration::from_millis(pttl.max(0) as u64)
+                .as_secs_f64()
+                .ceil() as u64;
+            return (
+                StatusCode::CONFLICT,
+                [(http::header::RETRY_AFTER, secs.to_string())],
+                "held",
+            )
+                .into_response();
+        }
         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
     let res = next.run(req).await;
@@ -209,20 +241,30 @@ const BARE: &str = "bare";
 const HAND: &str = "from_fn SET NX PX + EVALSHA";
 const LAYER: &str = "LockLayer";
 const LOCK_FN: &str = "from_fn around Lock::attempt";
+const HAND_PTTL: &str = "from_fn by hand, PTTL when held";
 
 async fn bench(redis: &Redis, settings: Settings) {
     let conn = redis.connection().await;
     let redis_store = RedisStore::new(conn.clone()).prefix("bench-layer");
     let held_keys = [
         format!("bench-hand:jobs:{HELD}").into_bytes(),
+        format!("bench-hand-pttl:jobs:{HELD}").into_bytes(),
         redis_store.key(KeyRole::Lock, JOBS.namespace(), HELD.as_bytes()),
     ];
+    let hand = |prefix, retry_after| Hand {
+        conn: conn.clone(),
+        prefix,
+        retry_after,
+    };
     let store: Store = redis_store.into();
     let apps = [
         (BARE, app()),
         (
             HAND,
-            app().route_layer(middleware::from_fn_with_state(conn.clone(), hand_lock)),
+            app().route_layer(middleware::from_fn_with_state(
+                hand("bench-hand", false),
+                hand_lock,
+            )),
         ),
         (
             LAYER,
@@ -235,6 +277,13 @@ async fn bench(redis: &Redis, settings: Settings) {
         (
             LOCK_FN,
             app().route_layer(middleware::from_fn_with_state(store, lock_middleware)),
+        ),
+        (
+            HAND_PTTL,
+            app().route_layer(middleware::from_fn_with_state(
+                hand("bench-hand-pttl", true),
+                hand_lock,
+            )),
         ),
     ];
     let mut targets = Vec::new();
@@ -271,7 +320,8 @@ async fn bench(redis: &Redis, settings: Settings) {
             .await
             .unwrap();
     }
-    // The three locked apps: from_fn by hand, LockLayer, from_fn around Lock.
+    // The locked apps: from_fn by hand, LockLayer, from_fn around Lock, from_fn by hand with
+    // PTTL.
     let locked = targets.len() - 1;
     let mut refused: Vec<(Counts, Vec<f64>)> = (0..locked).map(|_| Default::default()).collect();
     for round in 0..settings.rounds {
@@ -320,10 +370,11 @@ async fn bench(redis: &Redis, settings: Settings) {
     println!("\nrefused path: POST /jobs/{HELD}, held all along\n");
     println!("| app | 409s/s (median) | × from_fn | 409 |");
     println!("|---|---:|---:|---:|");
-    let refused_ratio = |a: usize| {
-        let (a, b) = (&refused[a].1, &refused[0].1);
+    let refused_paired = |a: usize, b: usize| {
+        let (a, b) = (&refused[a].1, &refused[b].1);
         median(&mut a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>())
     };
+    let refused_ratio = |a: usize| refused_paired(a, 0);
     for (i, (counts, rates)) in refused.iter().enumerate() {
         println!(
             "| {} | {:.0} | {:.2} | {} |",
@@ -338,10 +389,14 @@ async fn bench(redis: &Redis, settings: Settings) {
     println!(
         "  (LockLayer × from_fn around Lock::attempt: {:.3}; refused: {:.3})",
         paired(2, 3),
-        {
-            let (a, b) = (&refused[1].1, &refused[2].1);
-            median(&mut a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>())
-        }
+        refused_paired(1, 2),
+    );
+    // The refused path split in two: what the PTTL round trip costs a hand-written middleware,
+    // and what LockLayer costs over that middleware when both send it.
+    println!(
+        "  (refused, from_fn by hand with PTTL × without: {:.3}; LockLayer × from_fn by hand with PTTL: {:.3})",
+        refused_paired(3, 0),
+        refused_paired(1, 3),
     );
     let met = |met: bool| if met { "met" } else { "MISSED" };
     println!(

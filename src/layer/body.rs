@@ -3,17 +3,17 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::time::{Sleep, sleep};
 
 use super::future::poll_release;
 use super::guard::LeaseGuard;
 use crate::finish_on_drop::FinishOnDrop;
+use crate::store::watchdog::{Overdue, Watchdog};
 
 /// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -63,13 +63,14 @@ enum BodyLease<D> {
     Held {
         guard: LeaseGuard,
         abort_on_loss: bool,
-        release_wait: Duration,
+        /// The layer's timer of its `release_wait`.
+        release_timer: Arc<Watchdog>,
     },
     // The body has ended; its last frame (if it had one) waits for the release, for at most
     // the layer's `release_wait`.
     Releasing {
         release: FinishOnDrop<()>,
-        wait: Pin<Box<Sleep>>,
+        wait: Overdue,
         last: Option<Frame<D>>,
         namespace: &'static str,
     },
@@ -90,12 +91,12 @@ impl<B: Body> LeaseBody<B> {
         body: B,
         guard: LeaseGuard,
         abort_on_loss: bool,
-        release_wait: Duration,
+        release_timer: Arc<Watchdog>,
     ) -> Self {
         let lease = BodyLease::Held {
             guard,
             abort_on_loss,
-            release_wait,
+            release_timer,
         };
         Self {
             kind: Kind::Holding { body, lease },
@@ -158,7 +159,7 @@ where
                         // Held → Releasing.
                         let BodyLease::Held {
                             guard,
-                            release_wait,
+                            release_timer,
                             ..
                         } = std::mem::replace(lease, BodyLease::Ended)
                         else {
@@ -166,7 +167,7 @@ where
                         };
                         let namespace = guard.namespace();
                         let release = FinishOnDrop::release(guard.release());
-                        let wait = Box::pin(sleep(release_wait));
+                        let wait = Overdue::new(release_timer);
                         *lease = BodyLease::Releasing {
                             release,
                             wait,
@@ -183,7 +184,7 @@ where
                         // Answer the end of the body only once the lease is given back (or
                         // `release_wait` is over), so the client's next request finds the
                         // lock free.
-                        ready!(poll_release(release, wait.as_mut(), cx, namespace));
+                        ready!(poll_release(release, wait, cx, namespace));
                         let last = last.take();
                         // Releasing → Ended.
                         *lease = BodyLease::Ended;

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
@@ -17,6 +17,7 @@ use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
 use crate::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::store::watchdog::Overdue;
 use crate::token::Attempt;
 
 pin_project! {
@@ -34,8 +35,10 @@ pin_project! {
 }
 
 pin_project! {
+    // The fields a transition moves on are `Option`s taken out of the state, rather than the
+    // state moved out whole with `project_replace`: that copies the whole state (as large as
+    // the inner future plus the guard) in and out several times per request.
     #[project = StateProj]
-    #[project_replace = StateOwned]
     enum State<S, B>
     where
         S: Service<Request<B>>,
@@ -43,8 +46,9 @@ pin_project! {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
             acquire: FinishOnDrop<Acquired>,
-            inner: S,
-            req: Request<B>,
+            // Both `Some` until the acquisition answers.
+            inner: Option<S>,
+            req: Option<Request<B>>,
         },
         // The inner service runs without a lease: the request names no lock, or the store failed
         // and the layer fails open.
@@ -56,7 +60,8 @@ pin_project! {
         Locked {
             #[pin]
             inner: S::Future,
-            guard: LeaseGuard,
+            // `Some` until the state is left.
+            guard: Option<LeaseGuard>,
             // Under `LeaseLost::Abort`.
             abort_on_loss: bool,
         },
@@ -64,16 +69,15 @@ pin_project! {
         // the layer's `release_wait`.
         Releasing {
             release: FinishOnDrop<()>,
-            #[pin]
-            wait: Sleep,
-            response: Result<S::Response, S::Error>,
+            wait: Overdue,
+            // `Some` until it is passed on.
+            response: Option<Result<S::Response, S::Error>>,
         },
         // Giving a lost lease back (it may still be in the store for the drift margin) before
         // answering 503, for at most the layer's `release_wait`.
         ReleasingLost {
             release: FinishOnDrop<()>,
-            #[pin]
-            wait: Sleep,
+            wait: Overdue,
         },
         // The layer answers by itself.
         Refusing {
@@ -98,8 +102,8 @@ where
     ) -> Self {
         let state = State::Acquiring {
             acquire,
-            inner,
-            req,
+            inner: Some(inner),
+            req: Some(req),
         };
         Self {
             state,
@@ -149,14 +153,15 @@ where
             let config: &Config = this.config;
             let namespace = config.spec.namespace;
             match this.state.as_mut().project() {
-                StateProj::Acquiring { acquire, .. } => {
+                StateProj::Acquiring {
+                    acquire,
+                    inner,
+                    req,
+                } => {
                     let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
-                    let StateOwned::Acquiring {
-                        mut inner, mut req, ..
-                    } = this.state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("in the Acquiring state")
-                    };
+                    let in_state = "taken once, on leaving the Acquiring state";
+                    let (mut inner, mut req) =
+                        (inner.take().expect(in_state), req.take().expect(in_state));
                     let next = match attempt {
                         // Acquiring → Locked.
                         Ok(Attempt::Acquired(holding)) => {
@@ -166,7 +171,7 @@ where
                             let inner = inner.call(req);
                             State::Locked {
                                 inner,
-                                guard,
+                                guard: Some(guard),
                                 abort_on_loss,
                             }
                         }
@@ -209,36 +214,29 @@ where
                     guard,
                     abort_on_loss,
                 } => {
+                    let in_state = "taken once, on leaving the Locked state";
                     let response = match inner.poll(cx) {
                         Poll::Ready(response) => response,
                         Poll::Pending => {
-                            guard.poll_first_beat(cx, &config.heartbeat);
-                            let lost = *abort_on_loss && guard.poll_lost(cx).is_ready();
+                            let held = guard.as_mut().expect(in_state);
+                            held.poll_first_beat(cx, &config.heartbeat);
+                            let lost = *abort_on_loss && held.poll_lost(cx).is_ready();
                             if !lost {
                                 return Poll::Pending;
                             }
                             tracing::warn!(namespace, "lease lost, inner service cancelled");
                             // Locked → ReleasingLost: replacing the state drops the inner future,
-                            // which cancels the handler.
-                            let StateOwned::Locked { guard, .. } =
-                                this.state.as_mut().project_replace(State::Done)
-                            else {
-                                unreachable!("in the Locked state")
-                            };
+                            // which cancels the handler before the release is sent (when first
+                            // polled).
+                            let guard = guard.take().expect(in_state);
                             let release = FinishOnDrop::release(guard.release());
-                            let wait = sleep(config.release_wait);
+                            let wait = Overdue::new(config.release_timer.clone());
                             this.state.set(State::ReleasingLost { release, wait });
                             continue;
                         }
                     };
-                    let StateOwned::Locked {
-                        mut guard,
-                        abort_on_loss,
-                        ..
-                    } = this.state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("in the Locked state")
-                    };
+                    let (mut guard, abort_on_loss) =
+                        (guard.take().expect(in_state), *abort_on_loss);
                     // The success rule: a response is only worth passing on if the lease was
                     // still ours when it was produced, however late the heartbeat runs.
                     if abort_on_loss && !guard.valid_at(Instant::now()) {
@@ -248,36 +246,39 @@ where
                         );
                         // Locked → ReleasingLost.
                         let release = FinishOnDrop::release(guard.release());
-                        let wait = sleep(config.release_wait);
+                        let wait = Overdue::new(config.release_timer.clone());
                         this.state.set(State::ReleasingLost { release, wait });
                     } else if config.hold_through_body {
                         // Locked → Done: the body owns the lease from here on, and nobody may
                         // poll it while the client reads slowly, so the heartbeat must run.
                         guard.enrol_now(&config.heartbeat);
+                        this.state.set(State::Done);
                         return Poll::Ready(response.map(|res| {
                             res.map(|body| {
-                                LeaseBody::holding(body, guard, abort_on_loss, config.release_wait)
+                                let timer = config.release_timer.clone();
+                                LeaseBody::holding(body, guard, abort_on_loss, timer)
                             })
                         }));
                     } else {
                         // Locked → Releasing: give the lease back before the head goes out.
                         let release = FinishOnDrop::release(guard.release());
-                        let wait = sleep(config.release_wait);
+                        let wait = Overdue::new(config.release_timer.clone());
                         this.state.set(State::Releasing {
                             release,
                             wait,
-                            response,
+                            response: Some(response),
                         });
                     }
                 }
-                StateProj::Releasing { release, wait, .. } => {
+                StateProj::Releasing {
+                    release,
+                    wait,
+                    response,
+                } => {
                     ready!(poll_release(release, wait, cx, namespace));
+                    let response = response.take().expect("passed on once");
                     // Releasing → Done; a release still in flight finishes in the background.
-                    let StateOwned::Releasing { response, .. } =
-                        this.state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("in the Releasing state")
-                    };
+                    this.state.set(State::Done);
                     return Poll::Ready(response.map(|res| res.map(LeaseBody::inner)));
                 }
                 StateProj::ReleasingLost { release, wait } => {
@@ -300,11 +301,11 @@ where
     }
 }
 
-/// Waits for `release` until `wait` fires; after that the caller drops `release`, which
+/// Waits for `release` until `wait` is over; after that the caller drops `release`, which
 /// finishes it in the background.
 pub(crate) fn poll_release(
     release: &mut FinishOnDrop<()>,
-    wait: Pin<&mut Sleep>,
+    wait: &mut Overdue,
     cx: &mut Context<'_>,
     namespace: &str,
 ) -> Poll<()> {

@@ -17,6 +17,7 @@ use super::lease::LeaseLost;
 use super::rejection::Renderer;
 use super::service::{Access, LockService};
 use crate::lock::Spec;
+use crate::store::watchdog::Watchdog;
 use crate::{Lock, RwLock, Store};
 
 /// How long a response waits for its release by default: a healthy store answers in a round
@@ -57,6 +58,10 @@ pub(crate) struct Config {
     pub(crate) renderer: Renderer,
     /// How long the response waits for the release before it goes out anyway.
     pub(crate) release_wait: Duration,
+    /// The coarse timer of that wait, shared by the layer's requests (see [`Overdue`]).
+    ///
+    /// [`Overdue`]: crate::store::watchdog::Overdue
+    pub(crate) release_timer: Arc<Watchdog>,
 }
 
 impl Config {
@@ -82,6 +87,7 @@ impl Config {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
+            release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
         }
     }
 }

@@ -155,6 +155,7 @@ macro_rules! options {
             /// release never lands.
             pub fn release_wait(mut self, wait: Duration) -> Self {
                 self.config.release_wait = wait;
+                self.config.release_timer = crate::store::watchdog::Watchdog::new(wait);
                 self
             }
         }

@@ -22,7 +22,7 @@ mod memory;
 mod notify;
 mod redis;
 mod scripts;
-mod watchdog;
+pub(crate) mod watchdog;
 
 pub use self::check::Warning;
 pub use self::keys::{KeyLayout, KeyRole};

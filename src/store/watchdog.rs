@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-/// The shared timer of one store (and its clones).
+/// The shared timer of one store (and its clones), or of one layer's releases.
 #[derive(Debug)]
-pub(super) struct Watchdog {
+pub(crate) struct Watchdog {
     tick: Duration,
     /// Ticks until a call that starts now is overdue: at least the whole deadline, since
     /// the clock may be up to one tick behind.
@@ -39,7 +39,7 @@ struct Waiting {
 }
 
 impl Watchdog {
-    pub(super) fn new(timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(timeout: Duration) -> Arc<Self> {
         let tick = (timeout / 32).clamp(Duration::from_millis(1), Duration::from_millis(25));
         let ticks = (timeout.as_nanos().div_ceil(tick.as_nanos()) as u64).saturating_add(1);
         Arc::new(Self {
@@ -181,27 +181,68 @@ impl<F: Future> Future for Deadline<'_, F> {
             }
             return Poll::Ready(Some(reply));
         }
-        let now = this.watchdog.now.load(Ordering::Acquire);
-        match this.registered {
-            None => {
-                let deadline = now + this.watchdog.ticks;
-                let slot = this.watchdog.register(deadline, cx.waker());
-                *this.registered = Some((slot, deadline, cx.waker().clone()));
-            }
-            Some((slot, deadline, _)) if *deadline <= now => {
-                let slot = *slot;
-                *this.registered = None;
-                this.watchdog.remove(slot);
-                return Poll::Ready(None);
-            }
-            Some((slot, _, waker)) => {
-                // The task moved (another waker): the timer must wake the new one.
-                if !waker.will_wake(cx.waker()) {
-                    waker.clone_from(cx.waker());
-                    this.watchdog.update(*slot, cx.waker());
-                }
+        poll_overdue(this.watchdog, this.registered, cx).map(|()| None)
+    }
+}
+
+/// Ready once the deadline of `registered` has passed; registers `cx` for it on the first call.
+fn poll_overdue(
+    watchdog: &Arc<Watchdog>,
+    registered: &mut Option<(usize, u64, Waker)>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let now = watchdog.now.load(Ordering::Acquire);
+    match registered {
+        None => {
+            let deadline = now + watchdog.ticks;
+            let slot = watchdog.register(deadline, cx.waker());
+            *registered = Some((slot, deadline, cx.waker().clone()));
+        }
+        Some((slot, deadline, _)) if *deadline <= now => {
+            let slot = *slot;
+            *registered = None;
+            watchdog.remove(slot);
+            return Poll::Ready(());
+        }
+        Some((slot, _, waker)) => {
+            // The task moved (another waker): the timer must wake the new one.
+            if !waker.will_wake(cx.waker()) {
+                waker.clone_from(cx.waker());
+                watchdog.update(*slot, cx.waker());
             }
         }
-        Poll::Pending
+    }
+    Poll::Pending
+}
+
+/// A wait of a watchdog's deadline, counted from its first poll, that owns its handle on the
+/// watchdog: for the layer's response future and body, which cannot borrow one. A tokio timer
+/// per wait costs about a thousand instructions to register and remove; this, two uncontended
+/// lock round trips.
+#[derive(Debug)]
+pub(crate) struct Overdue {
+    watchdog: Arc<Watchdog>,
+    registered: Option<(usize, u64, Waker)>,
+}
+
+impl Overdue {
+    pub(crate) fn new(watchdog: Arc<Watchdog>) -> Self {
+        Self {
+            watchdog,
+            registered: None,
+        }
+    }
+
+    /// Ready once the deadline has passed; the task of `cx` is woken then.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        poll_overdue(&self.watchdog, &mut self.registered, cx)
+    }
+}
+
+impl Drop for Overdue {
+    fn drop(&mut self) {
+        if let Some((slot, _, _)) = self.registered.take() {
+            self.watchdog.remove(slot);
+        }
     }
 }
