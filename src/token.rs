@@ -86,6 +86,10 @@ impl Holding {
     ///
     /// The name is any form that can be kept ([`OwnedName`]: a borrowed one is copied once the
     /// lease is taken, a short one into the lease itself).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
     pub(crate) fn acquire_as<N>(
         store: Store,
         spec: Spec,

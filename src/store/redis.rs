@@ -227,6 +227,10 @@ where
     /// A function returning a block rather than an `async fn` (which keeps its arguments twice),
     /// with the commands built outside the block's awaits: the block's state is boxed for every
     /// acquisition in flight, so it holds only what a round trip needs.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
     fn set_nx<'a>(
         &'a self,
         lock: LockRef<'a>,
