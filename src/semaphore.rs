@@ -65,7 +65,10 @@ impl<N: ?Sized> Semaphore<N> {
     /// In a `const` item this is a compile error. Use [`try_new`](Self::try_new) for values read
     /// at run time.
     pub const fn new(namespace: &'static str, permits: u32, ttl: Duration) -> Self {
-        assert!(permits > 0, "tower-lease: a semaphore needs at least 1 permit");
+        assert!(
+            permits > 0,
+            "tower-lease: a semaphore needs at least 1 permit"
+        );
         let spec = Spec {
             permits,
             ..Spec::new(namespace, ttl)
@@ -93,7 +96,10 @@ impl<N: ?Sized> Semaphore<N> {
         if permits == 0 {
             return Err(Error::InvalidPermits);
         }
-        let spec = Spec { permits, ..self.spec };
+        let spec = Spec {
+            permits,
+            ..self.spec
+        };
         Ok(Self {
             spec,
             name: PhantomData,

@@ -60,7 +60,7 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    fn new(store: Store, spec: Spec) -> Self {
+    pub(super) fn new(store: Store, spec: Spec) -> Self {
         Self {
             store,
             spec,

@@ -231,6 +231,7 @@ mod lease;
 mod options;
 mod problem;
 mod rejection;
+mod semaphore;
 mod service;
 
 pub use self::body::{BoxError, LeaseBody, LeaseLostError};
@@ -240,4 +241,5 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease::{Lease, LeaseLost};
 pub use self::rejection::{OnRejection, Reason, Rejection};
+pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LockService;

@@ -88,13 +88,24 @@ async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     let store = &env.store;
     let late = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
     sleep(Duration::from_millis(250)).await;
-    assert!(!late.extend().await.unwrap(), "an ended permit was extended");
-    assert_eq!(SHORT.in_use(store, "t").await.unwrap(), 0, "extend re-took a slot");
+    assert!(
+        !late.extend().await.unwrap(),
+        "an ended permit was extended"
+    );
+    assert_eq!(
+        SHORT.in_use(store, "t").await.unwrap(),
+        0,
+        "extend re-took a slot"
+    );
 
     let next = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
     assert!(!late.extend().await.unwrap());
     assert!(!late.release().await.unwrap(), "an ended permit released");
-    assert_eq!(SHORT.in_use(store, "t").await.unwrap(), 1, "the next holder's permit is gone");
+    assert_eq!(
+        SHORT.in_use(store, "t").await.unwrap(),
+        1,
+        "the next holder's permit is gone"
+    );
     assert!(next.release().await.unwrap());
 }
 
@@ -160,7 +171,10 @@ async fn bad_input_is_a_clear_error(env: Env) {
         Semaphore::<str>::try_new("export", 0, ttl),
         Err(Error::InvalidPermits)
     ));
-    assert!(matches!(EXPORTS.with_permits(0), Err(Error::InvalidPermits)));
+    assert!(matches!(
+        EXPORTS.with_permits(0),
+        Err(Error::InvalidPermits)
+    ));
     assert!(matches!(
         Semaphore::<str>::try_new("with:colon", 2, ttl),
         Err(Error::InvalidNamespace { .. })
@@ -197,7 +211,10 @@ async fn permit_set_layout_and_expiry(env: Env) {
     assert!(!a.release().await.unwrap());
     assert!(raw.pttl(&key).await <= 300);
     assert!(c.release().await.unwrap());
-    assert!(!raw.exists(&key).await, "an empty permit set must not linger");
+    assert!(
+        !raw.exists(&key).await,
+        "an empty permit set must not linger"
+    );
 }
 
 async fn permits_survive_script_flush(env: Env) {
