@@ -89,38 +89,21 @@ async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
             }
         })
     };
-    let permit_each = {
+    // A permit cycle of `semaphore` on the name `name_of` picks for a task.
+    let permit_cycle = |semaphore: Semaphore<str>, name_of: fn(&[String], usize) -> &str| {
         let (store, names) = (store.clone(), names.clone());
         op(move |task, _| {
             let (store, names) = (store.clone(), names.clone());
             async move {
-                let permit = ONE.try_acquire(&store, &names[task]).await.unwrap();
-                assert!(
-                    permit
-                        .expect("a permit was refused")
-                        .release()
-                        .await
-                        .unwrap()
-                );
+                let name = name_of(&names, task);
+                let permit = semaphore.try_acquire(&store, name).await.unwrap();
+                let permit = permit.expect("a permit was refused");
+                assert!(permit.release().await.unwrap());
             }
         })
     };
-    let permit_hot = {
-        let store = store.clone();
-        op(move |_, _| {
-            let store = store.clone();
-            async move {
-                let permit = HOT.try_acquire(&store, "hot").await.unwrap();
-                assert!(
-                    permit
-                        .expect("a permit was refused")
-                        .release()
-                        .await
-                        .unwrap()
-                );
-            }
-        })
-    };
+    let permit_each = permit_cycle(ONE, |names, task| &names[task]);
+    let permit_hot = permit_cycle(HOT, |_, _| "hot");
     vec![
         (MINIMUM, hand),
         ("Lock try_lock + release", lock),
