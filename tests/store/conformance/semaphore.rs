@@ -55,22 +55,29 @@ async fn permits_up_to_the_limit(env: Env) {
 async fn retry_after_is_the_earliest_live_permit(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(1500));
-    let started = Instant::now();
+    let first_sent = Instant::now();
     let _earliest = sem.try_acquire(store, "t").await.unwrap().unwrap();
+    let first_answered = Instant::now();
     sleep(Duration::from_millis(300)).await;
     let _latest = sem.try_acquire(store, "t").await.unwrap().unwrap();
+    let third_sent = Instant::now();
     let Attempt::Busy { retry_after } = sem.attempt(store, "t").await.unwrap() else {
         panic!("a third permit of 2");
     };
-    // The earliest permit ends 1500 ms after it was taken; the latest 300 ms later.
-    let earliest_end = Duration::from_millis(1500).saturating_sub(started.elapsed());
+    let third_answered = Instant::now();
+    // The earliest permit ends 1500 ms after the store took it, somewhere between `first_sent`
+    // and `first_answered`; the store answered the third attempt between `third_sent` and
+    // `third_answered`. The latest permit ends 300 ms later than the earliest.
+    let ttl = Duration::from_millis(1500);
+    let at_most = ttl.saturating_sub(third_sent - first_answered);
+    let at_least = ttl.saturating_sub(third_answered - first_sent);
     assert!(
-        retry_after <= earliest_end + ROUNDING,
-        "retry_after {retry_after:?} is past the earliest permit's end ({earliest_end:?} left)"
+        retry_after <= at_most + ROUNDING,
+        "retry_after {retry_after:?} is past the earliest permit's end (at most {at_most:?})"
     );
     assert!(
-        retry_after + Duration::from_millis(250) >= earliest_end,
-        "retry_after {retry_after:?} is far below the earliest permit's end ({earliest_end:?})"
+        retry_after + ROUNDING >= at_least,
+        "retry_after {retry_after:?} is before the earliest permit's end (at least {at_least:?})"
     );
 }
 
