@@ -28,7 +28,7 @@ crate::store_tests!(
 );
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
-const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(200));
+const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(500));
 
 async fn permits_up_to_the_limit(env: Env) {
     let store = &env.store;
@@ -85,7 +85,7 @@ async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     let store = &env.store;
     drop(SHORT.try_acquire(store, "t").await.unwrap().unwrap()); // its holder crashes
     assert!(SHORT.try_acquire(store, "t").await.unwrap().is_none());
-    sleep(Duration::from_millis(250)).await;
+    sleep(Duration::from_millis(600)).await;
     assert_eq!(SHORT.in_use(store, "t").await.unwrap(), 0);
     let next = SHORT.try_acquire(store, "t").await.unwrap();
     assert!(next.is_some(), "an ended permit still takes its slot");
@@ -94,7 +94,7 @@ async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
 async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     let store = &env.store;
     let late = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
-    sleep(Duration::from_millis(250)).await;
+    sleep(Duration::from_millis(600)).await;
     assert!(
         !late.extend().await.unwrap(),
         "an ended permit was extended"
@@ -118,13 +118,13 @@ async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
 
 async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     let store = &env.store;
-    let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(400));
+    let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(1000));
     let permit = sem.try_acquire(store, "t").await.unwrap().unwrap();
-    for _ in 0..3 {
-        sleep(Duration::from_millis(200)).await;
+    for _ in 0..4 {
+        sleep(Duration::from_millis(300)).await;
         assert!(permit.extend().await.unwrap());
     }
-    // 600 ms after a 400 ms acquire: only the extensions keep it.
+    // 1200 ms after a 1000 ms acquire: only the extensions keep it.
     assert_eq!(sem.in_use(store, "t").await.unwrap(), 1);
     assert!(sem.try_acquire(store, "t").await.unwrap().is_none());
     assert!(permit.release().await.unwrap());
