@@ -22,9 +22,14 @@
 //! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
 //! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
 //!   are woken by release notifications on a single Redis.
+//! - `PERMITS` (default 3): how many requests of one pool may run at once across the replicas.
 //!
 //! `POST /counters/{name}/increment` answers `200` with the new value, `409` while another
 //! request holds the counter, `503` when the store fails or the lease was lost.
+//!
+//! `POST /pools/{name}/enter` runs under one of the pool's `PERMITS` permits (`429` when all are
+//! taken): it counts itself in Redis at `pool:{name}:inside` while it works, and keeps the most
+//! ever inside at `pool:{name}:most`, so a test can see whether the limit held.
 
 use std::io::Write;
 use std::time::Duration;
@@ -36,7 +41,7 @@ use axum::routing::post;
 use redis::AsyncCommands;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::net::TcpListener;
-use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
+use tower_lease::{Lock, LockLayer, RedisStore, Semaphore, SemaphoreLayer, Store, extract};
 
 #[derive(Clone)]
 struct App<C> {
@@ -65,6 +70,35 @@ where
     let next = value.unwrap_or(0) + 1;
     let () = conn.set(&key, next).await.map_err(failed)?;
     Ok(next.to_string())
+}
+
+/// Counts the request in, and the most ever inside, in one step.
+const ENTER: &str = "local n = redis.call('INCR', KEYS[1]) \
+    if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end \
+    return n";
+
+async fn enter<C>(
+    State(app): State<App<C>>,
+    Path(name): Path<String>,
+) -> Result<String, (StatusCode, String)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (inside, most) = (
+        format!("pool:{{{name}}}:inside"),
+        format!("pool:{{{name}}}:most"),
+    );
+    let mut conn = app.counters.clone();
+    let failed = |e: redis::RedisError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let now: u64 = redis::Script::new(ENTER)
+        .key(&inside)
+        .key(&most)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(failed)?;
+    tokio::time::sleep(app.work).await;
+    let _: i64 = conn.decr(&inside, 1).await.map_err(failed)?;
+    Ok(now.to_string())
 }
 
 fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
@@ -100,12 +134,19 @@ where
     for warning in store.check().await? {
         eprintln!("warning: {warning}");
     }
+    let permits = std::env::var("PERMITS").map_or(Ok(3), |v| v.parse())?;
     let lock: Lock<str> = Lock::try_new("counter", ttl)?;
-    let app = Router::new().route("/counters/{name}/increment", post(increment::<C>));
+    let pool: Semaphore<str> = Semaphore::try_new("pool", permits, ttl)?;
+    let counter = Router::new().route("/counters/{name}/increment", post(increment::<C>));
+    let pools = Router::new().route("/pools/{name}/enter", post(enter::<C>));
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
-        app
+        counter.merge(pools)
     } else {
-        app.route_layer(LockLayer::new(store, lock, extract::path_segment(1)).wait(wait))
+        let locked = LockLayer::new(store.clone(), lock, extract::path_segment(1)).wait(wait);
+        let limited = SemaphoreLayer::new(store, pool, extract::path_segment(1)).wait(wait);
+        counter
+            .route_layer(locked)
+            .merge(pools.route_layer(limited))
     };
     let app = app.with_state(App { counters, work });
 

@@ -15,7 +15,9 @@ mod token;
 mod wait;
 
 pub use crate::error::{Error, Result};
-pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extract};
+pub use crate::layer::{
+    Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract,
+};
 pub use crate::lock::{Lock, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::semaphore::Semaphore;

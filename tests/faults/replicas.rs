@@ -50,13 +50,13 @@ fn replica_binary() -> &'static PathBuf {
 }
 
 /// A `replica` process; killed when dropped.
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Replica {
-    fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(replica_binary());
         command
             .env("REDIS_URL", redis_url)
