@@ -13,11 +13,11 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::guard::LeaseGuard;
+use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
-use crate::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::finish_on_drop::FinishOnDrop;
 use crate::token::Attempt;
 
 /// Resolves when a lease is lost, for the policy [`LeaseLost::Abort`].
@@ -46,7 +46,7 @@ pin_project! {
     {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
-            acquire: FinishOnDrop<Acquired>,
+            acquire: FinishOnDrop<Guarded>,
             inner: S,
             req: Request<B>,
         },
@@ -94,7 +94,7 @@ where
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`.
     pub(crate) fn acquiring(
-        acquire: FinishOnDrop<Acquired>,
+        acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
@@ -154,7 +154,7 @@ where
             let namespace = config.spec.namespace;
             match this.state.as_mut().project() {
                 StateProj::Acquiring { acquire, .. } => {
-                    let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
+                    let attempt = ready!(Pin::new(acquire).poll(cx));
                     let StateOwned::Acquiring {
                         mut inner, mut req, ..
                     } = this.state.as_mut().project_replace(State::Done)
@@ -163,8 +163,7 @@ where
                     };
                     let next = match attempt {
                         // Acquiring → Locked.
-                        Ok(Attempt::Acquired(holding)) => {
-                            let guard = LeaseGuard::new(holding, sent_at, config.timing);
+                        Ok(Attempt::Acquired(guard)) => {
                             req.extensions_mut().insert(guard.lease());
                             let abort_on_loss = (config.on_lease_lost == LeaseLost::Abort)
                                 .then(|| Box::pin(guard.when_lost()));

@@ -53,11 +53,28 @@ pub enum LeaseLost {
 #[derive(Clone)]
 pub struct Lease {
     state: Arc<LeaseState>,
+    /// For a request that shares a read lease with others: cancelled when this request is done
+    /// with it, which may be long before the shared lease ends.
+    share: Option<CancellationToken>,
 }
 
 impl Lease {
     pub(super) fn new(state: Arc<LeaseState>) -> Self {
-        Self { state }
+        Self { state, share: None }
+    }
+
+    /// The extension of one request among those sharing the read lease of `state`; `left` is
+    /// cancelled when the request is done with it.
+    pub(super) fn shared(state: Arc<LeaseState>, left: CancellationToken) -> Self {
+        let share = Some(left);
+        Self { state, share }
+    }
+
+    /// Whether this request is done with a shared lease.
+    fn left(&self) -> bool {
+        self.share
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// The locked name, as the extractor produced it.
@@ -86,7 +103,7 @@ impl Lease {
     /// Whether the lease is still held: not lost, not released, and not past the end of its
     /// last confirmed extension on this process's monotonic clock.
     pub fn is_held(&self) -> bool {
-        self.state.valid_at(Instant::now())
+        !self.left() && self.state.valid_at(Instant::now())
     }
 
     /// Resolves once the lease is lost: the store no longer holds it for us, or no extension
@@ -95,10 +112,12 @@ impl Lease {
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let state = self.state.clone();
+        let ended = self.ended();
+        let (state, share) = (self.state.clone(), self.share.clone());
         async move {
-            state.ended.cancelled().await;
-            if !state.lost.load(Ordering::Acquire) {
+            ended.await;
+            let left = share.is_some_and(|left| left.is_cancelled());
+            if left || !state.lost.load(Ordering::Acquire) {
                 // Released, not lost: this never resolves.
                 std::future::pending::<()>().await;
             }
@@ -109,7 +128,18 @@ impl Lease {
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.state.ended.clone().cancelled_owned()
+        let ended = self.state.ended.clone().cancelled_owned();
+        let left = self.share.clone().map(CancellationToken::cancelled_owned);
+        async move {
+            match left {
+                // A shared lease ends for this request when it leaves, or when it is lost.
+                Some(left) => {
+                    futures_util::pin_mut!(ended, left);
+                    futures_util::future::select(ended, left).await;
+                }
+                None => ended.await,
+            }
+        }
     }
 }
 
@@ -134,6 +164,9 @@ pub(super) struct LeaseState {
     lost: AtomicBool,
     /// Cancelled when the lease is over, lost or released: nothing extends it from then on.
     ended: CancellationToken,
+    /// Set when an extension found a writer waiting (a write intent): a shared read lease
+    /// admits no more requests.
+    writer_waiting: AtomicBool,
 }
 
 impl LeaseState {
@@ -144,6 +177,7 @@ impl LeaseState {
             valid_until: Mutex::new(sent_at),
             lost: AtomicBool::new(false),
             ended: CancellationToken::new(),
+            writer_waiting: AtomicBool::new(false),
         };
         state.confirm(sent_at);
         state
@@ -168,6 +202,16 @@ impl LeaseState {
         let margin = ttl / 100 + Duration::from_millis(2);
         let until = sent_at + ttl.saturating_sub(margin);
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// Records that an extension found a writer waiting for the readers to leave.
+    pub(super) fn writer_waits(&self) {
+        self.writer_waiting.store(true, Ordering::Release);
+    }
+
+    /// Whether an extension found a writer waiting for the readers to leave.
+    pub(super) fn writer_waiting(&self) -> bool {
+        self.writer_waiting.load(Ordering::Acquire)
     }
 
     /// Whether the lease is lost or released.

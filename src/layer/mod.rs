@@ -232,6 +232,7 @@ mod options;
 mod problem;
 mod rejection;
 mod service;
+mod shared_read;
 
 pub use self::body::{BoxError, LeaseBody, LeaseLostError};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};

@@ -1,0 +1,1 @@
+//! [`SharedReads`]' tests: counting, joining, and the races at the ends of a share.
