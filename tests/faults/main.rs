@@ -12,5 +12,6 @@ mod fences;
 mod layer;
 mod recovery;
 mod replicas;
+mod rw_replicas;
 mod store;
 mod waits;

@@ -19,7 +19,7 @@ use crate::support::server::{calls, commandstats, die_with_parent};
 use crate::support::{Endpoint, RedisServer};
 
 /// The `replica` example's executable, built once per test binary with the same features.
-fn replica_binary() -> &'static PathBuf {
+pub(crate) fn replica_binary() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let output = Command::new(env!("CARGO"))
@@ -50,13 +50,13 @@ fn replica_binary() -> &'static PathBuf {
 }
 
 /// A `replica` process; killed when dropped.
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Replica {
-    fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(redis_url: &str, env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(replica_binary());
         command
             .env("REDIS_URL", redis_url)
