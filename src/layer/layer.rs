@@ -229,7 +229,9 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// store, which refuses them until the writer is through), and, under
     /// [`max_hold`](Self::max_hold), once half of `max_hold` has passed since it was taken.
     /// Under [`wait`](Self::wait), a read joins a held share or waits on its own, and shares
-    /// the lease it gets.
+    /// the lease it gets. With the `metrics` feature, a request that shares counts as
+    /// `acquired` (or as the outcome it shared), and the held gauge counts leases in the store,
+    /// not requests; see [shared reads](crate::layer#shared-reads).
     ///
     /// Turn it off to give every read request a reader lease of its own.
     pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
