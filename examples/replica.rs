@@ -22,7 +22,7 @@
 //! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
 //! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
 //!   are woken by release notifications on a single Redis.
-//!
+//! - `PERMITS` (default 3): how many requests of one pool may run at once across the replicas.
 //! - `READ_MS` (default 50): how long a read of a document takes.
 //! - `WRITER_PREFERRED` (default `0`): `1` makes the documents' `RwLock` writer-preferred.
 //! - `COALESCE_READS` (default `1`): `0` gives every read of a document a reader lease of its
@@ -35,6 +35,10 @@
 //! they keep a witness in Redis, across replicas: `docs:{name}:readers` counts the reads inside,
 //! and `docs:{name}:overlaps` counts the reads and writes that found the other inside (it must
 //! stay 0).
+//!
+//! `POST /pools/{name}/enter` runs under one of the pool's `PERMITS` permits (`429` when all are
+//! taken): it counts itself in Redis at `pool:{name}:inside` while it works, and keeps the most
+//! ever inside at `pool:{name}:most`, so a test can see whether the limit held.
 
 use std::io::Write;
 use std::time::Duration;
@@ -46,7 +50,9 @@ use axum::routing::{get, post};
 use redis::AsyncCommands;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::net::TcpListener;
-use tower_lease::{Lock, LockLayer, RedisStore, RwLock, RwLockLayer, Store, extract};
+use tower_lease::{
+    Lock, LockLayer, RedisStore, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract,
+};
 
 #[derive(Clone)]
 struct App<C> {
@@ -132,6 +138,35 @@ where
     Ok(next.to_string())
 }
 
+/// Counts the request in, and the most ever inside, in one step.
+const ENTER: &str = "local n = redis.call('INCR', KEYS[1]) \
+    if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end \
+    return n";
+
+async fn enter<C>(
+    State(app): State<App<C>>,
+    Path(name): Path<String>,
+) -> Result<String, (StatusCode, String)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (inside, most) = (
+        format!("pool:{{{name}}}:inside"),
+        format!("pool:{{{name}}}:most"),
+    );
+    let mut conn = app.counters.clone();
+    let failed = |e: redis::RedisError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let now: u64 = redis::Script::new(ENTER)
+        .key(&inside)
+        .key(&most)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(failed)?;
+    tokio::time::sleep(app.work).await;
+    let _: i64 = conn.decr(&inside, 1).await.map_err(failed)?;
+    Ok(now.to_string())
+}
+
 fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
     match std::env::var(name) {
         Ok(v) => v
@@ -171,6 +206,7 @@ where
     for warning in store.check().await? {
         eprintln!("warning: {warning}");
     }
+    let permits = std::env::var("PERMITS").map_or(Ok(3), |v| v.parse())?;
     let lock: Lock<str> = Lock::try_new("counter", ttl)?;
     let mut docs: RwLock<str> = RwLock::try_new("docs", ttl)?;
     if flag("WRITER_PREFERRED", false) {
@@ -181,11 +217,17 @@ where
     let docs = Router::new()
         .route("/docs/{name}", get(read_doc::<C>).put(write_doc::<C>))
         .route_layer(docs);
-    let app = Router::new().route("/counters/{name}/increment", post(increment::<C>));
+    let pool: Semaphore<str> = Semaphore::try_new("pool", permits, ttl)?;
+    let counter = Router::new().route("/counters/{name}/increment", post(increment::<C>));
+    let pools = Router::new().route("/pools/{name}/enter", post(enter::<C>));
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
-        app
+        counter.merge(pools)
     } else {
-        app.route_layer(LockLayer::new(store, lock, extract::path_segment(1)).wait(wait))
+        let locked = LockLayer::new(store.clone(), lock, extract::path_segment(1)).wait(wait);
+        let limited = SemaphoreLayer::new(store, pool, extract::path_segment(1)).wait(wait);
+        counter
+            .route_layer(locked)
+            .merge(pools.route_layer(limited))
     };
     let app = app.merge(docs).with_state(App {
         counters,

@@ -44,6 +44,11 @@ pub enum Error {
         ttl: Duration,
     },
 
+    /// A semaphore was given no permits: [`Semaphore::try_new`](crate::Semaphore::try_new) or
+    /// [`Semaphore::with_permits`](crate::Semaphore::with_permits) with 0.
+    #[error("a semaphore needs at least 1 permit, got 0")]
+    InvalidPermits,
+
     /// The store did not answer within its deadline
     /// ([`RedisStore::timeout`](crate::RedisStore::timeout)); Redis is slow or unreachable.
     #[error("the lock store did not answer within {0:?}; check that Redis is reachable")]

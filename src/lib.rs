@@ -7,14 +7,18 @@ mod finish_on_drop;
 pub mod layer;
 mod lock;
 mod name;
+mod semaphore;
 pub mod store;
 mod telemetry;
 mod token;
 mod wait;
 
 pub use crate::error::{Error, Result};
-pub use crate::layer::{Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, extract};
+pub use crate::layer::{
+    Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract,
+};
 pub use crate::lock::{Lock, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
+pub use crate::semaphore::Semaphore;
 pub use crate::store::{Mode, RedisStore, Store, Warning};
-pub use crate::token::{Attempt, LockToken, ReadToken};
+pub use crate::token::{Attempt, LockToken, Permit, ReadToken};

@@ -23,6 +23,8 @@ pub(crate) struct Spec {
     pub(crate) ttl: Duration,
     pub(crate) fenced: bool,
     pub(crate) writer_preferred: bool,
+    /// For a [`Semaphore`](crate::Semaphore), its permits; 0 for a lock.
+    pub(crate) permits: u32,
 }
 
 /// Why a definition is invalid; `const` so that [`Lock::new`] fails at compile time.
@@ -74,10 +76,11 @@ impl Spec {
             ttl: Duration::from_millis(millis as u64),
             fenced: false,
             writer_preferred: false,
+            permits: 0,
         })
     }
 
-    const fn new(namespace: &'static str, ttl: Duration) -> Spec {
+    pub(crate) const fn new(namespace: &'static str, ttl: Duration) -> Spec {
         match Spec::check(namespace, ttl) {
             Ok(spec) => spec,
             Err(Invalid::EmptyNamespace) => {
@@ -96,14 +99,17 @@ impl Spec {
     /// The lock named `name` under this definition, as [`Backend`](crate::store::Backend)
     /// calls take it.
     pub(crate) fn lock_ref<'a>(&self, name: &'a [u8]) -> LockRef<'a> {
-        let lock = LockRef::new(self.namespace, name, self.ttl, self.fenced);
-        match self.writer_preferred {
-            true => lock.writer_preferred(),
-            false => lock,
+        LockRef {
+            namespace: self.namespace,
+            name,
+            ttl: self.ttl,
+            fenced: self.fenced,
+            writer_preferred: self.writer_preferred,
+            permits: self.permits,
         }
     }
 
-    fn try_new(namespace: &'static str, ttl: Duration) -> Result<Spec> {
+    pub(crate) fn try_new(namespace: &'static str, ttl: Duration) -> Result<Spec> {
         Spec::check(namespace, ttl).map_err(|invalid| match invalid {
             Invalid::Ttl => Error::InvalidTtl { ttl },
             other => Error::InvalidNamespace {
@@ -113,7 +119,12 @@ impl Spec {
         })
     }
 
-    async fn acquire<N>(self, store: &Store, mode: Mode, name: &N) -> Result<Attempt<Holding>>
+    pub(crate) async fn acquire<N>(
+        self,
+        store: &Store,
+        mode: Mode,
+        name: &N,
+    ) -> Result<Attempt<Holding>>
     where
         N: LockName + ?Sized,
     {
@@ -121,7 +132,7 @@ impl Spec {
     }
 
     /// Acquires, waiting up to `wait` while the lock is held; a zero wait is one attempt.
-    async fn acquire_within<N>(
+    pub(crate) async fn acquire_within<N>(
         self,
         store: &Store,
         mode: Mode,

@@ -218,12 +218,6 @@ macro_rules! token {
                 self.holding.extend().await
             }
 
-            /// The fencing token of this acquisition, when the lock is
-            /// [fenced](crate::Lock::fenced).
-            pub fn fence(&self) -> Option<u64> {
-                self.holding.fence()
-            }
-
             /// The locked name, as encoded by [`LockName`](crate::LockName).
             pub fn name(&self) -> &[u8] {
                 self.holding.name()
@@ -256,6 +250,29 @@ token! {
     /// the lock stays held until its TTL runs out. Call [`release`](Self::release) to free it at
     /// once.
     LockToken
+}
+
+token! {
+    /// Proof of holding one permit of a [`Semaphore`](crate::Semaphore).
+    ///
+    /// Dropping a permit does not talk to the store: its slot stays taken until its TTL runs
+    /// out. Call [`release`](Self::release) to free it at once.
+    Permit
+}
+
+impl<L> LockToken<L> {
+    /// The fencing token of this acquisition, when the lock is [fenced](crate::Lock::fenced).
+    pub fn fence(&self) -> Option<u64> {
+        self.holding.fence()
+    }
+}
+
+impl<L> ReadToken<L> {
+    /// For a [fenced](crate::RwLock::fenced) lock, the fencing token of the last writer (0
+    /// before any): the generation this reader sees.
+    pub fn fence(&self) -> Option<u64> {
+        self.holding.fence()
+    }
 }
 
 token! {

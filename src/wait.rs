@@ -115,6 +115,7 @@ impl WaitRooms {
         // Any release of an `RwLock` may let readers or writers in.
         let freed: &[Mode] = match mode {
             Mode::Exclusive => &[Mode::Exclusive],
+            Mode::Permit => &[Mode::Permit],
             Mode::Read | Mode::Write => &[Mode::Read, Mode::Write],
         };
         let mut name = Name::new(mode, namespace, name);
@@ -267,8 +268,8 @@ pub(crate) async fn acquire_within(
             let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
             match &attempt {
                 Ok(Attempt::Acquired(_)) => {
-                    // Readers share: the next reader may well get in too.
-                    if mode != Mode::Read {
+                    // Readers and permits share: the next waiter may well get in too.
+                    if matches!(mode, Mode::Exclusive | Mode::Write) {
                         turn.pass_on_held();
                     }
                     end(if attempts == 1 {

@@ -49,6 +49,8 @@ pin_project! {
             acquire: FinishOnDrop<Guarded>,
             inner: S,
             req: Request<B>,
+            // For a permit: refused means the semaphore is full at this limit.
+            full_at: Option<u32>,
         },
         // The inner service runs without a lease: the request names no lock, or the store failed
         // and the layer fails open.
@@ -92,18 +94,21 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    /// Acquires with `acquire`, then calls the readied `inner` with `req`.
+    /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
+    /// limit of a permit's acquisition, whose refusal says "full" rather than "held".
     pub(crate) fn acquiring(
         acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
+        full_at: Option<u32>,
         span: tracing::Span,
     ) -> Self {
         let state = State::Acquiring {
             acquire,
             inner,
             req,
+            full_at,
         };
         Self {
             state,
@@ -156,7 +161,10 @@ where
                 StateProj::Acquiring { acquire, .. } => {
                     let attempt = ready!(Pin::new(acquire).poll(cx));
                     let StateOwned::Acquiring {
-                        mut inner, mut req, ..
+                        mut inner,
+                        mut req,
+                        full_at,
+                        ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("in the Acquiring state")
@@ -174,10 +182,13 @@ where
                                 abort_on_loss,
                             }
                         }
-                        // Acquiring → Refusing: someone else holds it.
+                        // Acquiring → Refusing: someone else holds it, or every permit is taken.
                         Ok(Attempt::Busy { retry_after }) => {
                             tracing::debug!(namespace, ?retry_after, "lock held, request refused");
-                            let problem = Problem::Busy { retry_after };
+                            let problem = match full_at {
+                                Some(limit) => Problem::Full { retry_after, limit },
+                                None => Problem::Busy { retry_after },
+                            };
                             State::Refusing {
                                 problem,
                                 status: config.held_status,

@@ -63,7 +63,7 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    fn new(store: Store, spec: Spec) -> Self {
+    pub(super) fn new(store: Store, spec: Spec) -> Self {
         Self {
             store,
             spec,

@@ -88,7 +88,8 @@ impl Lease {
     }
 
     /// Which lease this is: [`Mode::Exclusive`] under [`LockLayer`](crate::LockLayer),
-    /// [`Mode::Read`] or [`Mode::Write`] under [`RwLockLayer`](crate::RwLockLayer).
+    /// [`Mode::Read`] or [`Mode::Write`] under [`RwLockLayer`](crate::RwLockLayer),
+    /// [`Mode::Permit`] under [`SemaphoreLayer`](crate::SemaphoreLayer).
     pub fn mode(&self) -> Mode {
         self.state.holding.mode()
     }

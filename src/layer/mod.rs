@@ -1,5 +1,5 @@
-//! Tower middleware that runs each request under a lease: [`LockLayer`] and
-//! [`RwLockLayer`].
+//! Tower middleware that runs each request under a lease: [`LockLayer`], [`RwLockLayer`] and
+//! [`SemaphoreLayer`].
 //!
 //! This page is the reference for the layer: where the name comes from, the options, every answer
 //! the layer makes over HTTP, and what happens while a request runs.
@@ -9,8 +9,10 @@
 //! says.
 //! [`LockLayer::new(store, lock, extractor)`](crate::LockLayer::new) takes an exclusive
 //! `Lock<str>`; [`RwLockLayer::new(store, rwlock, extractor)`](crate::RwLockLayer::new) takes
-//! the shared read lease for `GET`, `HEAD`, `OPTIONS` and `TRACE` and the write lease otherwise.
-//! Both are `Clone + Send + Sync`, keep the inner service's error type (every rejection is a
+//! the shared read lease for `GET`, `HEAD`, `OPTIONS` and `TRACE` and the write lease otherwise;
+//! [`SemaphoreLayer::new(store, semaphore, extractor)`](crate::SemaphoreLayer::new) takes one of
+//! a `Semaphore`'s K permits, so at most K requests per name run at once across every replica.
+//! All are `Clone + Send + Sync`, keep the inner service's error type (every rejection is a
 //! response, so axum needs no `HandleErrorLayer`), and need a tokio runtime.
 //!
 //! # With axum
@@ -113,11 +115,13 @@
 //!
 //! # Options
 //!
-//! Both layers have these, except `.read_when`:
+//! Every layer has these, except where the table says otherwise:
 //!
 //! | option | default | effect |
 //! |---|---|---|
-//! | [`.held_status(StatusCode)`](crate::LockLayer::held_status) | `409 Conflict` | the status when the lock is held; `StatusCode::LOCKED` for `423` (must be a 4xx) |
+//! | [`.held_status(StatusCode)`](crate::LockLayer::held_status) (`LockLayer`, `RwLockLayer`) | `409 Conflict` | the status when the lock is held; `StatusCode::LOCKED` for `423` (must be a 4xx) |
+//! | [`.full_status(StatusCode)`](crate::SemaphoreLayer::full_status) (`SemaphoreLayer`) | `429 Too Many Requests` | the status when every permit is taken (must be a 4xx) |
+//! | [`.permits(f)`](crate::SemaphoreLayer::permits) (`SemaphoreLayer`) | the semaphore's own | any `Fn(&Request<B>) -> u32`: this request's limit, such as a tenant's plan; `0` answers `400` |
 //! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or misses its deadline, run the request unlocked and log a warning |
 //! | [`.heartbeat(Duration)`](crate::LockLayer::heartbeat) | TTL / 3 | how often the lease is extended while the request runs (must be shorter than the TTL) |
 //! | [`.max_hold(Duration)`](crate::LockLayer::max_hold) | no limit | stop extending this long after acquiring: a stuck handler loses the lease at most one TTL later |
@@ -145,6 +149,8 @@
 //! | extractor answers `None` | the inner service's | the inner service's | the inner service's |
 //! | name empty, over 1024 bytes, or (without `.binary_names()`) not UTF-8 text or holding a control character or a brace | `400 Bad Request` | `content-type: application/problem+json` | problem `urn:tower-lease:invalid-lock-name` |
 //! | lock held by another request | `409 Conflict`, or `.held_status(…)` | `retry-after`, problem+json | problem `urn:tower-lease:lock-held` |
+//! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the earliest permit's end), problem+json | problem `urn:tower-lease:concurrency-limit` |
+//! | a limit of 0 from `.permits(..)` | `400 Bad Request` | problem+json | problem `urn:tower-lease:invalid-concurrency-limit` |
 //! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
 //! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
 //! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
@@ -156,7 +162,8 @@
 //! Every refusal above goes through the [`on_rejection`](crate::LockLayer::on_rejection) hook
 //! when the layer has one.
 //!
-//! - `Retry-After` on a held lock is the holder's remaining lease in whole seconds, rounded up, at
+//! - `Retry-After` on a held lock is the holder's remaining lease (on a full semaphore, the
+//!   earliest live permit's) in whole seconds, rounded up, at
 //!   least 1. Under the holder's heartbeat that is about one TTL for as long as the holder works,
 //!   so it says when to look again, not when the lock will be free; a route whose work is short
 //!   and whose TTL is long can send its own hint through `.on_rejection(..)`.
@@ -264,6 +271,7 @@ mod lease;
 mod options;
 mod problem;
 mod rejection;
+mod semaphore;
 mod service;
 mod shared_read;
 
@@ -274,4 +282,5 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease::{Lease, LeaseLost};
 pub use self::rejection::{OnRejection, Reason, Rejection};
+pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LockService;

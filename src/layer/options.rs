@@ -1,4 +1,4 @@
-//! The options [`LockLayer`] and [`RwLockLayer`] share, written once.
+//! The options [`LockLayer`], [`RwLockLayer`] and [`SemaphoreLayer`] share, written once.
 
 use std::time::Duration;
 
@@ -7,26 +7,12 @@ use http::StatusCode;
 use super::layer::{LockLayer, RwLockLayer};
 use super::lease::LeaseLost;
 use super::rejection::{OnRejection, Renderer};
+use super::semaphore::SemaphoreLayer;
 
-/// The options both layers have, with the same docs.
+/// The options every layer has, with the same docs.
 macro_rules! options {
     ($ty:ident < $($param:ident),* >) => {
         impl<$($param),*> $ty<$($param),*> {
-            /// The status of the answer when someone else holds the lock: `409 Conflict` by
-            /// default; `StatusCode::LOCKED` (423) is the other common choice.
-            ///
-            /// # Panics
-            ///
-            /// If `status` is not a client error (4xx).
-            pub fn held_status(mut self, status: StatusCode) -> Self {
-                assert!(
-                    status.is_client_error(),
-                    "tower-lease: held_status must be a 4xx status, got {status}"
-                );
-                self.config.held_status = status;
-                self
-            }
-
             /// Runs requests unlocked when the store fails or does not answer in time, logging
             /// a warning, instead of answering `503 Service Unavailable` with `Retry-After: 1`
             /// (the default, failing closed).
@@ -119,8 +105,8 @@ macro_rules! options {
                 self
             }
 
-            /// Waits up to `wait` for a held lock before answering `409` (or
-            /// [`held_status`](Self::held_status)): no wait by default. The request is woken
+            /// Waits up to `wait` for a held lock (or a free permit) before refusing the
+            /// request: no wait by default. The request is woken
             /// at once by a release in this process, or in any process when the store has
             /// [release notifications](crate::RedisStore::notifications); at the holder's lease
             /// end; and otherwise by polling with jitter. Within a process the waiters of one name
@@ -163,3 +149,30 @@ macro_rules! options {
 
 options!(LockLayer<E, P>);
 options!(RwLockLayer<E, R, P>);
+options!(SemaphoreLayer<E, K, P>);
+
+/// `held_status`, for the layers whose refusal means "held" (a semaphore's means "full").
+macro_rules! held_status {
+    ($ty:ident < $($param:ident),* >) => {
+        impl<$($param),*> $ty<$($param),*> {
+            /// The status of the answer when someone else holds the lock: `409 Conflict` by
+            /// default; `StatusCode::LOCKED` (423) is the other common choice.
+            ///
+            /// # Panics
+            ///
+            /// If `status` is not a client error (4xx).
+            pub fn held_status(mut self, status: StatusCode) -> Self {
+                assert!(
+                    status.is_client_error(),
+                    "tower-lease: held_status must be a 4xx status, got {status}"
+                );
+                self.config.held_status = status;
+                self
+            }
+
+        }
+    };
+}
+
+held_status!(LockLayer<E, P>);
+held_status!(RwLockLayer<E, R, P>);

@@ -16,6 +16,10 @@ const PROBLEM_JSON: &str = "application/problem+json";
 pub(crate) enum Problem {
     /// Someone else holds the lock; their lease has `retry_after` left.
     Busy { retry_after: Duration },
+    /// Every permit of the semaphore is taken; the earliest ends in `retry_after`.
+    Full { retry_after: Duration, limit: u32 },
+    /// The layer's per-request permits gave a limit of 0.
+    InvalidLimit,
     /// The extractor produced a name the layer refuses to lock.
     InvalidName(NameDefect),
     /// The extractor found no name, and the layer requires one.
@@ -38,6 +42,8 @@ impl Problem {
     fn type_uri(self) -> &'static str {
         match self {
             Problem::Busy { .. } => "urn:tower-lease:lock-held",
+            Problem::Full { .. } => "urn:tower-lease:concurrency-limit",
+            Problem::InvalidLimit => "urn:tower-lease:invalid-concurrency-limit",
             Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
             Problem::MissingName => "urn:tower-lease:missing-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
@@ -51,6 +57,8 @@ impl Problem {
     fn title(self) -> &'static str {
         match self {
             Problem::Busy { .. } => "The resource is locked by another request",
+            Problem::Full { .. } => "Too many requests for this resource are running",
+            Problem::InvalidLimit => "The request is allowed no concurrent requests",
             Problem::InvalidName(_) => "The request names a resource that cannot be locked",
             Problem::MissingName => "The request does not name the resource to lock",
             Problem::Unavailable => "The lock service is unavailable",
@@ -67,6 +75,14 @@ impl Problem {
                 "Another request holds the {namespace} lock for this resource; \
                  retry in {} s.",
                 retry_after_secs(retry_after)
+            ),
+            Problem::Full { retry_after, limit } => format!(
+                "All {limit} permits of {namespace} for this resource are in use; retry in {} s.",
+                retry_after_secs(retry_after)
+            ),
+            Problem::InvalidLimit => format!(
+                "The {namespace} limit for this request is 0 concurrent requests, so it can \
+                 never run."
             ),
             Problem::InvalidName(NameDefect::Length(len)) => format!(
                 "Lock names in {namespace} must be 1 to {} bytes long, this one is {len} bytes.",
@@ -105,7 +121,7 @@ impl Problem {
     /// How long a client should wait before trying again, when the layer can tell.
     pub(crate) fn retry_after(self) -> Option<Duration> {
         match self {
-            Problem::Busy { retry_after } => Some(retry_after),
+            Problem::Busy { retry_after } | Problem::Full { retry_after, .. } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
             Problem::Unavailable => Some(Duration::from_secs(1)),

@@ -35,6 +35,17 @@ pub enum Reason {
         /// promise that the lock is free then.
         retry_after: Duration,
     },
+    /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
+    Full {
+        /// How long until the earliest live permit's lease ends (a hint under the holders'
+        /// heartbeats, as for [`Busy`](Self::Busy)).
+        retry_after: Duration,
+        /// The limit this request was refused at.
+        limit: u32,
+    },
+    /// The [`SemaphoreLayer`](crate::SemaphoreLayer)'s per-request
+    /// [`permits`](crate::SemaphoreLayer::permits) gave this request a limit of 0.
+    InvalidLimit,
     /// The request names a lock the layer refuses to take: empty, too long, or (without
     /// [`binary_names`](crate::LockLayer::binary_names)) not text.
     InvalidName,
@@ -74,6 +85,8 @@ impl Rejection {
     pub fn reason(&self) -> Reason {
         match self.problem {
             Problem::Busy { retry_after } => Reason::Busy { retry_after },
+            Problem::Full { retry_after, limit } => Reason::Full { retry_after, limit },
+            Problem::InvalidLimit => Reason::InvalidLimit,
             Problem::InvalidName(_) => Reason::InvalidName,
             Problem::MissingName => Reason::MissingName,
             Problem::Unavailable => Reason::StoreUnavailable,
@@ -85,7 +98,9 @@ impl Rejection {
     }
 
     /// The status the layer answers with by default: the layer's
-    /// [`held_status`](crate::LockLayer::held_status) when busy, `400` for names, `503` when
+    /// [`held_status`](crate::LockLayer::held_status) when busy (or
+    /// [`full_status`](crate::SemaphoreLayer::full_status) when full), `400` for names and a
+    /// limit of 0, `503` when
     /// the store is unavailable or the lease was lost, `413`, `408` and `400` for bodies.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -97,7 +112,8 @@ impl Rejection {
     }
 
     /// How long a client should wait before trying again, when the layer can tell: the
-    /// holder's remaining lease when busy, one second when the store is unavailable.
+    /// holder's remaining lease when busy, the earliest permit's when full, one second when the
+    /// store is unavailable.
     pub fn retry_after(&self) -> Option<Duration> {
         self.problem.retry_after()
     }

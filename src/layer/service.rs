@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::body::LeaseBody;
 use super::extract::NameDefect;
-use super::extract::{ExtractName, ReadWhen, SafeMethods};
+use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
@@ -20,6 +20,7 @@ use super::problem::Problem;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use crate::LockName;
 use crate::finish_on_drop::FinishOnDrop;
+use crate::lock::Spec;
 use crate::store::Mode;
 use crate::telemetry;
 use crate::token::{Attempt, Holding};
@@ -27,25 +28,28 @@ use crate::wait;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
-pub(crate) enum Access<R> {
+pub(crate) enum Access<R, P> {
     /// A [`Lock`](crate::Lock)'s one lease for every request.
     Exclusive,
     /// An [`RwLock`](crate::RwLock)'s read or write lease, as `R` decides per request.
     ReadWrite(R),
+    /// One of a [`Semaphore`](crate::Semaphore)'s permits, of as many as `P` allows a request.
+    Permits(P),
 }
 
-/// The middleware [`LockLayer`](crate::LockLayer) and [`RwLockLayer`](crate::RwLockLayer)
-/// make. `R` only matters for the latter.
+/// The middleware [`LockLayer`](crate::LockLayer), [`RwLockLayer`](crate::RwLockLayer) and
+/// [`SemaphoreLayer`](crate::SemaphoreLayer) make. `R` only matters for the second, `P` for the
+/// third.
 #[derive(Clone)]
-pub struct LockService<S, E, R = SafeMethods> {
+pub struct LockService<S, E, R = SafeMethods, P = SemaphorePermits> {
     inner: S,
     config: Arc<Config>,
     extractor: E,
-    access: Access<R>,
+    access: Access<R, P>,
 }
 
-impl<S, E, R> LockService<S, E, R> {
-    pub(crate) fn new(inner: S, config: Arc<Config>, extractor: E, access: Access<R>) -> Self {
+impl<S, E, R, P> LockService<S, E, R, P> {
+    pub(crate) fn new(inner: S, config: Arc<Config>, extractor: E, access: Access<R, P>) -> Self {
         Self {
             inner,
             config,
@@ -70,12 +74,13 @@ impl<S, E, R> LockService<S, E, R> {
     }
 }
 
-impl<S, E, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R>
+impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R, P>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: http_body::Body,
     E: ExtractName<ReqBody>,
     R: ReadWhen<ReqBody>,
+    P: PermitsFor<ReqBody>,
 {
     type Response = Response<LeaseBody<ResBody>>;
     type Error = S::Error;
@@ -113,6 +118,14 @@ where
             let status = StatusCode::BAD_REQUEST;
             return ResponseFuture::refused(problem, status, self.config.clone(), span);
         }
+        let Some(spec) = self.access.spec(&req, self.config.spec) else {
+            span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
+            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
+            let (problem, status) = (Problem::InvalidLimit, StatusCode::BAD_REQUEST);
+            return ResponseFuture::refused(problem, status, self.config.clone(), span);
+        };
+        // A refusal of a permit says the semaphore is full, at this request's limit.
+        let full_at = (mode == Mode::Permit).then_some(spec.permits);
         let config = self.config.clone();
         let on_store_error = match config.fail_open {
             true => telemetry::AcquireOutcome::Unlocked,
@@ -127,7 +140,7 @@ where
                     telemetry::shared(config.spec.namespace, mode, acquired);
                     return Ok(Attempt::Acquired(joined(read, &config)));
                 }
-                let (store, spec, wait) = (config.store.clone(), config.spec, config.wait);
+                let (store, wait) = (config.store.clone(), config.wait);
                 let name = name.into_boxed_slice();
                 let (sent_at, attempt) =
                     wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
@@ -153,13 +166,13 @@ where
                     let name = Cow::Owned(name);
                     let on_store_error = Some(on_store_error);
                     let attempt =
-                        Holding::acquire_as(store, config.spec, mode, name, on_store_error).await;
+                        Holding::acquire_as(store, spec, mode, name, on_store_error).await;
                     let timing = config.timing;
                     attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
                 })),
             },
         };
-        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, span)
+        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, full_at, span)
     }
 }
 
@@ -241,7 +254,7 @@ fn request_span(namespace: &'static str, mode: Mode) -> tracing::Span {
     tracing::debug_span!("tower_lease.request", namespace, mode = mode.as_str())
 }
 
-impl<R> Access<R> {
+impl<R, P> Access<R, P> {
     /// The lease `req` takes.
     fn mode<B>(&self, req: &Request<B>) -> Mode
     where
@@ -251,11 +264,28 @@ impl<R> Access<R> {
             Access::Exclusive => Mode::Exclusive,
             Access::ReadWrite(read_when) if read_when.is_read(req) => Mode::Read,
             Access::ReadWrite(_) => Mode::Write,
+            Access::Permits(_) => Mode::Permit,
+        }
+    }
+
+    /// The definition `req` takes its lease under: the layer's, with the request's own permits
+    /// for a semaphore; `None` when they are 0.
+    fn spec<B>(&self, req: &Request<B>, spec: Spec) -> Option<Spec>
+    where
+        P: PermitsFor<B>,
+    {
+        let Access::Permits(permits) = self else {
+            return Some(spec);
+        };
+        match permits.permits_for(req) {
+            None => Some(spec),
+            Some(0) => None,
+            Some(permits) => Some(Spec { permits, ..spec }),
         }
     }
 }
 
-impl<S: fmt::Debug, E, R> fmt::Debug for LockService<S, E, R> {
+impl<S: fmt::Debug, E, R, P> fmt::Debug for LockService<S, E, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockService")
             .field("inner", &self.inner)

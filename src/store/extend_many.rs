@@ -125,6 +125,8 @@ pub(super) fn extend_keys(mode: Mode) -> &'static [KeyRole] {
         Mode::Read => &[KeyRole::Readers, KeyRole::WriteIntent],
         Mode::Write => &[KeyRole::Writer],
         Mode::Exclusive => &[KeyRole::Lock],
+        // A permit is extended as a reader is, by `read_extend.lua`, without an intent to report.
+        Mode::Permit => &[KeyRole::Permits],
     }
 }
 

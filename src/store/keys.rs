@@ -14,6 +14,7 @@ const DEFAULT_PREFIX: &str = "tower-lease";
 /// let layout = KeyLayout::default();
 /// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");
 /// assert_eq!(layout.key(KeyRole::Readers, "catalog", b"s1"), b"tower-lease:rwlock:{catalog:s1}:r");
+/// assert_eq!(layout.key(KeyRole::Permits, "export", b"t1"), b"tower-lease:sem:{export:t1}");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyLayout {
@@ -74,6 +75,7 @@ impl KeyLayout {
             KeyRole::Readers => (b":rwlock:{", b":r"),
             KeyRole::WriteIntent => (b":rwlock:{", b":wi"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
+            KeyRole::Permits => (b":sem:{", b""),
         };
         let prefix = self.prefix.as_bytes();
         [
@@ -133,4 +135,7 @@ pub enum KeyRole {
     WriteIntent,
     /// The fence counter of an [`RwLock`](crate::RwLock).
     RwLockFence,
+    /// The permits of a [`Semaphore`](crate::Semaphore): a sorted set of permit secrets scored
+    /// by lease end (server ms).
+    Permits,
 }

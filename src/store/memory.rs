@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, Secret};
+use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
 use crate::Result;
 use crate::store::Mode;
 
@@ -33,7 +33,11 @@ struct Namespace {
     rwlocks: HashMap<Box<[u8]>, RwEntry>,
     lock_fences: HashMap<Box<[u8]>, u64>,
     rwlock_fences: HashMap<Box<[u8]>, u64>,
+    semaphores: HashMap<Box<[u8]>, Permits>,
 }
+
+/// The live permits of one semaphore name, by secret, with their lease ends.
+type Permits = HashMap<Secret, Instant>;
 
 #[derive(Debug)]
 struct StoredLease {
@@ -109,6 +113,18 @@ impl MemoryStore {
                         .fenced
                         .then(|| next_fence(&mut ns.lock_fences, lock.name)),
                 }
+            }
+            Mode::Permit => {
+                let permits = ns.semaphores.entry(lock.name.into()).or_default();
+                permits.retain(|_, ends| *ends > now);
+                if permits.len() >= lock.permits as usize {
+                    let earliest = permits.values().min().map_or(now, |&ends| ends);
+                    return Acquisition::Busy {
+                        retry_after: earliest - now,
+                    };
+                }
+                permits.insert(lease.secret.clone(), ends);
+                Acquisition::Acquired { fence: None }
             }
             Mode::Read => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
@@ -188,6 +204,24 @@ impl MemoryStore {
                     ns.locks.remove(lock.name);
                 }
                 true
+            }
+            Mode::Permit => {
+                let Some(permits) = ns.semaphores.get_mut(lock.name) else {
+                    return false;
+                };
+                permits.retain(|_, ends| *ends > now);
+                let done = match permits.get_mut(secret) {
+                    Some(ends) if extend => {
+                        *ends = new_end;
+                        true
+                    }
+                    Some(_) => permits.remove(secret).is_some(),
+                    None => false,
+                };
+                if permits.is_empty() {
+                    ns.semaphores.remove(lock.name);
+                }
+                done
             }
             Mode::Read | Mode::Write => {
                 let Some(shared) = ns.rwlocks.get_mut(lock.name) else {
@@ -274,7 +308,7 @@ impl State {
         let names: usize = self
             .namespaces
             .values()
-            .map(|ns| ns.locks.len() + ns.rwlocks.len())
+            .map(|ns| ns.locks.len() + ns.rwlocks.len() + ns.semaphores.len())
             .sum();
         if self.calls_since_sweep < names.max(64) {
             return;
@@ -285,6 +319,10 @@ impl State {
             ns.rwlocks.retain(|_, shared| {
                 shared.forget_expired(now);
                 !shared.is_empty()
+            });
+            ns.semaphores.retain(|_, permits| {
+                permits.retain(|_, ends| *ends > now);
+                !permits.is_empty()
             });
         }
     }
@@ -307,5 +345,20 @@ impl Backend for MemoryStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move { Ok(self.update_now(lease, false)) })
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let state = self.lock();
+            let permits = state
+                .namespaces
+                .get(lock.namespace)
+                .and_then(|ns| ns.semaphores.get(lock.name));
+            let live = permits.map_or(0, |permits| {
+                permits.values().filter(|&&ends| ends > now).count()
+            });
+            Ok(live as u32)
+        })
     }
 }

@@ -153,6 +153,7 @@ impl fmt::Debug for Store {
 
 /// Which lease a [`Backend`] call is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mode {
     /// The one lease of a [`Lock`](crate::Lock).
     Exclusive,
@@ -160,21 +161,25 @@ pub enum Mode {
     Read,
     /// The writer's lease of an [`RwLock`](crate::RwLock).
     Write,
+    /// One of the permits of a [`Semaphore`](crate::Semaphore).
+    Permit,
 }
 
 impl Mode {
-    /// `"exclusive"`, `"read"` or `"write"`: the mode as metrics and traces label it.
+    /// `"exclusive"`, `"read"`, `"write"` or `"permit"`: the mode as metrics and traces label
+    /// it.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",
             Mode::Read => "read",
             Mode::Write => "write",
+            Mode::Permit => "permit",
         }
     }
 }
 
-/// The lock a [`Backend`] call is about: namespace and name (already validated), TTL and
-/// whether acquisitions are fenced.
+/// The lock a [`Backend`] call is about: namespace and name (already validated), TTL, whether
+/// acquisitions are fenced, and for a [`Semaphore`](crate::Semaphore) how many permits it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockRef<'a> {
@@ -189,6 +194,8 @@ pub struct LockRef<'a> {
     /// Whether a write attempt refused by readers makes new readers wait
     /// ([`RwLock::writer_preferred`](crate::RwLock::writer_preferred)).
     pub writer_preferred: bool,
+    /// For [`Mode::Permit`]: the most permits live at once (at least 1); 0 for other locks.
+    pub permits: u32,
 }
 
 impl<'a> LockRef<'a> {
@@ -203,7 +210,13 @@ impl<'a> LockRef<'a> {
             ttl,
             fenced,
             writer_preferred: false,
+            permits: 0,
         }
+    }
+
+    /// The same lock, as a semaphore of `permits` permits, for [`Mode::Permit`] calls.
+    pub fn permits(self, permits: u32) -> Self {
+        Self { permits, ..self }
     }
 
     /// How long a refused writer's write intent lasts: two thirds of the TTL (about two of the
@@ -321,6 +334,9 @@ impl<'a> LeaseRef<'a> {
 ///   `false` (for `extend`, [`Extended::Gone`]) otherwise; `extend` never re-acquires a lease
 ///   that ran out. A reader's `extend` answers [`Extended::HeldWriterWaiting`] when it extended
 ///   the lease while a write intent lives (the intent that makes `acquire` refuse readers).
+/// - A permit is refused while `permits` permits of the name are live; its `retry_after` is
+///   the earliest live permit's remaining lease. Permits extend and release one by one, like
+///   readers.
 /// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
 ///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
 ///   counter is lost.
@@ -334,6 +350,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Ends `lease`; `false` if it was not held with its secret any more.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
+
+    /// How many permits of the semaphore `lock` names are live now.
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>>;
 
     /// Extends many leases at once, answering in the order of `leases` what
     /// [`extend`](Self::extend) would have answered for each.

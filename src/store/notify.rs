@@ -60,6 +60,7 @@ impl fmt::Debug for Notifier {
 pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
     match mode {
         Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),
+        Mode::Permit => layout.key(KeyRole::Permits, namespace, name),
         Mode::Read | Mode::Write => {
             let mut key = layout.key(KeyRole::Writer, namespace, name);
             key.truncate(key.len() - b":w".len());

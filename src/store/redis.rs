@@ -13,7 +13,10 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
-use super::scripts::{ACQUIRE, Holder, Lua, READ_ACQUIRE, WRITE_ACQUIRE, holder_script};
+use super::scripts::{
+    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WRITE_ACQUIRE,
+    holder_script,
+};
 use super::watchdog;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
@@ -33,6 +36,8 @@ const ARGS_LEN: usize = 64;
 /// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
+/// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a waiting writer's secret, `PX` two thirds of the TTL |
+/// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, never expires |
 ///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
@@ -49,13 +54,14 @@ pub struct RedisStore<C> {
     notifier: Option<Arc<notify::Notifier>>,
 }
 
-/// The last argument of a holder's script: the TTL to extend by, or the channel a release
-/// publishes on.
+/// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
+/// release publishes on.
 #[derive(Clone, Copy)]
 enum LastArg<'a> {
     Ttl,
-    /// A write acquisition: the TTL, then how long a write intent lasts (0 for none).
-    TtlAndIntent(u64),
+    /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
+    /// acquisition, the most permits live at once for a permit's.
+    TtlAnd(u64),
     Channel(&'a [u8]),
 }
 
@@ -157,14 +163,15 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced).
+    /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced), then
+    /// the secret and `last` as arguments when there is a secret.
     async fn run(
         &self,
         script: &Lua,
         lock: LockRef<'_>,
         roles: &[KeyRole],
         fence: Option<KeyRole>,
-        secret: &Secret,
+        secret: Option<&Secret>,
         last: LastArg<'_>,
     ) -> Result<redis::Value> {
         let fence = fence.filter(|_| lock.fenced);
@@ -178,13 +185,16 @@ where
             keys().for_each(|key| {
                 command.arg(key);
             });
+            let Some(secret) = secret else {
+                return command;
+            };
             command.arg(secret.as_bytes().as_slice());
             match last {
                 LastArg::Ttl => {
                     command.arg(lock.ttl.as_millis() as u64);
                 }
-                LastArg::TtlAndIntent(intent) => {
-                    command.arg(lock.ttl.as_millis() as u64).arg(intent);
+                LastArg::TtlAnd(number) => {
+                    command.arg(lock.ttl.as_millis() as u64).arg(number);
                 }
                 LastArg::Channel(channel) => {
                     command.arg(channel);
@@ -370,12 +380,19 @@ where
             // Boxed on its own, without room for the scripts' state it never uses.
             return self.bounded(self.set_nx(lock, secret));
         }
+        let secret = Some(secret);
         self.bounded(async move {
             let reply = match mode {
                 Mode::Exclusive => {
                     let roles = [KeyRole::Lock];
                     let fence = Some(KeyRole::LockFence);
                     self.run(&ACQUIRE, lock, &roles, fence, secret, LastArg::Ttl)
+                        .await?
+                }
+                Mode::Permit => {
+                    let roles = [KeyRole::Permits];
+                    let limit = LastArg::TtlAnd(lock.permits.into());
+                    self.run(&PERMIT_ACQUIRE, lock, &roles, None, secret, limit)
                         .await?
                 }
                 Mode::Read | Mode::Write => {
@@ -389,7 +406,7 @@ where
                     let last = match mode {
                         Mode::Write => {
                             let intent = lock.write_intent().unwrap_or_default();
-                            LastArg::TtlAndIntent(intent.as_millis() as u64)
+                            LastArg::TtlAnd(intent.as_millis() as u64)
                         }
                         _ => LastArg::Ttl,
                     };
@@ -400,10 +417,20 @@ where
         })
     }
 
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        self.bounded(async move {
+            let roles = [KeyRole::Permits];
+            let reply = self
+                .run(&PERMITS_IN_USE, lock, &roles, None, None, LastArg::Ttl)
+                .await?;
+            redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))
+        })
+    }
+
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         self.bounded(async move {
             let (script, _) = holder_script(lease.mode, Holder::Extend);
-            let (lock, secret) = (lease.lock, lease.secret);
+            let (lock, secret) = (lease.lock, Some(lease.secret));
             let roles = extend_keys(lease.mode);
             extended(
                 self.run(script, lock, roles, None, secret, LastArg::Ttl)
@@ -422,7 +449,7 @@ where
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Release);
-            let (lock, secret) = (lease.lock, lease.secret);
+            let (lock, secret) = (lease.lock, Some(lease.secret));
             let channel = notify::channel(&self.layout, lease.mode, lock.namespace, lock.name);
             let last = LastArg::Channel(&channel);
             answered_one(self.run(script, lock, &[role], None, secret, last).await?)

@@ -14,6 +14,9 @@ pub(super) static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquir
 pub(super) static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
 pub(super) static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
 pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
+pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_acquire.lua"));
+pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
+pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
 ///
@@ -54,5 +57,8 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
         (Mode::Exclusive, Holder::Release) => (&RELEASE, KeyRole::Lock),
         (Mode::Write, Holder::Release) => (&RELEASE, KeyRole::Writer),
         (Mode::Read, Holder::Release) => (&READ_RELEASE, KeyRole::Readers),
+        // A permit is extended exactly as a reader is: one member of a set scored by lease end.
+        (Mode::Permit, Holder::Extend) => (&READ_EXTEND, KeyRole::Permits),
+        (Mode::Permit, Holder::Release) => (&PERMIT_RELEASE, KeyRole::Permits),
     }
 }

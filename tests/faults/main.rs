@@ -10,6 +10,7 @@ mod support;
 mod eviction;
 mod fences;
 mod layer;
+mod pools;
 mod recovery;
 mod replicas;
 mod rw_replicas;

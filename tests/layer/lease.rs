@@ -13,7 +13,9 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::store::{Acquisition, Backend, BoxFuture, KeyRole, LeaseRef, MemoryStore};
+use tower_lease::store::{
+    Acquisition, Backend, BoxFuture, KeyRole, LeaseRef, LockRef, MemoryStore,
+};
 use tower_lease::{Lease, LeaseLost, Lock, LockLayer, Store, extract};
 
 use crate::support::http::{Chunks, Http, Reply, serve};
@@ -174,6 +176,10 @@ impl Backend for LetsEveryoneIn {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
         self.memory.release(lease)
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+        self.memory.in_use(lock)
     }
 }
 

@@ -13,5 +13,6 @@ mod names;
 mod options;
 mod responses;
 mod rw;
+mod semaphore;
 mod wait;
 mod writer;

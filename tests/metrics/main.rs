@@ -17,7 +17,7 @@ use axum::routing::post;
 use http::StatusCode;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::{Mutex, MutexGuard};
-use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Store, extract};
+use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer, Store, extract};
 
 use support::http::{Http, count, serve};
 use support::{Env, Setup};
@@ -285,6 +285,57 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
     assert_eq!(
         moved(&recorded(), ACQUIRE),
         one(ACQUIRE, "mode=exclusive,namespace=short,outcome=unlocked")
+    );
+}
+
+/// Permits count under `mode="permit"`: acquired, held (full), the held gauge, and a limit of 0
+/// over HTTP as invalid input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_count_under_mode_permit() {
+    const POOL: Semaphore<str> = Semaphore::new("pool", 1, Duration::from_secs(5));
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+    let _turn = turn().await;
+    let store = Store::memory();
+
+    let permit = POOL.try_acquire(&store, "a").await.unwrap().unwrap();
+    let acquired = recorded();
+    assert_eq!(
+        moved(&acquired, ACQUIRE),
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=acquired")
+    );
+    assert_eq!(
+        acquired["tower_lease_held{mode=permit,namespace=pool}"],
+        1.0
+    );
+    assert!(POOL.try_acquire(&store, "a").await.unwrap().is_none());
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=held")
+    );
+    assert!(permit.release().await.unwrap());
+    assert_eq!(
+        recorded()["tower_lease_held{mode=permit,namespace=pool}"],
+        0.0
+    );
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = SemaphoreLayer::new(store, POOL, extract::path_segment(1)).permits(
+        |req: &http::Request<axum::body::Body>| u32::from(req.uri().path() != "/jobs/none"),
+    );
+    let addr = serve(
+        Router::new()
+            .route("/jobs/{id}", post(count))
+            .route_layer(layer)
+            .with_state(runs.clone()),
+    )
+    .await;
+    assert_eq!(
+        Http::new().post(addr, "/jobs/none").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=invalid_name")
     );
 }
 

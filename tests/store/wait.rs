@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, MemoryStore};
+use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, MemoryStore};
 use tower_lease::{Lock, RwLock, Store};
 
 use crate::support::Env;
@@ -160,6 +160,10 @@ impl Backend for Counting {
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
         self.0.memory.release(lease)
     }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+        self.0.memory.in_use(lock)
+    }
 }
 
 /// Twenty waiters in one process while a lock is held for 300 ms: only the first asks the store
@@ -251,6 +255,50 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
         "the waiter's commands while waiting 700 ms"
     );
     assert!(token.unwrap().unwrap().release().await.unwrap());
+}
+
+/// The same for a semaphore: a permit released in one replica wakes a waiter for it in the other
+/// at once, through the semaphore's channel; the waiter's attempts are the one refused at first
+/// and the one that wins (by `evalsha` calls of the permit scripts: 2, with the release's 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once() {
+    use crate::support::server::{calls, commandstats};
+    use crate::support::{Endpoint, RedisServer};
+    use tower_lease::{RedisStore, Semaphore};
+
+    const POOL: Semaphore<str> = Semaphore::new("pool", 1, Duration::from_secs(10));
+    let server = RedisServer::start();
+    let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let waiter_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let raw = server.connection().await;
+    let holder = POOL
+        .try_acquire(&holder_replica, "n")
+        .await
+        .unwrap()
+        .unwrap();
+    let before = commandstats(&raw).await;
+    let waiter = tokio::spawn(async move {
+        let permit = POOL
+            .try_acquire_for(&waiter_replica, "n", Duration::from_secs(3))
+            .await;
+        (permit, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (permit, acquired) = waiter.await.unwrap();
+    let after = commandstats(&raw).await;
+    let handed_off = acquired - released;
+    assert!(
+        handed_off < Duration::from_millis(60),
+        "handed off after {handed_off:?}"
+    );
+    let scripts = calls(&after, "evalsha") - calls(&before, "evalsha");
+    assert_eq!(
+        scripts, 3,
+        "two attempts and one release in 700 ms of waiting"
+    );
+    assert!(permit.unwrap().unwrap().release().await.unwrap());
 }
 
 /// A release racing a waiter's start, 60 times, at random offsets: with release notifications

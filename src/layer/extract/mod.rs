@@ -1,5 +1,5 @@
-//! Where a request's lock name comes from ([`ExtractName`]), and whether it reads or writes
-//! ([`ReadWhen`]).
+//! Where a request's lock name comes from ([`ExtractName`]), whether it reads or writes
+//! ([`ReadWhen`]), and how many permits it may share its name with ([`PermitsFor`]).
 //!
 //! Any closure `Fn(&Request<B>) -> Option<N>` is an extractor, for an owned name type `N`
 //! (`String`, `Vec<u8>`, `Bytes`, an integer, …). The helpers here cover the usual cases:
@@ -265,6 +265,36 @@ impl<B> ReadWhen<B> for SafeMethods {
             *req.method(),
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         )
+    }
+}
+
+/// Decides how many permits a request of a [`SemaphoreLayer`](crate::SemaphoreLayer) may share
+/// its name with: a tenant's plan, say.
+///
+/// Implemented for every `Fn(&Request<B>) -> u32 + Clone + Send + Sync + 'static`; the default
+/// is [`SemaphorePermits`]. A limit of 0 answers `400` (and counts as `invalid_name` in the
+/// `metrics` feature's `tower_lease_acquire_total`).
+pub trait PermitsFor<B> {
+    /// The most permits live at once for `req` to get in; `None` for the semaphore's own.
+    fn permits_for(&self, req: &Request<B>) -> Option<u32>;
+}
+
+impl<B, F> PermitsFor<B> for F
+where
+    F: Fn(&Request<B>) -> u32 + Clone + Send + Sync + 'static,
+{
+    fn permits_for(&self, req: &Request<B>) -> Option<u32> {
+        Some(self(req))
+    }
+}
+
+/// Every request gets the semaphore's own number of permits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SemaphorePermits;
+
+impl<B> PermitsFor<B> for SemaphorePermits {
+    fn permits_for(&self, _req: &Request<B>) -> Option<u32> {
+        None
     }
 }
 

@@ -14,7 +14,7 @@ use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
 use crate::layer::guard::LeaseGuard;
 use crate::store::BoxFuture;
-use crate::store::{Acquisition, Backend, Extended, LeaseRef, MemoryStore, Mode};
+use crate::store::{Acquisition, Backend, Extended, LeaseRef, LockRef, MemoryStore, Mode};
 use crate::token::{Attempt, Holding};
 use crate::{Error, Lock, Store};
 
@@ -46,6 +46,10 @@ impl Backend for Arc<Scripted> {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         self.memory.release(lease)
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        self.memory.in_use(lock)
     }
 
     fn extend_many<'a>(

@@ -1,5 +1,6 @@
 -- Extend one reader lease to one full TTL from now; an expired reader is not re-added.
--- KEYS[1] reader set, KEYS[2] write intent; ARGV[1] secret, ARGV[2] TTL in ms.
+-- KEYS[1] reader set (or a semaphore's permit set), KEYS[2] write intent (readers only);
+-- ARGV[1] secret, ARGV[2] TTL in ms.
 -- Returns 0 when the lease is gone (not extended), 1 when extended, 2 when extended while a
 -- write intent lives: new readers are refused then, and a process sharing this lease among its
 -- requests stops admitting new ones to it.

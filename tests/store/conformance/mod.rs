@@ -7,6 +7,7 @@ mod exclusive;
 mod input;
 mod redis_only;
 mod rw;
+mod semaphore;
 mod writer_preferred;
 
 use std::time::Duration;
