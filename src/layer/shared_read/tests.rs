@@ -4,8 +4,10 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use super::*;
+use crate::Result;
 use crate::store::Mode;
 use crate::telemetry::LossReason;
+use crate::token::Attempt;
 use crate::{RwLock, Store};
 
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(300));

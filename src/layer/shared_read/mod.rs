@@ -21,6 +21,9 @@
 //!
 //! The shared lease is one [`OwnLease`]: one heartbeat enrolment, one extension per beat
 //! however many requests share it, and one [`LeaseState`] whose loss every request sees.
+//!
+//! This file keeps the registry and the held shares; [`acquire`] the requests that wait for a
+//! share's acquisition or send it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -35,12 +38,16 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+mod acquire;
+
+pub(crate) use self::acquire::{Leader, Waiter};
+
 use super::guard::{LeaseGuard, OwnLease};
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::lease::{Lease, LeaseState};
+use crate::Error;
 use crate::store::BoxFuture;
-use crate::token::{Attempt, Holding};
-use crate::{Error, Result};
+use crate::token::Holding;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.
@@ -116,11 +123,7 @@ impl SharedReads {
             match share.outcome.get() {
                 None => {
                     share.members.fetch_add(1, Ordering::Relaxed);
-                    let share = Some(share.clone());
-                    return Entry::Waiting(Waiter {
-                        reads: self.clone(),
-                        share,
-                    });
+                    return Entry::Waiting(Waiter::new(self.clone(), share.clone()));
                 }
                 Some(Outcome::Held(held)) if held.admits(now) => {
                     share.members.fetch_add(1, Ordering::Relaxed);
@@ -132,11 +135,7 @@ impl SharedReads {
         }
         let share = Arc::new(Share::new(name, None));
         shares.insert(name.into(), share.clone());
-        let share = Some(share);
-        Entry::Leading(Leader {
-            reads: self.clone(),
-            share,
-        })
+        Entry::Leading(Leader::new(self.clone(), share))
     }
 
     /// Shares `holding`, taken after a wait, when no share of its name can take newcomers;
@@ -361,108 +360,6 @@ impl Drop for SharedRead {
     }
 }
 
-/// A request waiting for the acquisition another request of its share sent.
-pub(crate) struct Waiter {
-    reads: Arc<SharedReads>,
-    /// `None` once the waiter has left or become a [`SharedRead`].
-    share: Option<Arc<Share>>,
-}
-
-impl Waiter {
-    /// The share's answer for this request; `None` when the leading request went away before
-    /// it asked the store, and this one must enter again.
-    pub(crate) async fn outcome(mut self) -> Option<Result<Attempt<SharedRead>>> {
-        let share = self.share.clone().expect("waits once");
-        loop {
-            let answered = share.answered.notified();
-            let mut answered = std::pin::pin!(answered);
-            // Registered before looking, so a publication in between still wakes us.
-            answered.as_mut().enable();
-            if let Some(outcome) = share.outcome.get() {
-                let answer = match outcome {
-                    Outcome::Held(_) => {
-                        self.share = None;
-                        let read = SharedRead::new(self.reads.clone(), share.clone());
-                        return Some(Ok(Attempt::Acquired(read)));
-                    }
-                    Outcome::Busy(retry_after) => Some(Ok(Attempt::Busy {
-                        retry_after: *retry_after,
-                    })),
-                    Outcome::Failed(error) => Some(Err(copy(error))),
-                    Outcome::Abandoned => None,
-                };
-                // Dropping `self` leaves the share.
-                return answer;
-            }
-            answered.await;
-        }
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        if let Some(share) = self.share.take() {
-            drop(self.reads.leave(&share));
-        }
-    }
-}
-
-/// The request that sends a share's acquisition.
-pub(crate) struct Leader {
-    reads: Arc<SharedReads>,
-    /// `None` once published.
-    share: Option<Arc<Share>>,
-}
-
-impl Leader {
-    /// Publishes the store's answer to the share (`attempt`, sent at `sent_at`) and answers the
-    /// leading request.
-    pub(crate) fn publish(
-        mut self,
-        attempt: Result<Attempt<Holding>>,
-        sent_at: Instant,
-        timing: HeartbeatTiming,
-    ) -> Result<Attempt<SharedRead>> {
-        let share = self.share.take().expect("publishes once");
-        let (outcome, answer) = match attempt {
-            Ok(Attempt::Acquired(holding)) => {
-                let lease = OwnLease::new(holding, sent_at, timing);
-                let held = Held::new(lease, sent_at, timing);
-                self.reads.publish(&share, Outcome::Held(held));
-                let read = SharedRead::new(self.reads.clone(), share);
-                return Ok(Attempt::Acquired(read));
-            }
-            Ok(Attempt::Busy { retry_after }) => {
-                let answer = Ok(Attempt::Busy { retry_after });
-                (Outcome::Busy(retry_after), answer)
-            }
-            Err(error) => (Outcome::Failed(copy(&error)), Err(error)),
-        };
-        self.reads.publish(&share, outcome);
-        drop(self.reads.leave(&share));
-        answer
-    }
-}
-
-impl Drop for Leader {
-    fn drop(&mut self) {
-        if let Some(share) = self.share.take() {
-            self.reads.publish(&share, Outcome::Abandoned);
-            drop(self.reads.leave(&share));
-        }
-    }
-}
-
-/// The same failure again, for each request that waited on a failed acquisition.
-fn copy(error: &Error) -> Error {
-    match error {
-        Error::Redis(e) => Error::Redis(e.clone()),
-        Error::Timeout(d) => Error::Timeout(*d),
-        Error::InvalidName { len } => Error::InvalidName { len: *len },
-        other => Error::UnexpectedReply(other.to_string()),
-    }
-}
-
 impl fmt::Debug for SharedReads {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedReads")
@@ -472,5 +369,4 @@ impl fmt::Debug for SharedReads {
 }
 
 #[cfg(test)]
-#[path = "shared_read_tests.rs"]
 mod tests;
