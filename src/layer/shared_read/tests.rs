@@ -200,3 +200,58 @@ async fn racing_joins_and_leaves_never_hold_a_released_lease() {
         "every shared lease was released"
     );
 }
+
+/// Counts the extensions a store is asked for.
+#[derive(Default)]
+struct Counting {
+    memory: crate::store::MemoryStore,
+    extends: AtomicUsize,
+}
+
+impl crate::store::Backend for Arc<Counting> {
+    fn acquire<'a>(
+        &'a self,
+        lease: crate::store::LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::Acquisition>> {
+        self.memory.acquire(lease)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        lease: crate::store::LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<crate::store::Extended>> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        self.memory.extend(lease)
+    }
+
+    fn release<'a>(&'a self, lease: crate::store::LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.memory.release(lease)
+    }
+
+    fn in_use<'a>(&'a self, lock: crate::store::LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        self.memory.in_use(lock)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heartbeat_extends_a_shared_lease_once_per_beat() {
+    let counting = Arc::new(Counting::default());
+    let store = Store::from_backend(counting.clone());
+    let reads = Arc::new(SharedReads::default());
+    let mut first = lead(&reads, &store).await;
+    let joined: Vec<_> = (0..9)
+        .map(|_| reads.join(b"d").expect("a held share takes newcomers"))
+        .collect();
+    let heartbeat = Heartbeat::default();
+    first.enrol_now(&heartbeat);
+    // Beats at 100, 200 and 300 ms, ten requests sharing the lease: three extensions.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(counting.extends.load(Ordering::SeqCst), 3);
+    assert!(joined.iter().all(|read| read.valid_at(Instant::now())));
+    assert!(!writer_gets_in(&store).await, "kept past its 300 ms TTL");
+    for read in joined {
+        read.release().await;
+    }
+    first.release().await;
+    assert!(writer_gets_in(&store).await);
+}
