@@ -102,7 +102,9 @@ impl Lease {
     }
 
     /// Whether the lease is still held: not lost, not released, and not past the end of its
-    /// last confirmed extension on this process's monotonic clock.
+    /// last confirmed extension on this process's monotonic clock. For a read that
+    /// [shares](crate::layer#shared-reads) its lease, released means this request is done with
+    /// it, whether or not other requests still share it.
     pub fn is_held(&self) -> bool {
         !self.left() && self.state.valid_at(Instant::now())
     }
@@ -125,7 +127,8 @@ impl Lease {
         }
     }
 
-    /// Resolves once the lease is over: lost, or released after the response.
+    /// Resolves once the lease is over: lost, or released after the response (for a shared
+    /// read, once this request is done with it).
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static {
