@@ -1,8 +1,8 @@
-//! Writer preference over real TCP: GETs that keep overlapping can starve a waiting PUT on a plain
-//! `RwLock` (shown, not asserted), and let it in on a writer-preferred one: within about one read's duration when
-//! each read has a lease of its own, within one read's duration plus one heartbeat when the
-//! reads share one (the extension that finds the intent closes the share); a witness counts
-//! readers inside during the write (it must stay 0).
+//! Writer preference over real TCP: GETs that keep overlapping can starve a waiting PUT on a
+//! plain `RwLock` (shown, not asserted), and let it in on a writer-preferred one: within about
+//! one read's duration when each read has a lease of its own, within one read's duration plus one
+//! heartbeat when the reads share one (the extension that finds the intent closes the share); a
+//! witness counts readers inside during the write (it must stay 0).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
