@@ -1,6 +1,6 @@
 //! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
 //!
-//! (About 450 lines: the calls, their deadlines and the `Backend` impl share the store's private
+//! (About 470 lines: the calls, their deadlines and the `Backend` impl share the store's private
 //! state; the call timer, the extend pipeline and the tests live in files beside it.)
 
 use std::any::Any;

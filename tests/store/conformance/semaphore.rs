@@ -28,7 +28,7 @@ crate::store_tests!(
 );
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
-const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(200));
+const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(500));
 
 async fn permits_up_to_the_limit(env: Env) {
     let store = &env.store;
@@ -55,22 +55,29 @@ async fn permits_up_to_the_limit(env: Env) {
 async fn retry_after_is_the_earliest_live_permit(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(1500));
-    let started = Instant::now();
+    let first_sent = Instant::now();
     let _earliest = sem.try_acquire(store, "t").await.unwrap().unwrap();
+    let first_answered = Instant::now();
     sleep(Duration::from_millis(300)).await;
     let _latest = sem.try_acquire(store, "t").await.unwrap().unwrap();
+    let third_sent = Instant::now();
     let Attempt::Busy { retry_after } = sem.attempt(store, "t").await.unwrap() else {
         panic!("a third permit of 2");
     };
-    // The earliest permit ends 1500 ms after it was taken; the latest 300 ms later.
-    let earliest_end = Duration::from_millis(1500).saturating_sub(started.elapsed());
+    let third_answered = Instant::now();
+    // The earliest permit ends 1500 ms after the store took it, somewhere between `first_sent`
+    // and `first_answered`; the store answered the third attempt between `third_sent` and
+    // `third_answered`. The latest permit ends 300 ms later than the earliest.
+    let ttl = Duration::from_millis(1500);
+    let at_most = ttl.saturating_sub(third_sent - first_answered);
+    let at_least = ttl.saturating_sub(third_answered - first_sent);
     assert!(
-        retry_after <= earliest_end + ROUNDING,
-        "retry_after {retry_after:?} is past the earliest permit's end ({earliest_end:?} left)"
+        retry_after <= at_most + ROUNDING,
+        "retry_after {retry_after:?} is past the earliest permit's end (at most {at_most:?})"
     );
     assert!(
-        retry_after + Duration::from_millis(250) >= earliest_end,
-        "retry_after {retry_after:?} is far below the earliest permit's end ({earliest_end:?})"
+        retry_after + ROUNDING >= at_least,
+        "retry_after {retry_after:?} is before the earliest permit's end (at least {at_least:?})"
     );
 }
 
@@ -78,7 +85,7 @@ async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     let store = &env.store;
     drop(SHORT.try_acquire(store, "t").await.unwrap().unwrap()); // its holder crashes
     assert!(SHORT.try_acquire(store, "t").await.unwrap().is_none());
-    sleep(Duration::from_millis(250)).await;
+    sleep(Duration::from_millis(600)).await;
     assert_eq!(SHORT.in_use(store, "t").await.unwrap(), 0);
     let next = SHORT.try_acquire(store, "t").await.unwrap();
     assert!(next.is_some(), "an ended permit still takes its slot");
@@ -87,7 +94,7 @@ async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
 async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     let store = &env.store;
     let late = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
-    sleep(Duration::from_millis(250)).await;
+    sleep(Duration::from_millis(600)).await;
     assert!(
         !late.extend().await.unwrap(),
         "an ended permit was extended"
@@ -111,13 +118,13 @@ async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
 
 async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     let store = &env.store;
-    let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(400));
+    let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(1000));
     let permit = sem.try_acquire(store, "t").await.unwrap().unwrap();
-    for _ in 0..3 {
-        sleep(Duration::from_millis(200)).await;
+    for _ in 0..4 {
+        sleep(Duration::from_millis(300)).await;
         assert!(permit.extend().await.unwrap());
     }
-    // 600 ms after a 400 ms acquire: only the extensions keep it.
+    // 1200 ms after a 1000 ms acquire: only the extensions keep it.
     assert_eq!(sem.in_use(store, "t").await.unwrap(), 1);
     assert!(sem.try_acquire(store, "t").await.unwrap().is_none());
     assert!(permit.release().await.unwrap());
