@@ -23,9 +23,18 @@
 //! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
 //!   are woken by release notifications on a single Redis.
 //! - `PERMITS` (default 3): how many requests of one pool may run at once across the replicas.
+//! - `READ_MS` (default 50): how long a read of a document takes.
+//! - `WRITER_PREFERRED` (default `0`): `1` makes the documents' `RwLock` writer-preferred.
+//! - `COALESCE_READS` (default `1`): `0` gives every read of a document a reader lease of its
+//!   own instead of sharing one per document in this process.
 //!
 //! `POST /counters/{name}/increment` answers `200` with the new value, `409` while another
 //! request holds the counter, `503` when the store fails or the lease was lost.
+//!
+//! `GET /docs/{name}` and `PUT /docs/{name}` read and write a document under an `RwLockLayer`;
+//! they keep a witness in Redis, across replicas: `docs:{name}:readers` counts the reads inside,
+//! and `docs:{name}:overlaps` counts the reads and writes that found the other inside (it must
+//! stay 0).
 //!
 //! `POST /pools/{name}/enter` runs under one of the pool's `PERMITS` permits (`429` when all are
 //! taken): it counts itself in Redis at `pool:{name}:inside` while it works, and keeps the most
@@ -37,16 +46,73 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
+use axum::routing::{get, post};
 use redis::AsyncCommands;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::net::TcpListener;
-use tower_lease::{Lock, LockLayer, RedisStore, Semaphore, SemaphoreLayer, Store, extract};
+use tower_lease::{
+    Lock, LockLayer, RedisStore, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract,
+};
 
 #[derive(Clone)]
 struct App<C> {
     counters: C,
     work: Duration,
+    read: Duration,
+}
+
+/// A read of a document: inside for `READ_MS`, counted in the witness.
+async fn read_doc<C>(
+    State(app): State<App<C>>,
+    Path(name): Path<String>,
+) -> Result<&'static str, (StatusCode, String)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut conn = app.counters.clone();
+    let failed = |e: redis::RedisError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let (readers, writing) = (
+        format!("docs:{name}:readers"),
+        format!("docs:{name}:writing"),
+    );
+    let () = conn.incr(&readers, 1).await.map_err(failed)?;
+    let writer: bool = conn.exists(&writing).await.map_err(failed)?;
+    if writer {
+        let () = conn
+            .incr(format!("docs:{name}:overlaps"), 1)
+            .await
+            .map_err(failed)?;
+    }
+    tokio::time::sleep(app.read).await;
+    let () = conn.decr(&readers, 1).await.map_err(failed)?;
+    Ok("read")
+}
+
+/// A write of a document: it must find no read inside, and no read may start during it.
+async fn write_doc<C>(
+    State(app): State<App<C>>,
+    Path(name): Path<String>,
+) -> Result<&'static str, (StatusCode, String)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut conn = app.counters.clone();
+    let failed = |e: redis::RedisError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let (readers, writing) = (
+        format!("docs:{name}:readers"),
+        format!("docs:{name}:writing"),
+    );
+    let () = conn.set(&writing, 1).await.map_err(failed)?;
+    let inside: Option<i64> = conn.get(&readers).await.map_err(failed)?;
+    if inside.unwrap_or(0) > 0 {
+        let () = conn
+            .incr(format!("docs:{name}:overlaps"), 1)
+            .await
+            .map_err(failed)?;
+    }
+    tokio::time::sleep(app.work).await;
+    let () = conn.del(&writing).await.map_err(failed)?;
+    Ok("written")
 }
 
 async fn increment<C>(
@@ -125,6 +191,12 @@ where
     let work = env_ms("WORK_MS", 2)?;
     let timeout = env_ms("STORE_TIMEOUT_MS", 1000)?;
     let wait = env_ms("WAIT_MS", 0)?;
+    let read = env_ms("READ_MS", 50)?;
+    let flag = |name: &str, default: bool| match std::env::var(name).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => default,
+    };
 
     let mut store = RedisStore::new(leases).timeout(timeout);
     if let Some(client) = notifications {
@@ -136,6 +208,15 @@ where
     }
     let permits = std::env::var("PERMITS").map_or(Ok(3), |v| v.parse())?;
     let lock: Lock<str> = Lock::try_new("counter", ttl)?;
+    let mut docs: RwLock<str> = RwLock::try_new("docs", ttl)?;
+    if flag("WRITER_PREFERRED", false) {
+        docs = docs.writer_preferred();
+    }
+    let docs = RwLockLayer::new(store.clone(), docs, extract::path_segment(1))
+        .coalesce_reads(flag("COALESCE_READS", true));
+    let docs = Router::new()
+        .route("/docs/{name}", get(read_doc::<C>).put(write_doc::<C>))
+        .route_layer(docs);
     let pool: Semaphore<str> = Semaphore::try_new("pool", permits, ttl)?;
     let counter = Router::new().route("/counters/{name}/increment", post(increment::<C>));
     let pools = Router::new().route("/pools/{name}/enter", post(enter::<C>));
@@ -148,7 +229,11 @@ where
             .route_layer(locked)
             .merge(pools.route_layer(limited))
     };
-    let app = app.with_state(App { counters, work });
+    let app = app.merge(docs).with_state(App {
+        counters,
+        work,
+        read,
+    });
 
     let listener = TcpListener::bind(&listen).await?;
     let mut stdout = std::io::stdout();

@@ -66,7 +66,7 @@ pub(crate) struct FinishOnDrop<T: Send + 'static> {
 }
 
 /// What to run after a call nobody waits for answered, if anything.
-type FollowUp<T> = fn(T) -> Option<BoxFuture<'static, ()>>;
+pub(crate) type FollowUp<T> = fn(T) -> Option<BoxFuture<'static, ()>>;
 
 impl FinishOnDrop<Acquired> {
     /// An acquisition: abandoned, a lease it took is released at once.
@@ -106,7 +106,8 @@ impl FinishOnDrop<()> {
 }
 
 impl<T: Send + 'static> FinishOnDrop<T> {
-    fn new(call: BoxFuture<'static, T>, if_abandoned: FollowUp<T>) -> Self {
+    /// A call whose answer, when nobody waits for it any more, goes to `if_abandoned`.
+    pub(crate) fn new(call: BoxFuture<'static, T>, if_abandoned: FollowUp<T>) -> Self {
         Self {
             call: Some(call),
             polled: false,

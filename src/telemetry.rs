@@ -254,6 +254,17 @@ pub(crate) fn refused(namespace: &'static str, mode: Mode, outcome: AcquireOutco
     });
 }
 
+/// Counts a read request that joined a shared read lease, or waited for the acquisition of one
+/// (`outcome` is what it got), without a store round trip of its own.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn shared(namespace: &'static str, mode: Mode, outcome: AcquireOutcome) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| {
+        handles.acquire[outcome as usize].increment(1);
+    });
+}
+
 /// Counts the end of a bounded wait that took `waited`: the lease taken, the wait run out, or
 /// the store failed.
 #[inline]

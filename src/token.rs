@@ -10,7 +10,7 @@ use crate::Result;
 use crate::lock::Spec;
 use crate::name::check_name;
 use crate::owned_name::OwnedName;
-use crate::store::{Acquisition, LeaseRef, Mode, Secret, Store};
+use crate::store::{Acquisition, Extended, LeaseRef, Mode, Secret, Store};
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
 /// The answer to an acquisition that says how long to wait when the lock is held.
@@ -154,12 +154,12 @@ impl Holding {
     pub(crate) async fn extend(&self) -> Result<bool> {
         let extended = self.store.backend().extend(self.lease_ref()).await;
         let outcome = match extended {
-            Ok(true) => ExtendOutcome::Ok,
-            Ok(false) => ExtendOutcome::Lost,
+            Ok(Extended::Gone) => ExtendOutcome::Lost,
+            Ok(_) => ExtendOutcome::Ok,
             Err(_) => ExtendOutcome::Error,
         };
         telemetry::extend(self.spec.namespace, self.mode, outcome);
-        extended
+        extended.map(Extended::is_held)
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {

@@ -64,7 +64,10 @@ pub(crate) async fn through_layer(redis: &Redis, leases: usize, hold: Duration) 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let held_now = probe.held();
-    #[allow(clippy::exit, reason = "a profiling hook: the heap alive at exit is the point")]
+    #[allow(
+        clippy::exit,
+        reason = "a profiling hook: the heap alive at exit is the point"
+    )]
     if std::env::var("HEARTBEAT_EXIT").is_ok_and(|at| at == "held") {
         // For a heap profiler (valgrind's DHAT): what is alive at exit is what the held
         // requests keep. The redis-server dies with this process.

@@ -12,11 +12,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::guard::LeaseGuard;
+use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
-use crate::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::Overdue;
 use crate::token::Attempt;
 
@@ -45,7 +45,7 @@ pin_project! {
     {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
-            acquire: FinishOnDrop<Acquired>,
+            acquire: FinishOnDrop<Guarded>,
             // Both `Some` until the acquisition answers.
             inner: Option<S>,
             req: Option<Request<B>>,
@@ -97,7 +97,7 @@ where
     /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
     /// limit of a permit's acquisition, whose refusal says "full" rather than "held".
     pub(crate) fn acquiring(
-        acquire: FinishOnDrop<Acquired>,
+        acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
@@ -164,15 +164,14 @@ where
                     req,
                     full_at,
                 } => {
-                    let (sent_at, attempt) = ready!(Pin::new(acquire).poll(cx));
+                    let attempt = ready!(Pin::new(acquire).poll(cx));
                     let in_state = "taken once, on leaving the Acquiring state";
                     let (mut inner, mut req) =
                         (inner.take().expect(in_state), req.take().expect(in_state));
                     let full_at = *full_at;
                     let next = match attempt {
                         // Acquiring → Locked.
-                        Ok(Attempt::Acquired(holding)) => {
-                            let guard = LeaseGuard::new(holding, sent_at, config.timing);
+                        Ok(Attempt::Acquired(guard)) => {
                             req.extensions_mut().insert(guard.lease());
                             let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
                             let inner = inner.call(req);

@@ -1,4 +1,5 @@
-//! [`LeaseGuard`]: owns a lease the layer holds, its place in the heartbeat, and its release.
+//! [`LeaseGuard`]: owns a lease the layer holds (or a request's share of a read lease), its
+//! place in the heartbeat, and its release.
 
 use std::fmt;
 use std::future::Future;
@@ -7,18 +8,48 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::time::{Instant, Sleep, sleep_until};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::lease::{Lease, LeaseState};
+use super::shared_read::SharedRead;
+use crate::Result;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::store::BoxFuture;
-use crate::token::Holding;
+use crate::token::{Attempt, Holding};
+
+/// What a request's acquisition came to, as the response future takes it.
+pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;
+
+impl FinishOnDrop<Guarded> {
+    /// An acquisition: abandoned, a lease it took is released at once (by the guard's drop).
+    pub(crate) fn guarded(call: BoxFuture<'static, Guarded>) -> Self {
+        Self::new(call, |attempt| {
+            drop(attempt);
+            None
+        })
+    }
+}
+
+/// What one request holds: a lease of its own, or its part in a read lease shared with other
+/// requests of the process ([`shared_read`](super::shared_read)). The response future and the
+/// body see one interface for both.
+pub(crate) struct LeaseGuard {
+    kind: Kind,
+}
+
+enum Kind {
+    Own(OwnLease),
+    /// With the wait for the shared lease's end, once this request has polled for it.
+    Shared(SharedRead, Option<Pin<Box<WaitForCancellationFutureOwned>>>),
+}
 
 /// Owns a lease the layer holds: its place in the layer's heartbeat, and its release.
 ///
 /// Dropped without [`release`](Self::release) (the client went away, the future or body was
 /// dropped), it withdraws the lease from the heartbeat and spawns the release, so the lock is
 /// free in about one round trip instead of after the TTL.
-pub(crate) struct LeaseGuard {
+pub(crate) struct OwnLease {
     state: Arc<LeaseState>,
     enrolment: Enrolment,
 }
@@ -47,6 +78,109 @@ impl LeaseGuard {
     /// Takes charge of `holding`, acquired by a command sent at `sent_at`; its heartbeat starts
     /// when the first extension is due (see [`poll_first_beat`](Self::poll_first_beat)).
     pub(crate) fn new(holding: Holding, sent_at: Instant, timing: HeartbeatTiming) -> Self {
+        Self::own(OwnLease::new(holding, sent_at, timing))
+    }
+
+    pub(super) fn own(lease: OwnLease) -> Self {
+        let kind = Kind::Own(lease);
+        Self { kind }
+    }
+
+    pub(super) fn shared(read: SharedRead) -> Self {
+        let kind = Kind::Shared(read, None);
+        Self { kind }
+    }
+
+    /// Enrols the lease in `heartbeat` once its first extension is due; the caller's task is
+    /// woken then. Must be called within a tokio runtime.
+    pub(crate) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+        match &mut self.kind {
+            Kind::Own(own) => own.poll_first_beat(cx, heartbeat),
+            Kind::Shared(read, _) => read.poll_first_beat(cx, heartbeat),
+        }
+    }
+
+    /// Enrols the lease in `heartbeat` now if it is not there yet. Must be called within a
+    /// tokio runtime.
+    pub(crate) fn enrol_now(&mut self, heartbeat: &Heartbeat) {
+        match &mut self.kind {
+            Kind::Own(own) => own.enrol_now(heartbeat),
+            Kind::Shared(read, _) => read.enrol_now(heartbeat),
+        }
+    }
+
+    /// The lease's namespace.
+    pub(crate) fn namespace(&self) -> &'static str {
+        self.state().holding.namespace()
+    }
+
+    fn state(&self) -> &Arc<LeaseState> {
+        match &self.kind {
+            Kind::Own(own) => &own.state,
+            Kind::Shared(read, _) => read.state(),
+        }
+    }
+
+    /// The request extension for this lease.
+    pub(crate) fn lease(&self) -> Lease {
+        match &self.kind {
+            Kind::Own(own) => own.lease(),
+            Kind::Shared(read, _) => read.lease(),
+        }
+    }
+
+    /// Whether the lease was valid at `at` and is not over (for this request).
+    pub(crate) fn valid_at(&self, at: Instant) -> bool {
+        match &self.kind {
+            Kind::Own(own) => own.valid_at(at),
+            Kind::Shared(read, _) => read.valid_at(at),
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn lease_state(&self) -> &LeaseState {
+        self.state()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_enrolled(&self) -> bool {
+        match &self.kind {
+            Kind::Own(own) => matches!(own.enrolment, Enrolment::Enrolled { .. }),
+            Kind::Shared(..) => false,
+        }
+    }
+
+    /// Ready once the lease has ended, which before its release means it is lost; otherwise
+    /// the task of `cx` is woken when it does.
+    pub(crate) fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.kind {
+            // One poller at a time (the response future, then the body): the state's waker
+            // slot, without an allocation.
+            Kind::Own(own) => own.state.poll_ended(cx),
+            // Every request sharing the lease polls for its end: each waits on the state's
+            // token, with a future of its own made on first use.
+            Kind::Shared(read, lost) => {
+                let lost = lost.get_or_insert_with(|| {
+                    Box::pin(read.state().ended().clone().cancelled_owned())
+                });
+                lost.as_mut().poll(cx)
+            }
+        }
+    }
+
+    /// Gives the lease back, or this request's part in a shared one (the last request to leave
+    /// gives the shared lease back); the future resolves when the store has answered.
+    pub(crate) fn release(self) -> BoxFuture<'static, ()> {
+        match self.kind {
+            Kind::Own(own) => own.release(),
+            Kind::Shared(read, _) => read.release(),
+        }
+    }
+}
+
+impl OwnLease {
+    /// Takes charge of `holding`, acquired by a command sent at `sent_at`.
+    pub(super) fn new(holding: Holding, sent_at: Instant, timing: HeartbeatTiming) -> Self {
         let state = Arc::new(LeaseState::new(holding, sent_at));
         tracing::debug!(
             namespace = state.holding.namespace(),
@@ -54,7 +188,7 @@ impl LeaseGuard {
             fence = state.holding.fence(),
             "lease acquired"
         );
-        LeaseGuard {
+        OwnLease {
             state,
             enrolment: Enrolment::Pending {
                 first_beat: None,
@@ -64,9 +198,8 @@ impl LeaseGuard {
         }
     }
 
-    /// Enrols the lease in `heartbeat` once its first extension is due; the caller's task is
-    /// woken then. Must be called within a tokio runtime.
-    pub(crate) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+    /// See [`LeaseGuard::poll_first_beat`].
+    fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
         let Enrolment::Pending {
             first_beat,
             acquired_at,
@@ -84,7 +217,7 @@ impl LeaseGuard {
 
     /// Enrols the lease in `heartbeat` now if it is not there yet: from here on the lease must
     /// be kept alive whether or not anyone polls. Must be called within a tokio runtime.
-    pub(crate) fn enrol_now(&mut self, heartbeat: &Heartbeat) {
+    pub(super) fn enrol_now(&mut self, heartbeat: &Heartbeat) {
         let Enrolment::Pending {
             acquired_at,
             timing,
@@ -112,42 +245,31 @@ impl LeaseGuard {
         true
     }
 
-    /// The lease's namespace.
-    pub(crate) fn namespace(&self) -> &'static str {
-        self.state.holding.namespace()
+    /// The lease's shared state.
+    pub(super) fn state(&self) -> &Arc<LeaseState> {
+        &self.state
     }
 
     /// The request extension for this lease.
-    pub(crate) fn lease(&self) -> Lease {
+    fn lease(&self) -> Lease {
         Lease::new(self.state.clone())
     }
 
     /// Whether the lease was valid at `at` and is not over.
-    pub(crate) fn valid_at(&self, at: Instant) -> bool {
+    fn valid_at(&self, at: Instant) -> bool {
         self.state.valid_at(at)
-    }
-
-    #[cfg(test)]
-    pub(super) fn lease_state(&self) -> &LeaseState {
-        &self.state
-    }
-
-    /// Ready once the lease has ended, which before its release means it is lost; otherwise
-    /// the task of `cx` is woken when it does.
-    pub(crate) fn poll_lost(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.state.poll_ended(cx)
     }
 
     /// Stops the heartbeat and gives the lease back; the future resolves when the store has
     /// answered. Failures are logged: the TTL frees the lock anyway.
-    pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
+    pub(super) fn release(mut self) -> BoxFuture<'static, ()> {
         // Stop extending first, so no extend races the release.
         self.withdraw();
         Box::pin(release(self.state.clone()))
     }
 }
 
-impl Drop for LeaseGuard {
+impl Drop for OwnLease {
     fn drop(&mut self) {
         if !self.withdraw() {
             return;
@@ -168,6 +290,7 @@ impl fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseGuard")
             .field("lease", &self.lease())
+            .field("shared", &matches!(self.kind, Kind::Shared(..)))
             .finish_non_exhaustive()
     }
 }
@@ -186,127 +309,5 @@ async fn release(state: Arc<LeaseState>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::borrow::Cow;
-    use std::time::Duration;
-
-    use super::*;
-    use crate::lock::Spec;
-    use crate::store::Mode;
-    use crate::token::Attempt;
-    use crate::{Lock, Store};
-
-    const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));
-    const EVERY_100_MS: HeartbeatTiming = HeartbeatTiming {
-        every: Duration::from_millis(100),
-        max_hold: None,
-    };
-
-    async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) {
-        let spec: Spec = LOCK.spec();
-        let sent_at = Instant::now();
-        let held = match Holding::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
-            .await
-            .unwrap()
-        {
-            Attempt::Acquired(held) => held,
-            Attempt::Busy { .. } => panic!("free at first"),
-        };
-        let mut guard = LeaseGuard::new(held, sent_at, timing);
-        guard.enrol_now(&Heartbeat::default());
-        (guard, sent_at)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future() {
-        let store = Store::memory();
-        let timing = EVERY_100_MS;
-        let (held, sent_at) = match Holding::acquire(
-            store.clone(),
-            LOCK.spec(),
-            Mode::Exclusive,
-            Cow::Borrowed(b"lazy"),
-        )
-        .await
-        .unwrap()
-        {
-            Attempt::Acquired(held) => (held, Instant::now()),
-            Attempt::Busy { .. } => panic!("free at first"),
-        };
-        let mut guard = LeaseGuard::new(held, sent_at, timing);
-        assert!(
-            matches!(guard.enrolment, Enrolment::Pending { .. }),
-            "no task before it is due"
-        );
-
-        // What the response future does while the handler runs: poll, and be woken on time.
-        let heartbeat = Heartbeat::default();
-        let polling = std::future::poll_fn(|cx| {
-            guard.poll_first_beat(cx, &heartbeat);
-            std::task::Poll::<()>::Pending
-        });
-        let _ = tokio::time::timeout(Duration::from_millis(150), polling).await;
-        assert!(
-            matches!(guard.enrolment, Enrolment::Enrolled { .. }),
-            "registered when due"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(
-            guard.valid_at(Instant::now()),
-            "the driver extends it on its own"
-        );
-        assert!(LOCK.try_lock(&store, "lazy").await.unwrap().is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_heartbeat_keeps_the_lease_and_max_hold_ends_it_at_the_margin() {
-        let store = Store::memory();
-        let timing = HeartbeatTiming {
-            every: Duration::from_millis(100),
-            max_hold: Some(Duration::from_millis(250)),
-        };
-        let (guard, acquired) = guard(&store, timing).await;
-        let lease = guard.lease();
-
-        // Extends at 100 and 200 ms; none at 300 ms (past max_hold), so the lease counts as
-        // lost at 200 + 300 − (3 + 2) ms = 495 ms, just before the store's end at 500 ms.
-        lease.lost().await;
-        assert_eq!(acquired.elapsed(), Duration::from_millis(495));
-        assert!(!lease.is_held());
-        assert!(!guard.valid_at(Instant::now()));
-        assert!(
-            LOCK.try_lock(&store, "x").await.unwrap().is_none(),
-            "still in the store"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lease_stays_valid_while_extended_and_release_ends_it() {
-        let store = Store::memory();
-        let timing = EVERY_100_MS;
-        let (guard, _) = guard(&store, timing).await;
-        let lease = guard.lease();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(lease.is_held() && guard.valid_at(Instant::now()));
-        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_none());
-
-        guard.release().await;
-        assert!(!lease.is_held());
-        lease.ended().await;
-        let lost = tokio::time::timeout(Duration::from_secs(60), lease.lost()).await;
-        assert!(lost.is_err(), "a released lease is not lost");
-        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dropped_guard_releases_in_the_background() {
-        let store = Store::memory();
-        let timing = EVERY_100_MS;
-        let (guard, _) = guard(&store, timing).await;
-        drop(guard);
-        tokio::task::yield_now().await;
-        assert!(LOCK.try_lock(&store, "x").await.unwrap().is_some());
-    }
-}
+#[path = "guard_tests.rs"]
+mod tests;

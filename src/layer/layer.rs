@@ -16,6 +16,7 @@ use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::lease::LeaseLost;
 use super::rejection::Renderer;
 use super::service::{Access, LockService};
+use super::shared_read::SharedReads;
 use crate::lock::Spec;
 use crate::store::watchdog::Watchdog;
 use crate::{Lock, RwLock, Store};
@@ -62,6 +63,8 @@ pub(crate) struct Config {
     ///
     /// [`Overdue`]: crate::store::watchdog::Overdue
     pub(crate) release_timer: Arc<Watchdog>,
+    /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
+    pub(crate) shared_reads: Option<Arc<SharedReads>>,
 }
 
 impl Config {
@@ -88,6 +91,7 @@ impl Config {
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
             release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
+            shared_reads: None,
         }
     }
 }
@@ -192,8 +196,10 @@ impl<E> RwLockLayer<E> {
     /// As with [`LockLayer::new`], the lock may have any name type `N`, and the extractor
     /// should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
+        let mut config = Config::new(store, lock.spec());
+        config.shared_reads = Some(Arc::default());
         Self {
-            config: Config::new(store, lock.spec()),
+            config,
             extractor,
             read_when: SafeMethods,
             body: PhantomData,
@@ -212,6 +218,31 @@ impl<E, R, P> RwLockLayer<E, R, P> {
             read_when,
             body: PhantomData,
         }
+    }
+
+    /// Whether concurrent reads of one name share one reader lease in the store (on by
+    /// default).
+    ///
+    /// With it, the read requests of one name that overlap in this layer hold one reader lease
+    /// between them: the first takes it, the next ones join it without a store call (or wait
+    /// for the first one's acquisition and share its answer), the heartbeat extends it once per
+    /// beat for all of them, and the last one to finish releases it. A writer anywhere is
+    /// refused while it lives, as by any reader. When it is lost, every request sharing it is
+    /// told as under [`on_lease_lost`](Self::on_lease_lost), and each response still needs the
+    /// lease valid when it was produced. A shared lease stops taking new requests when it is
+    /// lost, when an extension finds a writer of a
+    /// [writer-preferred](crate::RwLock::writer_preferred) lock waiting (new reads then ask the
+    /// store, which refuses them until the writer is through), and, under
+    /// [`max_hold`](Self::max_hold), once half of `max_hold` has passed since it was taken.
+    /// Under [`wait`](Self::wait), a read joins a held share or waits on its own, and shares
+    /// the lease it gets. With the `metrics` feature, a request that shares counts as
+    /// `acquired` (or as the outcome it shared), and the held gauge counts leases in the store,
+    /// not requests; see [shared reads](crate::layer#shared-reads).
+    ///
+    /// Turn it off to give every read request a reader lease of its own.
+    pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
+        self.config.shared_reads = coalesce.then(Arc::default);
+        self
     }
 
     /// Reads the whole request body before taking the lock; see

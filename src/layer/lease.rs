@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,11 +54,28 @@ pub enum LeaseLost {
 #[derive(Clone)]
 pub struct Lease {
     state: Arc<LeaseState>,
+    /// For a request that shares a read lease with others: cancelled when this request is done
+    /// with it, which may be long before the shared lease ends.
+    share: Option<CancellationToken>,
 }
 
 impl Lease {
     pub(super) fn new(state: Arc<LeaseState>) -> Self {
-        Self { state }
+        Self { state, share: None }
+    }
+
+    /// The extension of one request among those sharing the read lease of `state`; `left` is
+    /// cancelled when the request is done with it.
+    pub(super) fn shared(state: Arc<LeaseState>, left: CancellationToken) -> Self {
+        let share = Some(left);
+        Self { state, share }
+    }
+
+    /// Whether this request is done with a shared lease.
+    fn left(&self) -> bool {
+        self.share
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// The locked name, as the extractor produced it.
@@ -86,9 +103,11 @@ impl Lease {
     }
 
     /// Whether the lease is still held: not lost, not released, and not past the end of its
-    /// last confirmed extension on this process's monotonic clock.
+    /// last confirmed extension on this process's monotonic clock. For a read that
+    /// [shares](crate::layer#shared-reads) its lease, released means this request is done with
+    /// it, whether or not other requests still share it.
     pub fn is_held(&self) -> bool {
-        self.state.valid_at(Instant::now())
+        !self.left() && self.state.valid_at(Instant::now())
     }
 
     /// Resolves once the lease is lost: the store no longer holds it for us, or no extension
@@ -97,21 +116,35 @@ impl Lease {
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let state = self.state.clone();
+        let ended = self.ended();
+        let (state, share) = (self.state.clone(), self.share.clone());
         async move {
-            state.ended().cancelled().await;
-            if !state.is_lost() {
+            ended.await;
+            let left = share.is_some_and(|left| left.is_cancelled());
+            if left || !state.is_lost() {
                 // Released, not lost: this never resolves.
                 std::future::pending::<()>().await;
             }
         }
     }
 
-    /// Resolves once the lease is over: lost, or released after the response.
+    /// Resolves once the lease is over: lost, or released after the response (for a shared
+    /// read, once this request is done with it).
     ///
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.state.ended().clone().cancelled_owned()
+        let ended = self.state.ended().clone().cancelled_owned();
+        let left = self.share.clone().map(CancellationToken::cancelled_owned);
+        async move {
+            match left {
+                // A shared lease ends for this request when it leaves, or when it is lost.
+                Some(left) => {
+                    futures_util::pin_mut!(ended, left);
+                    futures_util::future::select(ended, left).await;
+                }
+                None => ended.await,
+            }
+        }
     }
 }
 
@@ -139,11 +172,15 @@ pub(super) struct LeaseState {
     valid_until: Mutex<Instant>,
     /// [`LIVE`], [`RELEASED`] or [`LOST`]; it leaves `LIVE` once.
     over: AtomicU8,
-    /// The task that polls for the end of the lease while the inner service runs or the body
-    /// streams (the response future or the body, one at a time), woken when it ends.
+    /// The task that polls for the end of an own lease while the inner service runs or the
+    /// body streams (the response future or the body, one at a time), woken when it ends. The
+    /// requests sharing a read lease wait on the token instead (see `LeaseGuard::poll_lost`).
     end_waker: AtomicWaker,
-    /// Cancelled when the lease ends, for [`Lease::lost`] and [`Lease::ended`].
+    /// Cancelled when the lease ends, for [`Lease::lost`], [`Lease::ended`] and shared reads.
     ended: OnceLock<CancellationToken>,
+    /// Set when an extension found a writer waiting (a write intent): a shared read lease
+    /// admits no more requests.
+    writer_waiting: AtomicBool,
 }
 
 const LIVE: u8 = 0;
@@ -159,6 +196,7 @@ impl LeaseState {
             over: AtomicU8::new(LIVE),
             end_waker: AtomicWaker::new(),
             ended: OnceLock::new(),
+            writer_waiting: AtomicBool::new(false),
         };
         state.confirm(sent_at);
         state
@@ -183,6 +221,16 @@ impl LeaseState {
         let margin = ttl / 100 + Duration::from_millis(2);
         let until = sent_at + ttl.saturating_sub(margin);
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// Records that an extension found a writer waiting for the readers to leave.
+    pub(super) fn writer_waits(&self) {
+        self.writer_waiting.store(true, Ordering::Release);
+    }
+
+    /// Whether an extension found a writer waiting for the readers to leave.
+    pub(super) fn writer_waiting(&self) -> bool {
+        self.writer_waiting.load(Ordering::Acquire)
     }
 
     /// Whether the lease is lost or released.
@@ -227,7 +275,7 @@ impl LeaseState {
     }
 
     /// The token cancelled at the end of the lease, made on first use.
-    fn ended(&self) -> &CancellationToken {
+    pub(super) fn ended(&self) -> &CancellationToken {
         let ended = self.ended.get_or_init(CancellationToken::new);
         fence(Ordering::SeqCst);
         if self.is_over() {

@@ -134,6 +134,7 @@
 //! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` (10 s) |
 //! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<Bytes>`) |
+//! | [`.coalesce_reads(bool)`](crate::RwLockLayer::coalesce_reads) (`RwLockLayer` only) | on | overlapping reads of one name in the layer share one reader lease in the store; `false` gives each read its own (see [shared reads](#shared-reads)) |
 //! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
 //!
 //! The store's own options matter too: [`RedisStore::timeout`](crate::RedisStore::timeout)
@@ -216,6 +217,38 @@
 //! call still on the wire is finished in a task of its own, giving back any lease it took. If even
 //! that release fails, the TTL frees the lock.
 //!
+//! # Shared reads
+//!
+//! An `RwLockLayer` lets the read requests of one name that overlap in time share one reader
+//! lease in the store ([`coalesce_reads`](crate::RwLockLayer::coalesce_reads), on by default):
+//! the first takes it, the next ones join it with no store call (or, while its acquisition is
+//! on the wire, wait for it and get its answer: the lease, or the same `409` or `503`), the
+//! heartbeat extends it once per beat for all of them, and the last one out releases it before
+//! its response goes out. Shares are kept per layer (the services one layer value makes, and its
+//! clones, share them) and per name. So a store sees one reader lease per process and name while
+//! reads overlap, however many there are, and a `GET` that joins costs a lock and a count in
+//! memory instead of two round trips.
+//!
+//! The guarantees are a reader's: a writer anywhere is refused while the shared lease lives. When
+//! it is lost (the store says it is gone, or no extension was confirmed in time) every request
+//! sharing it is told, each as above: `503` under `Abort`, the [`Lease`] flag under `Continue`;
+//! and each response still needs the lease valid at the moment it was produced. A lost share
+//! takes no newcomer (they take a fresh lease), and neither does one whose extension found a
+//! writer of a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then
+//! ask the store, which refuses them until the writer is through, and the writer gets in once
+//! the reads inside end, within a read's duration and one heartbeat. Under
+//! [`max_hold`](crate::LockLayer::max_hold) a share takes newcomers for the first half of it
+//! only, since the limit counts from the shared lease's acquisition. With [`wait`](crate::LockLayer::wait),
+//! a read joins a held share or waits on its own, and shares the lease it gets.
+//!
+//! Each request's [`Lease`] is its own view: `is_held()` turns `false` and `ended()` resolves
+//! when that request is done, even while others still share the lease; `fence()` is the shared
+//! lease's. With the `metrics` feature, a request that joins (or shared an acquisition) counts
+//! in `tower_lease_acquire_total` with the outcome it got (`acquired`, `held`, `store_error`),
+//! without an `acquire_seconds` sample; `tower_lease_held`, `tower_lease_hold_seconds`,
+//! `tower_lease_extend_total` and `tower_lease_lost_total` count leases in the store, so a
+//! shared lease counts once however many requests share it.
+//!
 //! A lease is not a mutex: a holder that is paused or partitioned long enough loses it while it
 //! still works. Give the resource a fencing token ([`Lock::fenced`](crate::Lock::fenced),
 //! [`Lease::fence`]) when that must never cause a lost update; see
@@ -240,6 +273,7 @@ mod problem;
 mod rejection;
 mod semaphore;
 mod service;
+mod shared_read;
 
 pub use self::body::{BoxError, LeaseBody, LeaseLostError};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};

@@ -1,26 +1,31 @@
 //! [`LockService`]: the one service behind both layers.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
+use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
 use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
+use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
 use super::problem::Problem;
+use super::shared_read::{Entry, SharedRead, SharedReads};
 use crate::LockName;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::lock::Spec;
 use crate::owned_name::OwnedName;
 use crate::store::Mode;
 use crate::telemetry;
-use crate::token::Holding;
+use crate::token::{Attempt, Holding};
 use crate::wait;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
@@ -129,24 +134,102 @@ where
             true => telemetry::AcquireOutcome::Unlocked,
             false => telemetry::AcquireOutcome::StoreError,
         };
+        let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
         let acquire = match WaiterSlot::take(&config) {
             // A bounded wait: dropped with the request (its attempts on the wire finish).
             Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
+                if let Some(read) = shared
+                    .as_ref()
+                    .and_then(|reads| reads.join(name.as_bytes()))
+                {
+                    let acquired = telemetry::AcquireOutcome::Acquired;
+                    telemetry::shared(config.spec.namespace, mode, acquired);
+                    return Ok(Attempt::Acquired(joined(read, &config)));
+                }
                 let (store, wait) = (config.store.clone(), config.wait);
                 let name = name.into_boxed();
-                let acquired =
+                let (sent_at, attempt) =
                     wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
                 drop(slot);
-                acquired
+                let timing = config.timing;
+                attempt.map(|attempt| {
+                    attempt.map(|holding| match &shared {
+                        Some(reads) => reads.adopt(holding, sent_at, timing),
+                        None => LeaseGuard::new(holding, sent_at, timing),
+                    })
+                })
             })),
-            None => {
-                let (store, on_store_error) = (config.store.clone(), Some(on_store_error));
-                let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
-                FinishOnDrop::acquisition(Box::pin(SentAt::new(attempt)))
-            }
+            None => match shared {
+                Some(reads) => {
+                    let entry = reads.enter(name.as_bytes());
+                    let read = shared_read(reads, entry, config, name, on_store_error);
+                    FinishOnDrop::guarded(Box::pin(read))
+                }
+                None => {
+                    let (store, timing) = (config.store.clone(), config.timing);
+                    let on_store_error = Some(on_store_error);
+                    let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
+                    // A named future rather than an `async` block around `attempt`, which would
+                    // hold it twice (see `SentAt`): this is boxed for every request in flight.
+                    let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
+                        attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
+                    });
+                    FinishOnDrop::guarded(Box::pin(guarded))
+                }
+            },
         };
         ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, full_at, span)
     }
+}
+
+/// A read request's lease under read coalescing: joined, waited for, or acquired for the share
+/// (see [`shared_read`](super::shared_read)). Joiners and waiters count in the metrics as
+/// acquisitions with the outcome they got, without a store round trip.
+async fn shared_read(
+    reads: Arc<SharedReads>,
+    mut entry: Entry,
+    config: Arc<Config>,
+    name: OwnedName,
+    on_store_error: telemetry::AcquireOutcome,
+) -> Guarded {
+    let (namespace, mode) = (config.spec.namespace, Mode::Read);
+    loop {
+        let waited = match entry {
+            Entry::Joined(read) => {
+                telemetry::shared(namespace, mode, telemetry::AcquireOutcome::Acquired);
+                return Ok(Attempt::Acquired(joined(read, &config)));
+            }
+            Entry::Leading(leader) => {
+                // Taken before the command leaves, so the lease's end is never overestimated.
+                let sent_at = Instant::now();
+                let (store, spec) = (config.store.clone(), config.spec);
+                let name = Cow::Borrowed(name.as_bytes());
+                let on_store_error = Some(on_store_error);
+                let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error).await;
+                let answer = leader.publish(attempt, sent_at, config.timing);
+                return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+            }
+            Entry::Waiting(waiter) => waiter.outcome().await,
+        };
+        let Some(answer) = waited else {
+            // The leading request went away before it asked: enter again.
+            entry = reads.enter(name.as_bytes());
+            continue;
+        };
+        let outcome = match &answer {
+            Ok(Attempt::Acquired(_)) => telemetry::AcquireOutcome::Acquired,
+            Ok(Attempt::Busy { .. }) => telemetry::AcquireOutcome::Held,
+            Err(_) => on_store_error,
+        };
+        telemetry::shared(namespace, mode, outcome);
+        return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+    }
+}
+
+/// The guard of a request that joined a held share.
+fn joined(read: SharedRead, config: &Config) -> LeaseGuard {
+    read.enrol_if_due(&config.heartbeat);
+    LeaseGuard::shared(read)
 }
 
 /// A request's place among the layer's waiters, given back when it is dropped.

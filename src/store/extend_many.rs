@@ -2,9 +2,9 @@
 
 use redis::aio::ConnectionLike;
 
-use super::redis::{NO_SCRIPT, answered_one};
+use super::redis::NO_SCRIPT;
 use super::scripts::{Holder, Lua, holder_script};
-use super::{Backend, LeaseRef, RedisStore};
+use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -16,7 +16,7 @@ where
     ///
     /// A cluster pipeline goes to one slot's node, and every name has its own slot, so on a
     /// cluster connection the extends run as concurrent single calls.
-    pub(super) async fn extend_pipelined(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
+    pub(super) async fn extend_pipelined(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<Extended>> {
         if leases.len() < 2 || is_cluster::<C>() {
             return self.extend_each(leases).await;
         }
@@ -40,7 +40,7 @@ where
                 .collect();
         }
         let mut no_script = Vec::new();
-        let mut answers: Vec<Result<bool>> = Vec::with_capacity(leases.len());
+        let mut answers: Vec<Result<Extended>> = Vec::with_capacity(leases.len());
         for (i, reply) in replies.drain(..).enumerate() {
             if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
                 no_script.push(i);
@@ -77,11 +77,13 @@ where
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
-            let (lua, role) = holder_script(lease.mode, Holder::Extend);
-            pipe.cmd(verb)
-                .arg(script(lua))
-                .arg(1)
-                .arg(self.key_arg(role, lease.lock))
+            let (lua, _) = holder_script(lease.mode, Holder::Extend);
+            let roles = extend_keys(lease.mode);
+            let command = pipe.cmd(verb).arg(script(lua)).arg(roles.len());
+            for &role in roles {
+                command.arg(self.key_arg(role, lease.lock));
+            }
+            command
                 .arg(lease.secret.as_bytes().as_slice())
                 .arg(lease.lock.ttl.as_millis() as u64);
         }
@@ -90,7 +92,7 @@ where
             .await
     }
 
-    async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<bool>> {
+    async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<Extended>> {
         let calls = leases.iter().map(|&lease| self.extend(lease));
         futures_util::future::join_all(calls).await
     }
@@ -109,10 +111,34 @@ fn is_cluster<C: 'static>() -> bool {
     false
 }
 
-fn answer(reply: redis::Value) -> Result<bool> {
+fn answer(reply: redis::Value) -> Result<Extended> {
     match reply {
         redis::Value::ServerError(e) => Err(Error::Redis(e.into())),
-        reply => answered_one(reply),
+        reply => extended(reply),
+    }
+}
+
+/// The keys an extend script takes for a lease of `mode`: a reader's extend also reads the
+/// write intent, to report a waiting writer ([`Extended::HeldWriterWaiting`]).
+pub(super) fn extend_keys(mode: Mode) -> &'static [KeyRole] {
+    match mode {
+        Mode::Read => &[KeyRole::Readers, KeyRole::WriteIntent],
+        Mode::Write => &[KeyRole::Writer],
+        Mode::Exclusive => &[KeyRole::Lock],
+        // A permit is extended as a reader is, by `read_extend.lua`, without an intent to report.
+        Mode::Permit => &[KeyRole::Permits],
+    }
+}
+
+/// An extend script's answer: 0 gone, 1 extended, 2 extended while a write intent lives.
+pub(super) fn extended(reply: redis::Value) -> Result<Extended> {
+    let n: i64 =
+        redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
+    match n {
+        0 => Ok(Extended::Gone),
+        1 => Ok(Extended::Held),
+        2 => Ok(Extended::HeldWriterWaiting),
+        n => Err(Error::UnexpectedReply(format!("an extend answered {n}"))),
     }
 }
 

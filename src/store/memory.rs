@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Secret};
+use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
 use crate::Result;
 use crate::store::Mode;
 
@@ -259,6 +259,25 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Whether a write intent lives on the lock of the reader `lease`, as `read_extend.lua`
+    /// reports it (a separate look: the intent is advisory, a race with its end is harmless).
+    fn writer_waits(&self, lease: LeaseRef<'_>) -> bool {
+        if lease.mode != Mode::Read {
+            return false;
+        }
+        let now = Instant::now();
+        let state = self.lock();
+        let entry = state
+            .namespaces
+            .get(lease.lock.namespace)
+            .and_then(|ns| ns.rwlocks.get(lease.lock.name));
+        entry
+            .and_then(|e| e.intent)
+            .is_some_and(|until| until > now)
+    }
+}
+
 /// The next fence of `name`: `max(last + 1, wall-clock time in µs)`, as the Redis scripts
 /// compute it, so memory and Redis hand out fences of the same shape.
 fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
@@ -314,8 +333,14 @@ impl Backend for MemoryStore {
         Box::pin(async move { Ok(self.acquire_now(lease)) })
     }
 
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.update_now(lease, true)) })
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
+        Box::pin(async move {
+            Ok(match self.update_now(lease, true) {
+                false => Extended::Gone,
+                true if self.writer_waits(lease) => Extended::HeldWriterWaiting,
+                true => Extended::Held,
+            })
+        })
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {

@@ -252,6 +252,31 @@ pub enum Acquisition {
     },
 }
 
+/// What an extension found: the lease runs on for one TTL, or it is gone.
+///
+/// A reader's extension also says whether a writer of a
+/// [writer-preferred](crate::RwLock::writer_preferred) lock waits for the readers to leave:
+/// the layer then stops sharing that reader lease with new requests, so the writer gets in
+/// once the current reads end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Extended {
+    /// The lease was not held with its secret any more, and was not extended.
+    Gone,
+    /// The lease runs for one more TTL from now.
+    Held,
+    /// A reader lease runs for one more TTL from now, and a write intent is live: new readers
+    /// are refused until it ends.
+    HeldWriterWaiting,
+}
+
+impl Extended {
+    /// Whether the lease was extended.
+    pub fn is_held(self) -> bool {
+        !matches!(self, Extended::Gone)
+    }
+}
+
 /// The random secret that identifies one lease: whoever has it can extend or release the lease.
 /// Its `Debug` output does not show it.
 ///
@@ -306,7 +331,9 @@ impl<'a> LeaseRef<'a> {
 ///   lease's remaining time. A writer is refused while a writer or any live reader holds; a
 ///   reader is refused while a writer holds.
 /// - `extend` and `release` act only when the lease is still held with *this* secret and answer
-///   `false` otherwise; `extend` never re-acquires a lease that ran out.
+///   `false` (for `extend`, [`Extended::Gone`]) otherwise; `extend` never re-acquires a lease
+///   that ran out. A reader's `extend` answers [`Extended::HeldWriterWaiting`] when it extended
+///   the lease while a write intent lives (the intent that makes `acquire` refuse readers).
 /// - A permit is refused while `permits` permits of the name are live; its `retry_after` is
 ///   the earliest live permit's remaining lease. Permits extend and release one by one, like
 ///   readers.
@@ -317,8 +344,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Takes `lease` if it is free.
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;
 
-    /// Restarts `lease` for one TTL; `false` if it is not held with its secret any more.
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
+    /// Restarts `lease` for one TTL; [`Extended::Gone`] if it is not held with its secret any
+    /// more.
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>>;
 
     /// Ends `lease`; `false` if it was not held with its secret any more.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
@@ -332,7 +360,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The layer's heartbeat sends the extensions that fall due together through this. The
     /// default runs the single `extend`s concurrently; [`RedisStore`] sends them in one
     /// pipeline, which costs the client and the server far less per lease.
-    fn extend_many<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Result<bool>>> {
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [LeaseRef<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         let calls = leases.iter().map(|&lease| self.extend(lease));
         Box::pin(futures_util::future::join_all(calls))
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
+use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
@@ -17,7 +18,7 @@ use super::scripts::{
     holder_script,
 };
 use super::watchdog;
-use super::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, Mode, Secret};
+use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
 
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -457,18 +458,22 @@ where
         })
     }
 
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         self.bounded(async move {
-            let (script, role) = holder_script(lease.mode, Holder::Extend);
+            let (script, _) = holder_script(lease.mode, Holder::Extend);
             let (lock, secret) = (lease.lock, Some(lease.secret));
-            answered_one(
-                self.run(script, lock, &[role], None, secret, LastArg::Ttl)
+            let roles = extend_keys(lease.mode);
+            extended(
+                self.run(script, lock, roles, None, secret, LastArg::Ttl)
                     .await?,
             )
         })
     }
 
-    fn extend_many<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Result<bool>>> {
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [LeaseRef<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         Box::pin(self.extend_pipelined(leases))
     }
 

@@ -13,5 +13,6 @@ mod layer;
 mod pools;
 mod recovery;
 mod replicas;
+mod rw_replicas;
 mod store;
 mod waits;

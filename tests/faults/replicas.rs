@@ -19,7 +19,7 @@ use crate::support::server::{calls, commandstats, die_with_parent};
 use crate::support::{Endpoint, RedisServer};
 
 /// The `replica` example's executable, built once per test binary with the same features.
-fn replica_binary() -> &'static PathBuf {
+pub(crate) fn replica_binary() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let output = Command::new(env!("CARGO"))

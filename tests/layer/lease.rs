@@ -167,7 +167,10 @@ impl Backend for LetsEveryoneIn {
         })
     }
 
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+    fn extend<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
         self.memory.extend(lease)
     }
 

@@ -7,6 +7,7 @@
 mod support;
 
 mod bodies;
+mod coalesce;
 mod lease;
 mod names;
 mod options;

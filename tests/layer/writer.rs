@@ -1,5 +1,7 @@
-//! Writer preference over real TCP: GETs that keep overlapping starve a waiting PUT on a plain
-//! `RwLock`, and let it in within about one read's duration on a writer-preferred one; a
+//! Writer preference over real TCP: GETs that keep overlapping can starve a waiting PUT on a
+//! plain `RwLock` (shown, not asserted), and let it in on a writer-preferred one: within about
+//! one read's duration when each read has a lease of its own, within one read's duration plus one
+//! heartbeat when the reads share one (the extension that finds the intent closes the share); a
 //! witness counts readers inside during the write (it must stay 0).
 
 use std::sync::Arc;
@@ -19,6 +21,8 @@ const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
 const PREFERRED: RwLock<str> = RwLock::new("docs-preferred", TTL).writer_preferred();
 const READ: Duration = Duration::from_millis(100);
+/// The layer's default heartbeat: a third of the TTL.
+const BEAT: Duration = Duration::from_millis(300);
 
 crate::store_tests!(Layer: [a_preferred_writer_gets_in_and_a_plain_one_starves]);
 
@@ -51,10 +55,11 @@ async fn write(State(w): State<Witness>) -> &'static str {
 
 /// Four readers looping GETs, staggered so that reads always overlap, and after 300 ms one
 /// PUT that waits up to a second; answers the PUT's status and how long it took.
-async fn contend(env: &Env, lock: RwLock<str>) -> (StatusCode, Duration, Witness) {
+async fn contend(env: &Env, lock: RwLock<str>, coalesce: bool) -> (StatusCode, Duration, Witness) {
     let witness = Witness::default();
     let layer = RwLockLayer::new(env.store.clone(), lock, extract::path_segment(1))
-        .wait(Duration::from_secs(1));
+        .wait(Duration::from_secs(1))
+        .coalesce_reads(coalesce);
     let app = Router::new()
         .route("/docs/{id}", get(read).put(write))
         .route_layer(layer)
@@ -84,24 +89,33 @@ async fn contend(env: &Env, lock: RwLock<str>) -> (StatusCode, Duration, Witness
 }
 
 async fn a_preferred_writer_gets_in_and_a_plain_one_starves(env: Env) {
-    let (status, took, witness) = contend(&env, PLAIN).await;
-    assert_eq!(
-        status,
-        StatusCode::CONFLICT,
-        "overlapping reads starve the writer"
-    );
+    for coalesce in [false, true] {
+        plain_and_preferred(&env, coalesce).await;
+    }
+}
+
+async fn plain_and_preferred(env: &Env, coalesce: bool) {
+    let (status, took, witness) = contend(env, PLAIN, coalesce).await;
+    // Starving is what overlapping reads do to a plain writer, but not a promise: a pause of
+    // the loaded test machine between two reads lets it in. Shown, not asserted.
+    eprintln!("plain writer (coalesced: {coalesce}): {status} after {took:?}");
     assert!(
-        took >= Duration::from_secs(1),
-        "it waited its whole wait: {took:?}"
+        status == StatusCode::OK || took >= Duration::from_secs(1),
+        "refused only after its whole wait: {status} after {took:?}"
     );
     assert!(!witness.read_during_write.load(Ordering::SeqCst));
 
-    let (status, took, witness) = contend(&env, PREFERRED).await;
+    let (status, took, witness) = contend(env, PREFERRED, coalesce).await;
     assert_eq!(status, StatusCode::OK, "the preferred writer gets in");
     // The reads in progress end within one read's duration; the last one's release wakes it.
+    // Sharing one lease, new reads keep joining it until its next extension finds the intent.
+    let bound = match coalesce {
+        false => READ + Duration::from_millis(300),
+        true => READ + BEAT + Duration::from_millis(300),
+    };
     assert!(
-        took < READ + Duration::from_millis(300),
-        "it got in after {took:?}"
+        took < bound,
+        "it got in after {took:?} (coalesced: {coalesce})"
     );
     assert!(
         !witness.read_during_write.load(Ordering::SeqCst),

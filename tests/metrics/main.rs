@@ -1,6 +1,7 @@
 //! The `metrics` feature against `metrics-util`'s debugging recorder: each outcome increments
-//! exactly its counter, the gauge of held leases returns to 0 after a cancellation storm, and no
-//! label ever carries a lock name.
+//! exactly its counter, the gauge of held leases returns to 0 after a cancellation storm, no
+//! label ever carries a lock name, and shared reads count per request and per lease
+//! (`shared_reads`).
 //!
 //! The recorder is global and its snapshots drain the counters, so the tests take turns.
 
@@ -21,6 +22,8 @@ use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer,
 
 use support::http::{Http, count, serve};
 use support::{Env, Setup};
+
+mod shared_reads;
 
 /// A metric's name and labels, as `name{label=value,…}` with the labels sorted.
 type Series = String;

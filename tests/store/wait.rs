@@ -150,7 +150,10 @@ impl Backend for Counting {
         self.0.memory.acquire(lease)
     }
 
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+    fn extend<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
         self.0.memory.extend(lease)
     }
 

@@ -30,7 +30,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{DriverSlot, HeartbeatTiming};
 use crate::Result;
 use crate::layer::lease::LeaseState;
-use crate::store::BoxFuture;
+use crate::store::{BoxFuture, Extended};
 use crate::telemetry::{self, ExtendOutcome, LossReason};
 
 /// The most extensions in one store call; a bigger due set goes out as several calls at once,
@@ -71,7 +71,7 @@ struct SentBatch {
     leases: Vec<EnrolledLease>,
     sent_at: Instant,
     /// `None` when the earliest deadline in the batch passed before the store answered.
-    answers: Option<Vec<Result<bool>>>,
+    answers: Option<Vec<Result<Extended>>>,
 }
 
 #[derive(Default)]
@@ -219,19 +219,23 @@ impl Driver {
             }
             let (namespace, mode) = (lease.state.holding.namespace(), lease.state.holding.mode());
             let outcome = match answer {
-                Some(Ok(true)) => ExtendOutcome::Ok,
-                Some(Ok(false)) => ExtendOutcome::Lost,
+                Some(Ok(Extended::Gone)) => ExtendOutcome::Lost,
+                Some(Ok(_)) => ExtendOutcome::Ok,
                 _ => ExtendOutcome::Error,
             };
             telemetry::extend(namespace, mode, outcome);
             match answer {
-                Some(Ok(true)) => {
+                Some(Ok(extended @ (Extended::Held | Extended::HeldWriterWaiting))) => {
+                    if extended == Extended::HeldWriterWaiting {
+                        // A shared read lease stops taking new requests, so the writer gets in.
+                        lease.state.writer_waits();
+                    }
                     lease.state.confirm(sent_at);
                     lease.backoff = FIRST_BACKOFF;
                     let next = sent_at + lease.every;
                     self.schedule(lease, next);
                 }
-                Some(Ok(false)) => lease.state.declare_lost(LossReason::StoreSaidGone),
+                Some(Ok(Extended::Gone)) => lease.state.declare_lost(LossReason::StoreSaidGone),
                 failed => {
                     match failed {
                         Some(Err(error)) => {

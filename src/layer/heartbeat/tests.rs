@@ -14,7 +14,7 @@ use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
 use crate::layer::guard::LeaseGuard;
 use crate::store::BoxFuture;
-use crate::store::{Acquisition, Backend, LeaseRef, LockRef, MemoryStore, Mode};
+use crate::store::{Acquisition, Backend, Extended, LeaseRef, LockRef, MemoryStore, Mode};
 use crate::token::{Attempt, Holding};
 use crate::{Error, Lock, Store};
 
@@ -40,7 +40,7 @@ impl Backend for Arc<Scripted> {
         self.memory.acquire(lease)
     }
 
-    fn extend<'a>(&'a self, _: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+    fn extend<'a>(&'a self, _: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         unreachable!("the driver extends in batches")
     }
 
@@ -52,7 +52,10 @@ impl Backend for Arc<Scripted> {
         self.memory.in_use(lock)
     }
 
-    fn extend_many<'a>(&'a self, leases: &'a [LeaseRef<'a>]) -> BoxFuture<'a, Vec<Result<bool>>> {
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [LeaseRef<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         self.batches.lock().unwrap().push(leases.len());
         match self.extends.load(Ordering::SeqCst) {
             ANSWER => self.memory.extend_many(leases),
@@ -61,7 +64,7 @@ impl Backend for Arc<Scripted> {
                 leases.iter().map(|_| timeout()).collect()
             }),
             HANG => Box::pin(std::future::pending()),
-            _ => Box::pin(async move { leases.iter().map(|_| Ok(false)).collect() }),
+            _ => Box::pin(async move { leases.iter().map(|_| Ok(Extended::Gone)).collect() }),
         }
     }
 }

@@ -1,12 +1,14 @@
 //! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
 //! the intent's remaining time as their `retry_after`, until the readers leave and the writer
 //! gets in; the intent ends by itself when its writer gives up; without the preference, readers
-//! keep coming.
+//! keep coming. A reader's extension reports a live intent (`Extended::HeldWriterWaiting`),
+//! through the single call and the batch, and still extends the lease.
 
 use std::time::Duration;
 
 use tokio::time::sleep;
 use tower_lease::RwLock;
+use tower_lease::store::{Extended, LeaseRef, LockRef, Mode, Secret};
 
 use super::ROUNDING;
 use crate::support::Env;
@@ -16,6 +18,7 @@ crate::store_tests!(
         a_refused_writer_holds_new_readers_off_until_the_readers_leave,
         an_abandoned_intent_ends_by_itself,
         without_the_preference_readers_keep_coming_in,
+        a_readers_extension_reports_a_waiting_writer,
     ]
 );
 
@@ -115,4 +118,60 @@ async fn without_the_preference_readers_keep_coming_in(env: Env) {
             .unwrap()
     );
     assert!(first.release().await.unwrap());
+}
+
+async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
+    let backend = env.store.backend();
+    let (mine, other) = (Secret::random(), Secret::random());
+    let lock = LockRef::new("extend-intent", b"doc", TTL, false).writer_preferred();
+    let reader = LeaseRef::new(lock, Mode::Read, &mine);
+    let acquired = backend.acquire(reader).await.unwrap();
+    assert!(matches!(
+        acquired,
+        tower_lease::store::Acquisition::Acquired { .. }
+    ));
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::Held,
+        "no writer yet"
+    );
+
+    // A writer refused by the reader leaves its intent.
+    let writer = LeaseRef::new(lock, Mode::Write, &other);
+    let refused = backend.acquire(writer).await.unwrap();
+    assert!(matches!(
+        refused,
+        tower_lease::store::Acquisition::Busy { .. }
+    ));
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::HeldWriterWaiting,
+        "the reader hears of the waiting writer"
+    );
+    let batch = backend.extend_many(&[reader, reader]).await;
+    assert!(
+        batch
+            .iter()
+            .all(|answer| matches!(answer, Ok(Extended::HeldWriterWaiting))),
+        "and so does a batch: {batch:?}"
+    );
+    // At 1 s the lease still lives (extended at 300 ms for 900 ms), and the intent has run out
+    // (600 ms after the write attempt, which was not repeated): a plain answer again.
+    sleep(Duration::from_millis(700)).await;
+    assert_eq!(backend.extend(reader).await.unwrap(), Extended::Held);
+    assert!(backend.release(reader).await.unwrap());
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::Gone,
+        "a released lease is gone"
+    );
+    // A stranger's extend is gone too, intent or not.
+    let refused = backend.acquire(writer).await.unwrap();
+    assert!(matches!(
+        refused,
+        tower_lease::store::Acquisition::Acquired { .. }
+    ));
+    let stranger = LeaseRef::new(lock, Mode::Read, &other);
+    assert_eq!(backend.extend(stranger).await.unwrap(), Extended::Gone);
 }

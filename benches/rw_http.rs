@@ -1,0 +1,265 @@
+//! Requests per second over real HTTP for reads behind [`RwLockLayer`]: one small axum app
+//! served three ways on one `redis-server` — bare, behind `RwLockLayer` (reads coalesced, the
+//! default), and behind `RwLockLayer` with `.coalesce_reads(false)` (a reader lease per request).
+//!
+//! ```text
+//! cargo bench --all-features --bench rw_http
+//! BENCH_ROUNDS=15 BENCH_ROUND_MS=2000 cargo bench --all-features --bench rw_http
+//! ```
+//!
+//! Two workloads, each in alternating rounds over the three apps, 64 keep-alive HTTP/1.1
+//! connections per app sending `GET /docs/<name>` back to back: **hot**, four names (connection
+//! `i` reads name `i % 4`), where reads of one name overlap all the time; and **distinct**, a
+//! random name per request, where nothing is shared. Every response must be `200`.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
+
+use support::{Redis, Settings, median};
+
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));
+const CONNECTIONS: usize = 64;
+const HOT_NAMES: usize = 4;
+
+fn main() {
+    let settings = Settings::from_env(7, 700);
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(bench(&redis, settings));
+}
+
+async fn read() -> &'static str {
+    "doc"
+}
+
+fn app() -> Router {
+    Router::new().route("/docs/{name}", get(read))
+}
+
+async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect(addr: std::net::SocketAddr) -> Vec<Sender> {
+    let mut senders = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        senders.push(sender);
+    }
+    senders
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Names {
+    Hot,
+    Distinct,
+}
+
+/// Drives `senders` for `length`; answers requests per second.
+async fn drive(
+    senders: &mut Vec<Sender>,
+    host: &str,
+    length: Duration,
+    names: Names,
+    ok: &AtomicU64,
+) -> f64 {
+    let start = Instant::now();
+    let deadline = start + length;
+    let mut workers = Vec::with_capacity(senders.len());
+    for (i, mut sender) in senders.drain(..).enumerate() {
+        let host = host.to_owned();
+        workers.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let path = match names {
+                    Names::Hot => format!("/docs/hot-{}", i % HOT_NAMES),
+                    Names::Distinct => format!("/docs/{:x}", rand::random::<u64>()),
+                };
+                let req = http::Request::get(path)
+                    .header(http::header::HOST, &host)
+                    .body(Empty::new())
+                    .unwrap();
+                sender.ready().await.expect("connection closed");
+                let res = sender.send_request(req).await.expect("request failed");
+                let status = res.status();
+                res.into_body().collect().await.expect("body failed");
+                assert_eq!(status, StatusCode::OK, "a read was refused");
+                done += 1;
+            }
+            (sender, done)
+        }));
+    }
+    let mut total = 0;
+    for worker in workers {
+        let (sender, done) = worker.await.expect("a load task panicked");
+        senders.push(sender);
+        total += done;
+    }
+    ok.fetch_add(total, Ordering::Relaxed);
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `EVALSHA` and `EVAL` calls since the last `CONFIG RESETSTAT`.
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+const BARE: usize = 0;
+const COALESCED: usize = 1;
+const APART: usize = 2;
+
+struct Target {
+    name: &'static str,
+    host: String,
+    senders: Vec<Sender>,
+    ok: AtomicU64,
+}
+
+async fn bench(redis: &Redis, settings: Settings) {
+    let conn = redis.connection().await;
+    let store: Store = RedisStore::new(conn.clone()).prefix("bench-rw").into();
+    let layer = || RwLockLayer::new(store.clone(), DOCS, extract::path_segment(1));
+    let apps = [
+        ("bare", app()),
+        ("RwLockLayer", app().route_layer(layer())),
+        (
+            "RwLockLayer, coalesce_reads(false)",
+            app().route_layer(layer().coalesce_reads(false)),
+        ),
+    ];
+    let mut targets = Vec::new();
+    for (name, app) in apps {
+        let addr = serve(app).await;
+        let senders = connect(addr).await;
+        let (host, ok) = (addr.to_string(), AtomicU64::new(0));
+        targets.push(Target {
+            name,
+            host,
+            senders,
+            ok,
+        });
+    }
+    println!("\nmachine: {}", support::machine());
+    for names in [Names::Hot, Names::Distinct] {
+        for target in &mut targets {
+            let warm = Duration::from_millis(200);
+            drive(&mut target.senders, &target.host, warm, names, &target.ok).await;
+            target.ok.store(0, Ordering::Relaxed);
+        }
+        let mut rates: Vec<Vec<f64>> = targets.iter().map(|_| Vec::new()).collect();
+        for round in 0..settings.rounds {
+            for k in 0..targets.len() {
+                let i = (k + round) % targets.len();
+                let t = &mut targets[i];
+                let rate = drive(&mut t.senders, &t.host, settings.round, names, &t.ok).await;
+                rates[i].push(rate);
+            }
+        }
+        let what = match names {
+            Names::Hot => format!("GET /docs/hot-<0..{HOT_NAMES}>"),
+            Names::Distinct => "GET /docs/<random>".to_owned(),
+        };
+        println!(
+            "\nHTTP/1.1, {CONNECTIONS} connections, {what}, {} rounds of {:?} per app\n",
+            settings.rounds, settings.round
+        );
+        println!("| app | requests/s (median) | × bare | × coalesce_reads(false) | 200 |");
+        println!("|---|---:|---:|---:|---:|");
+        // Ratios are medians of the ratios within each round, so drift between rounds cancels.
+        let paired = |a: usize, b: usize| {
+            let pairs = rates[a].iter().zip(&rates[b]).map(|(a, b)| a / b);
+            median(&mut pairs.collect::<Vec<_>>())
+        };
+        for (i, target) in targets.iter().enumerate() {
+            println!(
+                "| {} | {:.0} | {:.2} | {:.2} | {} |",
+                target.name,
+                median(&mut rates[i].clone()),
+                paired(i, BARE),
+                paired(i, APART),
+                target.ok.load(Ordering::Relaxed),
+            );
+        }
+        // Store calls per request of the coalesced app: one round of it alone, between counters.
+        let t = &mut targets[COALESCED];
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let before = t.ok.load(Ordering::Relaxed);
+        drive(&mut t.senders, &t.host, settings.round, names, &t.ok).await;
+        let requests = t.ok.load(Ordering::Relaxed) - before;
+        let calls = script_calls(&mut conn.clone()).await;
+        println!(
+            "
+RwLockLayer: {:.3} script calls per request ({calls} for {requests}; a reader \
+             lease of its own costs 2)",
+            calls as f64 / requests as f64
+        );
+        let met = |met: bool| if met { "met" } else { "MISSED" };
+        match names {
+            Names::Hot => {
+                let ratio = paired(COALESCED, BARE);
+                println!(
+                    "\ntarget: RwLockLayer ≥ 0.8× bare on hot names: {ratio:.3} {}",
+                    met(ratio >= 0.8)
+                );
+            }
+            Names::Distinct => {
+                let ratio = paired(COALESCED, APART);
+                println!(
+                    "\ntarget: coalesced no slower than coalesce_reads(false) on distinct \
+                     names: {ratio:.3} {}",
+                    met(ratio >= 0.97)
+                );
+            }
+        }
+    }
+    let mut conn = conn;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("bench-rw*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "locks were left held: {left:?}");
+}

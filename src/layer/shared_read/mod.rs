@@ -1,0 +1,372 @@
+//! Read coalescing for [`RwLockLayer`](crate::RwLockLayer): the concurrent read requests of
+//! one name in one layer share one reader lease in the store.
+//!
+//! A layer keeps a registry ([`SharedReads`]) of shares by name. A read request either
+//!
+//! - **joins** a share whose lease is held and may take newcomers (see [`Held::admits`]): no
+//!   store call at all;
+//! - **waits** for a share whose acquisition is on the wire, and gets its answer: the lease, or
+//!   the same `Busy` or store error (a request that would have asked the store at the same
+//!   moment would have heard the same);
+//! - or **leads** a new share: it sends the acquisition, and publishes the answer to those that
+//!   wait.
+//!
+//! Each share counts its requests. The count changes only under the registry's lock, and the
+//! request that takes it to zero removes the share from the registry under that same lock, then
+//! releases the lease: so a request never joins a share whose lease is being released (it
+//! finds no share, and leads a fresh one). A share that no longer admits newcomers is replaced
+//! in the registry by a fresh one; its own requests keep it until they leave. Every way out of
+//! a share (the response, the body's end, a request dropped while waiting or running) goes
+//! through [`SharedRead`]'s or [`Waiter`]'s drop, so the count stays right.
+//!
+//! The shared lease is one [`OwnLease`]: one heartbeat enrolment, one extension per beat
+//! however many requests share it, and one [`LeaseState`] whose loss every request sees.
+//!
+//! This file keeps the registry and the held shares; [`acquire`] the requests that wait for a
+//! share's acquisition or send it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::Context;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+mod acquire;
+
+pub(crate) use self::acquire::{Leader, Waiter};
+
+use super::guard::{LeaseGuard, OwnLease};
+use super::heartbeat::{Heartbeat, HeartbeatTiming};
+use super::lease::{Lease, LeaseState};
+use crate::Error;
+use crate::store::BoxFuture;
+use crate::token::Holding;
+
+/// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
+/// is the whole key.
+#[derive(Default)]
+pub(crate) struct SharedReads {
+    shares: Mutex<HashMap<Box<[u8]>, Arc<Share>>>,
+}
+
+/// One reader lease and the requests that share it.
+struct Share {
+    name: Box<[u8]>,
+    /// Requests in the share, waiting for its acquisition or holding it. Changed only under the
+    /// registry's lock.
+    members: AtomicUsize,
+    /// Set once, when the acquisition answers.
+    outcome: OnceLock<Outcome>,
+    /// Wakes the requests waiting for `outcome`.
+    answered: Notify,
+}
+
+/// What a share's acquisition came to.
+enum Outcome {
+    Held(Held),
+    Busy(Duration),
+    Failed(Error),
+    /// The leading request went away before it sent anything: the waiters start again.
+    Abandoned,
+}
+
+/// A held shared lease.
+struct Held {
+    state: Arc<LeaseState>,
+    acquired_at: Instant,
+    timing: HeartbeatTiming,
+    /// Whether `lease` is in the heartbeat's care, read without its lock.
+    enrolled: AtomicBool,
+    /// The lease: taken out by the last request to leave, which releases it.
+    lease: Mutex<Option<OwnLease>>,
+}
+
+/// Where a read request stands on entering: see the module docs.
+pub(crate) enum Entry {
+    Joined(SharedRead),
+    Waiting(Waiter),
+    Leading(Leader),
+}
+
+impl SharedReads {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, Arc<Share>>> {
+        // Every update under this lock is one insert or removal and one count change.
+        self.shares.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Joins the share of `name` if its lease is held and admits newcomers.
+    pub(crate) fn join(self: &Arc<Self>, name: &[u8]) -> Option<SharedRead> {
+        let now = Instant::now();
+        let shares = self.lock();
+        let share = shares.get(name)?;
+        match share.outcome.get() {
+            Some(Outcome::Held(held)) if held.admits(now) => {
+                share.members.fetch_add(1, Ordering::Relaxed);
+                Some(SharedRead::new(self.clone(), share.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Joins the share of `name`, waits for its acquisition, or leads a new one.
+    pub(crate) fn enter(self: &Arc<Self>, name: &[u8]) -> Entry {
+        let now = Instant::now();
+        let mut shares = self.lock();
+        if let Some(share) = shares.get(name) {
+            match share.outcome.get() {
+                None => {
+                    share.members.fetch_add(1, Ordering::Relaxed);
+                    return Entry::Waiting(Waiter::new(self.clone(), share.clone()));
+                }
+                Some(Outcome::Held(held)) if held.admits(now) => {
+                    share.members.fetch_add(1, Ordering::Relaxed);
+                    return Entry::Joined(SharedRead::new(self.clone(), share.clone()));
+                }
+                // Lost, closed to newcomers, or (briefly) a failed acquisition: start afresh.
+                _ => {}
+            }
+        }
+        let share = Arc::new(Share::new(name, None));
+        shares.insert(name.into(), share.clone());
+        Entry::Leading(Leader::new(self.clone(), share))
+    }
+
+    /// Shares `holding`, taken after a wait, when no share of its name can take newcomers;
+    /// otherwise the request keeps it to itself.
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        holding: Holding,
+        sent_at: Instant,
+        timing: HeartbeatTiming,
+    ) -> LeaseGuard {
+        let lease = OwnLease::new(holding, sent_at, timing);
+        let now = Instant::now();
+        let mut shares = self.lock();
+        let state = lease.state().clone();
+        let name = state.holding.name();
+        let taken = shares
+            .get(name)
+            .is_some_and(|share| match share.outcome.get() {
+                Some(Outcome::Held(held)) => held.admits(now),
+                None => true,
+                Some(_) => false,
+            });
+        if taken {
+            return LeaseGuard::own(lease);
+        }
+        let share = Arc::new(Share::new(name, Some(Held::new(lease, sent_at, timing))));
+        shares.insert(name.into(), share.clone());
+        LeaseGuard::shared(SharedRead::new(self.clone(), share))
+    }
+
+    /// Takes one request out of `share`; the last one out gets the lease to release.
+    fn leave(&self, share: &Arc<Share>) -> Option<OwnLease> {
+        let mut shares = self.lock();
+        if share.members.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return None;
+        }
+        if shares
+            .get(&share.name)
+            .is_some_and(|other| Arc::ptr_eq(other, share))
+        {
+            shares.remove(&share.name);
+        }
+        drop(shares);
+        // Out of the registry with no request left: nobody else can reach the lease.
+        share
+            .held()
+            .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
+    }
+
+    /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
+    /// no lease leaves the registry at once, so the next request asks the store again.
+    fn publish(&self, share: &Arc<Share>, outcome: Outcome) {
+        let held = matches!(outcome, Outcome::Held(_));
+        {
+            let mut shares = self.lock();
+            if share.outcome.set(outcome).is_err() {
+                unreachable!("a share's acquisition answers once");
+            }
+            if !held
+                && shares
+                    .get(&share.name)
+                    .is_some_and(|other| Arc::ptr_eq(other, share))
+            {
+                shares.remove(&share.name);
+            }
+        }
+        share.answered.notify_waiters();
+    }
+}
+
+impl Share {
+    fn new(name: &[u8], held: Option<Held>) -> Self {
+        let outcome = OnceLock::new();
+        if let Some(held) = held {
+            let _ = outcome.set(Outcome::Held(held));
+        }
+        Share {
+            name: name.into(),
+            members: AtomicUsize::new(1),
+            outcome,
+            answered: Notify::new(),
+        }
+    }
+
+    fn held(&self) -> Option<&Held> {
+        match self.outcome.get() {
+            Some(Outcome::Held(held)) => Some(held),
+            _ => None,
+        }
+    }
+}
+
+impl Held {
+    fn new(lease: OwnLease, acquired_at: Instant, timing: HeartbeatTiming) -> Self {
+        Held {
+            state: lease.state().clone(),
+            acquired_at,
+            timing,
+            enrolled: AtomicBool::new(false),
+            lease: Mutex::new(Some(lease)),
+        }
+    }
+
+    /// Whether a request arriving at `now` may join: the lease is not lost and has a quarter of
+    /// a beat left (time for the heartbeat to extend it), no extension found a writer waiting
+    /// (new readers must go to the store, which refuses them while the intent lives), and,
+    /// under `max_hold`, half of it is still ahead (so a joiner runs at least that long).
+    fn admits(&self, now: Instant) -> bool {
+        let timing = self.timing;
+        self.state.valid_at(now + timing.every / 4)
+            && !self.state.writer_waiting()
+            && timing
+                .max_hold
+                .is_none_or(|max_hold| now < self.acquired_at + max_hold / 2)
+    }
+
+    /// Hands the lease to `heartbeat` if it is not there yet.
+    fn enrol(&self, heartbeat: &Heartbeat) {
+        let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(lease) = lease.as_mut() {
+            lease.enrol_now(heartbeat);
+        }
+        self.enrolled.store(true, Ordering::Release);
+    }
+
+    fn first_beat(&self) -> Instant {
+        self.acquired_at + self.timing.every
+    }
+}
+
+/// A request's part in a held shared lease: what its [`LeaseGuard`] holds.
+pub(crate) struct SharedRead {
+    reads: Arc<SharedReads>,
+    share: Arc<Share>,
+    /// Cancelled when this request leaves, for its [`Lease`].
+    left: CancellationToken,
+    /// The shared lease's first beat, made when this request's future first waits.
+    first_beat: Option<Pin<Box<Sleep>>>,
+}
+
+impl SharedRead {
+    fn new(reads: Arc<SharedReads>, share: Arc<Share>) -> Self {
+        debug_assert!(share.held().is_some());
+        SharedRead {
+            reads,
+            share,
+            left: CancellationToken::new(),
+            first_beat: None,
+        }
+    }
+
+    fn held(&self) -> &Held {
+        self.share.held().expect("a shared read holds a lease")
+    }
+
+    pub(super) fn state(&self) -> &Arc<LeaseState> {
+        &self.held().state
+    }
+
+    pub(super) fn lease(&self) -> Lease {
+        Lease::shared(self.state().clone(), self.left.clone())
+    }
+
+    pub(super) fn valid_at(&self, at: Instant) -> bool {
+        !self.left.is_cancelled() && self.state().valid_at(at)
+    }
+
+    /// As [`LeaseGuard::poll_first_beat`]: any request of the share whose future waits may
+    /// enrol the shared lease when its first beat is due.
+    pub(super) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+        let share = self.share.clone();
+        let held = share.held().expect("a shared read holds a lease");
+        if held.enrolled.load(Ordering::Acquire) {
+            return;
+        }
+        let due = held.first_beat();
+        let first_beat = self
+            .first_beat
+            .get_or_insert_with(|| Box::pin(sleep_until(due)));
+        if first_beat.as_mut().poll(cx).is_ready() {
+            held.enrol(heartbeat);
+        }
+    }
+
+    pub(super) fn enrol_now(&mut self, heartbeat: &Heartbeat) {
+        let held = self.held();
+        if !held.enrolled.load(Ordering::Acquire) {
+            held.enrol(heartbeat);
+        }
+    }
+
+    /// Enrols the shared lease when its first beat is past: a stream of requests that each end
+    /// at once (none waits on the timer) must not let it run out. Within a tokio runtime.
+    pub(crate) fn enrol_if_due(&self, heartbeat: &Heartbeat) {
+        let held = self.held();
+        if !held.enrolled.load(Ordering::Acquire) && Instant::now() >= held.first_beat() {
+            held.enrol(heartbeat);
+        }
+    }
+
+    /// Leaves the share: the lease to release when this was its last request.
+    fn leave(&mut self) -> Option<OwnLease> {
+        if self.left.is_cancelled() {
+            return None;
+        }
+        self.left.cancel();
+        self.reads.leave(&self.share)
+    }
+
+    pub(super) fn release(mut self) -> BoxFuture<'static, ()> {
+        match self.leave() {
+            Some(lease) => lease.release(),
+            None => Box::pin(std::future::ready(())),
+        }
+    }
+}
+
+impl Drop for SharedRead {
+    fn drop(&mut self) {
+        // The last one out drops the lease, which releases it in the background.
+        drop(self.leave());
+    }
+}
+
+impl fmt::Debug for SharedReads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReads")
+            .field("shares", &self.lock().len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+//! Read coalescing in `RwLockLayer` over real TCP: overlapping GETs of one name share one
+//! reader lease per layer (one member of the `:r` sorted set however many requests), the last
+//! one out releases it, `.coalesce_reads(false)` gives each request its own; a shared lease lost
+//! behind the layer's back answers `503` to every request sharing it and takes no newcomer; and
+//! clients that go away leave the count right.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower_lease::store::KeyRole;
+use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, extract};
+
+use crate::support::Env;
+use crate::support::http::{Http, Reply, serve};
+
+const SLOW: RwLock<str> = RwLock::new("shared-docs", Duration::from_secs(2));
+/// Short, so that a lost lease is found within 100 ms (the default heartbeat, a third of it).
+const SHORT: RwLock<str> = RwLock::new("short-docs", Duration::from_millis(300));
+
+crate::store_tests!(
+    Layer: [dropped_requests_leave_the_count_right],
+    redis: [
+        overlapping_reads_share_one_reader_lease_per_layer,
+        a_lost_shared_lease_answers_503_to_every_request_sharing_it,
+        a_lost_shared_lease_takes_no_newcomer,
+    ]
+);
+
+/// Handlers that stay inside until the gate opens, counting who is inside; they answer whether
+/// their lease was still held when they left.
+#[derive(Clone)]
+struct Gate {
+    inside: Arc<AtomicUsize>,
+    open: watch::Receiver<bool>,
+}
+
+impl Gate {
+    fn new() -> (watch::Sender<bool>, Gate) {
+        let (opener, open) = watch::channel(false);
+        let inside = Arc::default();
+        (opener, Gate { inside, open })
+    }
+
+    async fn until_inside(&self, n: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while self.inside.load(Ordering::SeqCst) != n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never saw {n} handlers inside at once"));
+    }
+}
+
+/// Counts a handler inside until it returns or is dropped (its client went away).
+struct Inside(Arc<AtomicUsize>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn read(State(gate): State<Gate>, Extension(lease): Extension<Lease>) -> &'static str {
+    gate.inside.fetch_add(1, Ordering::SeqCst);
+    let _inside = Inside(gate.inside.clone());
+    let mut open = gate.open.clone();
+    let _ = open.wait_for(|open| *open).await;
+    if lease.is_held() { "held" } else { "lost" }
+}
+
+async fn write() -> &'static str {
+    "written"
+}
+
+async fn app(
+    layer: RwLockLayer<tower_lease::extract::PathSegment>,
+    gate: &Gate,
+) -> std::net::SocketAddr {
+    let app = Router::new()
+        .route("/docs/{id}", get(read).put(write))
+        .route_layer(layer)
+        .with_state(gate.clone());
+    serve(app).await
+}
+
+fn get_all(addr: std::net::SocketAddr, path: &'static str, n: usize) -> Vec<JoinHandle<Reply>> {
+    (0..n)
+        .map(|_| tokio::spawn(async move { Http::new().get(addr, path).await }))
+        .collect()
+}
+
+/// The members of the reader set of `name`: one per reader lease in Redis.
+async fn readers(env: &Env, lock: RwLock<str>, name: &str) -> usize {
+    let key = env
+        .raw()
+        .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
+    env.raw().query(redis::cmd("ZCARD").arg(key)).await
+}
+
+async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
+    let (opener, gate) = Gate::new();
+    let layer = || RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
+    // Two layers: two processes, as far as sharing goes.
+    let (one, two) = (app(layer(), &gate).await, app(layer(), &gate).await);
+    let apart = app(layer().coalesce_reads(false), &gate).await;
+
+    let mut reads = get_all(one, "/docs/a", 5);
+    reads.extend(get_all(two, "/docs/a", 5));
+    reads.extend(get_all(one, "/docs/b", 3));
+    reads.extend(get_all(apart, "/docs/c", 4));
+    gate.until_inside(17).await;
+    assert_eq!(readers(&env, SLOW, "a").await, 2, "one lease per layer");
+    assert_eq!(readers(&env, SLOW, "b").await, 1, "one lease per name");
+    assert_eq!(readers(&env, SLOW, "c").await, 4, "one lease per request");
+    // A shared lease refuses a writer like any reader's.
+    let refused = Http::new().put(one, "/docs/a").await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+
+    opener.send_replace(true);
+    for read in reads {
+        let reply = read.await.unwrap();
+        assert_eq!((reply.status, reply.text()), (StatusCode::OK, "held"));
+    }
+    // The last request out of each share released its lease before answering.
+    for name in ["a", "b", "c"] {
+        let key = env
+            .raw()
+            .key(KeyRole::Readers, SLOW.namespace(), name.as_bytes());
+        assert!(!env.raw().exists(&key).await, "{name}'s readers are gone");
+    }
+    assert_eq!(Http::new().put(two, "/docs/a").await.text(), "written");
+}
+
+async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Env) {
+    let (_opener, gate) = Gate::new();
+    let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1));
+    let addr = app(layer, &gate).await;
+    let reads = get_all(addr, "/docs/a", 4);
+    gate.until_inside(4).await;
+    assert_eq!(readers(&env, SHORT, "a").await, 1);
+
+    assert!(
+        env.raw()
+            .delete(KeyRole::Readers, SHORT.namespace(), b"a")
+            .await
+    );
+    // The next extension (within a beat, 100 ms) finds the lease gone; the gate stays shut.
+    let all = async {
+        let mut replies = Vec::new();
+        for read in reads {
+            replies.push(read.await.unwrap());
+        }
+        replies
+    };
+    let replies = tokio::time::timeout(Duration::from_secs(2), all)
+        .await
+        .expect("every request sharing the lost lease is answered");
+    for reply in replies {
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+        assert_eq!(
+            reply.problem()["type"],
+            "urn:tower-lease:lease-lost",
+            "{reply:?}"
+        );
+    }
+}
+
+async fn a_lost_shared_lease_takes_no_newcomer(env: Env) {
+    let (opener, gate) = Gate::new();
+    let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1))
+        .on_lease_lost(LeaseLost::Continue);
+    let addr = app(layer, &gate).await;
+    let first = get_all(addr, "/docs/a", 3);
+    gate.until_inside(3).await;
+    assert!(
+        env.raw()
+            .delete(KeyRole::Readers, SHORT.namespace(), b"a")
+            .await
+    );
+    // Two beats and then some: the heartbeat has found the loss.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    // A newcomer takes a lease of its own instead of joining the lost one.
+    let late = get_all(addr, "/docs/a", 1);
+    gate.until_inside(4).await;
+    assert_eq!(readers(&env, SHORT, "a").await, 1, "a fresh lease");
+    opener.send_replace(true);
+    for read in first {
+        let reply = read.await.unwrap();
+        assert_eq!((reply.status, reply.text()), (StatusCode::OK, "lost"));
+    }
+    for read in late {
+        let reply = read.await.unwrap();
+        assert_eq!((reply.status, reply.text()), (StatusCode::OK, "held"));
+    }
+}
+
+async fn dropped_requests_leave_the_count_right(env: Env) {
+    let (opener, gate) = Gate::new();
+    let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
+    let addr = app(layer, &gate).await;
+    // Two clients that go away mid-request, one that stays.
+    let mut gone = Vec::new();
+    for _ in 0..2 {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let request = "GET /docs/a HTTP/1.1\r\nhost: test\r\n\r\n";
+        client.write_all(request.as_bytes()).await.unwrap();
+        gone.push(client);
+    }
+    gate.until_inside(2).await;
+    let stays = get_all(addr, "/docs/a", 1);
+    gate.until_inside(3).await;
+    drop(gone);
+    gate.until_inside(1).await;
+
+    // The one left still holds the shared lease: the dropped two did not release it.
+    let http = Http::new();
+    let refused = http.put(addr, "/docs/a").await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    assert!(SLOW.try_write(&env.store, "a").await.unwrap().is_none());
+
+    // And its end releases it: the count went 3, 2, 1, 0.
+    opener.send_replace(true);
+    let reply = stays.into_iter().next().unwrap().await.unwrap();
+    assert_eq!((reply.status, reply.text()), (StatusCode::OK, "held"));
+    assert_eq!(http.put(addr, "/docs/a").await.text(), "written");
+}
