@@ -1,15 +1,16 @@
 //! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
 //!
-//! (About 470 lines: the calls, their deadlines and the `Backend` impl share the store's private
-//! state; the call timer, the extend pipeline and the tests live in files beside it.)
+//! (A little over 400 lines: the options, the calls and the `Backend` impl share the store's
+//! private state; how a call keeps its deadline, the call timer, the extend pipeline and the
+//! tests live in files beside it.)
 
-use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 
+use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
@@ -47,9 +48,9 @@ const ARGS_LEN: usize = 64;
 pub struct RedisStore<C> {
     pub(super) conn: C,
     layout: KeyLayout,
-    timeout: Duration,
-    bound: Bound,
-    watchdog: Arc<watchdog::Watchdog>,
+    pub(super) timeout: Duration,
+    pub(super) bound: Bound,
+    pub(super) watchdog: Arc<watchdog::Watchdog>,
     /// The subscriber for release notifications, when the store was given a client for it.
     notifier: Option<Arc<notify::Notifier>>,
 }
@@ -63,19 +64,6 @@ enum LastArg<'a> {
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
     Channel(&'a [u8]),
-}
-
-/// Who keeps a call's deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Bound {
-    /// The store's own coarse timer ([`watchdog`]) around each call: for a deadline set with
-    /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
-    /// set (a `ConnectionManager` waits for its reconnections outside it).
-    Own,
-    /// The response timeout of the store's own clone of a `MultiplexedConnection`, set to the
-    /// deadline: redis-rs arms that timer for every request anyway, so a second one would only
-    /// cost time.
-    Connection,
 }
 
 impl<C> RedisStore<C>
@@ -288,90 +276,6 @@ where
     pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
     }
-
-    /// `call` bounded by the store's deadline, boxed for [`Backend`]: with a timer of its own, or,
-    /// when the connection keeps the deadline ([`Bound::Connection`]), as it is. Two boxes for
-    /// two futures, so that a call without a timer does not carry room for one: a smaller
-    /// future is a cheaper allocation.
-    pub(super) fn bounded<'a, T: 'a>(
-        &'a self,
-        call: impl Future<Output = Result<T>> + Send + 'a,
-    ) -> BoxFuture<'a, Result<T>> {
-        match self.bound {
-            Bound::Connection => Box::pin(call),
-            Bound::Own => Box::pin(async move {
-                let call = watchdog::Deadline::new(&self.watchdog, call);
-                call.await
-                    .unwrap_or_else(|| Err(Error::Timeout(self.timeout)))
-            }),
-        }
-    }
-
-    /// A reply as this crate's result: a server error as an error, and the expiry of a response
-    /// timeout that the store set (a `MultiplexedConnection`'s) as [`Error::Timeout`].
-    pub(super) fn reply<T: IntoResult>(&self, reply: redis::RedisResult<T>) -> Result<T> {
-        match reply.and_then(IntoResult::into_result) {
-            Ok(reply) => Ok(reply),
-            Err(e) if e.is_timeout() && is_multiplexed::<C>() => Err(Error::Timeout(self.timeout)),
-            Err(e) => Err(Error::Redis(e)),
-        }
-    }
-
-    /// When the call began, if it needs to know: only a deadline kept by the connection does,
-    /// for a call's second round trip.
-    fn started(&self) -> Option<Instant> {
-        (self.bound == Bound::Connection).then(Instant::now)
-    }
-
-    /// Before a call's second round trip: with the deadline kept by the connection, gives that
-    /// round trip only what is left of it, so the call as a whole stays within the deadline.
-    fn second_trip(&self, conn: &mut C, started: Option<Instant>) -> Result<()> {
-        let Some(started) = started else {
-            return Ok(());
-        };
-        let left = self.timeout.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err(Error::Timeout(self.timeout));
-        }
-        if let Some(conn) = multiplexed(conn) {
-            conn.set_response_timeout(left);
-        }
-        Ok(())
-    }
-}
-
-/// A reply whose server errors are still to be turned into errors.
-pub(super) trait IntoResult: Sized {
-    fn into_result(self) -> redis::RedisResult<Self>;
-}
-
-impl IntoResult for redis::Value {
-    fn into_result(self) -> redis::RedisResult<Self> {
-        self.extract_error()
-    }
-}
-
-impl IntoResult for Vec<redis::Value> {
-    fn into_result(self) -> redis::RedisResult<Self> {
-        // A pipeline's replies: each command's error stays in its place.
-        Ok(self)
-    }
-}
-
-impl IntoResult for Vec<super::Warning> {
-    fn into_result(self) -> redis::RedisResult<Self> {
-        Ok(self)
-    }
-}
-
-/// `conn` as a `MultiplexedConnection`, when it is one.
-fn multiplexed<C: Any>(conn: &mut C) -> Option<&mut MultiplexedConnection> {
-    (conn as &mut dyn Any).downcast_mut()
-}
-
-/// Whether `C` is a `MultiplexedConnection`, whose response timeout the store sets itself.
-fn is_multiplexed<C: Any>() -> bool {
-    std::any::TypeId::of::<C>() == std::any::TypeId::of::<MultiplexedConnection>()
 }
 
 fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
