@@ -125,22 +125,7 @@ async fn drive(
 
 /// `EVALSHA` and `EVAL` calls since the last `CONFIG RESETSTAT`.
 async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    support::command_calls(conn, |command| matches!(command, "evalsha" | "eval")).await
 }
 
 const BARE: usize = 0;

@@ -150,15 +150,7 @@ async fn cycles(redis: &Redis, settings: Settings) {
 
 /// `INFO commandstats` calls of `EVALSHA`: the heartbeat's extends.
 async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|l| l.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    support::command_calls(conn, |command| command == "evalsha").await
 }
 
 /// `held` requests hold a permit each through `SemaphoreLayer` (100 names of `held / 100`

@@ -47,22 +47,7 @@ async fn handoffs(holder_store: &Store, waiter_store: &Store, count: usize) -> V
 
 /// Commands Redis has run so far, from `INFO commandstats`, without the `INFO`s themselves.
 async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_") && !line.starts_with("cmdstat_info:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    support::command_calls(conn, |command| command != "info").await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -312,3 +312,28 @@ pub fn ready<F: Future>(future: F) -> F::Output {
         std::task::Poll::Pending => panic!("the memory store's future was not ready at once"),
     }
 }
+
+/// Calls so far of the commands `counted` picks by name (`evalsha`, `set`, …), from
+/// `INFO commandstats`.
+pub async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+    counted: impl Fn(&str) -> bool,
+) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(':'))
+        .filter(|(command, _)| counted(command))
+        .filter_map(|(_, stats)| {
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
