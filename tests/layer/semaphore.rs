@@ -281,25 +281,47 @@ async fn a_cancellation_storm_leaves_no_permit_behind(env: Env) {
     .wait(Duration::from_millis(200));
     let addr = serve(routes().route_layer(layer).with_state(witness.clone())).await;
     let http = Http::new();
+    let (cut_holders, holders_cut) = tokio::sync::watch::channel(false);
     let requests: Vec<_> = (0..150u64)
         .map(|i| {
-            let http = http.clone();
+            let (http, mut holders_cut) = (http.clone(), holders_cut.clone());
             let path = format!("/exports/t{}", i % 3);
             tokio::spawn(async move {
-                // Cut before, while waiting for, during and after the acquisition; and while
-                // the handler works.
-                let cut = Duration::from_millis(1 + (i * 7) % 60);
-                let work = ((i * 13) % 100).to_string();
+                // Half are cut while their handler works (surely holding a permit), half at a
+                // point before, while waiting for, during or after the acquisition.
+                let (cut, work) = match i % 2 {
+                    0 => (None, 5_000),
+                    _ => (
+                        Some(Duration::from_millis(1 + (i * 7) % 60)),
+                        (i * 13) % 100,
+                    ),
+                };
+                let work = work.to_string();
                 let headers = [("x-work-ms", work.as_bytes())];
                 let send = http.send(addr, Method::POST, &path, &headers);
-                drop(tokio::time::timeout(cut, send).await);
+                match cut {
+                    Some(cut) => drop(tokio::time::timeout(cut, send).await),
+                    None => tokio::select! {
+                        _ = send => {}
+                        _ = holders_cut.wait_for(|cut| *cut) => {}
+                    },
+                }
             })
         })
         .collect();
+    // The holders are cut once 30 handlers run at once (or after 5 s, whatever ran).
+    poll(
+        Duration::from_millis(10),
+        Duration::from_secs(5),
+        || async { (witness.inside.load(Ordering::SeqCst) >= 30).then_some(()) },
+    )
+    .await;
+    cut_holders.send(true).unwrap();
     for request in requests {
         request.await.unwrap();
     }
-    assert!(witness.runs.load(Ordering::SeqCst) > 0, "no request got in");
+    let most = witness.most.load(Ordering::SeqCst);
+    assert!(most >= 30, "only {most} requests held a permit at once");
     // The permits last 5 s: only their releases can free them this soon.
     for tenant in ["t0", "t1", "t2"] {
         let store = env.store.clone();
