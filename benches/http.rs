@@ -27,15 +27,13 @@ use axum::extract::{Path, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use redis::aio::MultiplexedConnection;
-use tokio::net::{TcpListener, TcpStream};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
+use support::http::{Sender, connect, serve};
 use support::{Redis, Settings, median};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -156,29 +154,6 @@ async fn lock_middleware(
     res
 }
 
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-async fn connect(addr: std::net::SocketAddr) -> Vec<Sender> {
-    let mut senders = Vec::with_capacity(CONNECTIONS);
-    for _ in 0..CONNECTIONS {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        stream.set_nodelay(true).unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        senders.push(sender);
-    }
-    senders
-}
-
 #[derive(Default)]
 struct Counts {
     ok: AtomicU64,
@@ -292,7 +267,7 @@ async fn bench(redis: &Redis, settings: Settings) {
         targets.push((
             name,
             addr.to_string(),
-            connect(addr).await,
+            connect(addr, CONNECTIONS).await,
             Counts::default(),
             Vec::new(),
         ));

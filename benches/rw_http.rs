@@ -19,13 +19,11 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
-use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
 use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
 
+use support::http::{Sender, connect, serve};
 use support::{Redis, Settings, median};
 
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));
@@ -48,29 +46,6 @@ async fn read() -> &'static str {
 
 fn app() -> Router {
     Router::new().route("/docs/{name}", get(read))
-}
-
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-async fn connect(addr: std::net::SocketAddr) -> Vec<Sender> {
-    let mut senders = Vec::with_capacity(CONNECTIONS);
-    for _ in 0..CONNECTIONS {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        stream.set_nodelay(true).unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        senders.push(sender);
-    }
-    senders
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -154,7 +129,7 @@ async fn bench(redis: &Redis, settings: Settings) {
     let mut targets = Vec::new();
     for (name, app) in apps {
         let addr = serve(app).await;
-        let senders = connect(addr).await;
+        let senders = connect(addr, CONNECTIONS).await;
         let (host, ok) = (addr.to_string(), AtomicU64::new(0));
         targets.push(Target {
             name,
