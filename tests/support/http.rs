@@ -41,6 +41,81 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// Serves `app` like [`serve`], and counts the server's open connections: hyper runs a task
+/// per connection, which a test that counts the runtime's tasks must tell apart from its own.
+pub async fn serve_counting_connections(app: Router) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
+    let counting = CountingListener {
+        listener,
+        open: open.clone(),
+    };
+    tokio::spawn(async move { axum::serve(counting, app).await.unwrap() });
+    (addr, open)
+}
+
+struct CountingListener {
+    listener: TcpListener,
+    open: Arc<AtomicUsize>,
+}
+
+impl axum::serve::Listener for CountingListener {
+    type Io = CountedStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+        self.open.fetch_add(1, Ordering::SeqCst);
+        let open = self.open.clone();
+        (CountedStream { stream, open }, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A server-side connection, counted as open until hyper drops it.
+struct CountedStream {
+    stream: tokio::net::TcpStream,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for CountedStream {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl tokio::io::AsyncRead for CountedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// A response, read whole.
 #[derive(Debug)]
 pub struct Reply {
