@@ -16,6 +16,7 @@ use crate::wait::WaitRooms;
 
 mod check;
 mod connect;
+mod contended;
 mod deadline;
 mod extend_many;
 mod keys;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
+use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
@@ -53,6 +54,8 @@ pub struct RedisStore<C> {
     pub(super) watchdog: Arc<watchdog::Watchdog>,
     /// The subscriber for release notifications, when the store was given a client for it.
     notifier: Option<Arc<notify::Notifier>>,
+    /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
+    contended: Arc<ContendedNames>,
 }
 
 /// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
@@ -90,6 +93,7 @@ where
             bound,
             watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
             notifier: None,
+            contended: Arc::new(ContendedNames::new()),
         }
     }
 
@@ -210,8 +214,9 @@ where
     /// The server runs a plain command instead of a Lua call, which costs it about half as much
     /// (the `throughput` benchmark measures both), and an acquisition that succeeds, the common
     /// case, makes one round trip with one command. A refused one makes a second round trip
-    /// for the holder's remaining lease, within the same deadline. If the holder releases
-    /// between the two, `PTTL` answers -2, and "retry now" is then true.
+    /// for the holder's remaining lease, within the same deadline, unless the name was refused
+    /// lately ([`ContendedNames`]): then the `PTTL` goes in one pipeline with the `SET`. If the
+    /// holder releases between the two, `PTTL` answers -2, and "retry now" is then true.
     ///
     /// A function returning a block rather than an `async fn` (which keeps its arguments twice),
     /// with the commands built outside the block's awaits: the block's state is boxed for every
@@ -225,10 +230,24 @@ where
         lock: LockRef<'a>,
         secret: &Secret,
     ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
+        let contended = self.contended.is_contended(lock.namespace, lock.name);
         let mut command = self.set_nx_command(lock, secret);
+        let mut both = None;
+        if contended {
+            let mut pipeline = redis::Pipeline::with_capacity(2);
+            pipeline
+                .add_command(command)
+                .add_command(self.pttl_command(lock));
+            both = Some(pipeline);
+            command = redis::Cmd::new();
+        }
         async move {
             let started = self.started();
             let mut conn = self.conn.clone();
+            if let Some(both) = both {
+                let replies = self.reply(conn.req_packed_commands(&both, 0, 2).await)?;
+                return self.set_nx_answer(lock, replies);
+            }
             {
                 // In a block of its own, so the reply is not kept across the second round trip.
                 match self.reply(conn.req_packed_command(&command).await)? {
@@ -242,13 +261,39 @@ where
             self.second_trip(&mut conn, started)?;
             // In the same place as the `SET`: one command's room in the state, not two.
             command = self.pttl_command(lock);
-            match self.reply(conn.req_packed_command(&command).await)? {
-                // -1 for a key someone set without expiry: "retry soon" rather than never.
-                redis::Value::Int(pttl) => Ok(Acquisition::Busy {
-                    retry_after: Duration::from_millis(pttl.max(0) as u64),
-                }),
-                other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
+            let pttl = self.reply(conn.req_packed_command(&command).await)?;
+            let busy = busy(pttl)?;
+            if let Acquisition::Busy { retry_after } = busy {
+                self.contended
+                    .refused(lock.namespace, lock.name, retry_after);
             }
+            Ok(busy)
+        }
+    }
+
+    /// The answers of a pipelined `SET NX PX` and `PTTL`, remembered for the name's next
+    /// acquisition.
+    fn set_nx_answer(&self, lock: LockRef<'_>, replies: Vec<redis::Value>) -> Result<Acquisition> {
+        let mut replies = replies.into_iter();
+        let (Some(set), Some(pttl)) = (replies.next(), replies.next()) else {
+            return Err(Error::UnexpectedReply(
+                "a pipeline of two answered less".into(),
+            ));
+        };
+        match set.extract_error().map_err(Error::Redis)? {
+            redis::Value::Okay => {
+                self.contended.acquired(lock.namespace, lock.name);
+                Ok(Acquisition::Acquired { fence: None })
+            }
+            redis::Value::Nil => {
+                let busy = busy(pttl.extract_error().map_err(Error::Redis)?)?;
+                if let Acquisition::Busy { retry_after } = busy {
+                    self.contended
+                        .refused(lock.namespace, lock.name, retry_after);
+                }
+                Ok(busy)
+            }
+            other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
         }
     }
 
@@ -275,6 +320,17 @@ where
 
     pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
+    }
+}
+
+/// A `PTTL` reply as the answer to a refused acquisition.
+fn busy(pttl: redis::Value) -> Result<Acquisition> {
+    match pttl {
+        // -1 for a key someone set without expiry: "retry soon" rather than never.
+        redis::Value::Int(pttl) => Ok(Acquisition::Busy {
+            retry_after: Duration::from_millis(pttl.max(0) as u64),
+        }),
+        other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
     }
 }
 

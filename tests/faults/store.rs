@@ -351,3 +351,73 @@ async fn dropped_acquire_replies_leave_no_key_beyond_its_ttl() {
     .expect("free once the orphan expired");
     assert!(token.release().await.unwrap());
 }
+
+/// A name refused once is asked again with its `PTTL` in the same round trip as the `SET`, and
+/// its `retry_after` stays exact; once this store acquires it, a refusal takes two again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_refused_lately_is_asked_in_one_round_trip() {
+    let server = RedisServer::start();
+    let proxy = Proxy::to(&server).await;
+    let store: Store = RedisStore::new(proxy.connection_manager().await)
+        .timeout(Duration::from_secs(5))
+        .into();
+    let elsewhere = Store::redis(server.connection_manager().await);
+    let held = JOBS.try_lock(&elsewhere, "hot").await.unwrap().unwrap();
+    let held_at = Instant::now();
+    // Each way takes the delay: a round trip takes twice it, two take four times.
+    let delay = Duration::from_millis(100);
+    proxy.set(Fault::Delay(delay));
+    let two_round_trips = 4 * delay;
+
+    let refused = || async {
+        let started = Instant::now();
+        let attempt = JOBS.attempt(&store, "hot").await.unwrap();
+        let answered = Instant::now();
+        let retry_after = attempt.retry_after().expect("the name is held elsewhere");
+        // The holder's lease ends about `held_at + ttl`, and the server measured it between
+        // `started` and `answered` (with room for its whole-millisecond rounding).
+        let ends = held_at + JOBS.ttl();
+        let slack = Duration::from_millis(20);
+        assert!(
+            retry_after <= ends.duration_since(started) + slack
+                && retry_after + slack >= ends.duration_since(answered),
+            "retry_after {retry_after:?}, asked {:?} before the lease ends",
+            ends.duration_since(started)
+        );
+        answered - started
+    };
+    let first = refused().await;
+    assert!(first >= two_round_trips, "first refusal took {first:?}");
+    for _ in 0..2 {
+        let again = refused().await;
+        assert!(
+            again < two_round_trips,
+            "a refusal of a contended name took {again:?}: two round trips"
+        );
+    }
+
+    assert!(held.release().await.unwrap());
+    let started = Instant::now();
+    let mine = JOBS
+        .try_lock(&store, "hot")
+        .await
+        .unwrap()
+        .expect("released");
+    let took = started.elapsed();
+    assert!(took < two_round_trips, "the acquisition took {took:?}");
+    mine.release().await.unwrap();
+
+    // Acquired here: the name is news again, and its next refusal asks twice.
+    let _held = JOBS.try_lock(&elsewhere, "hot").await.unwrap().unwrap();
+    let held_at = Instant::now();
+    let started = Instant::now();
+    let retry_after = JOBS
+        .attempt(&store, "hot")
+        .await
+        .unwrap()
+        .retry_after()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took >= two_round_trips, "the refusal took {took:?}");
+    assert!(retry_after + held_at.elapsed() + Duration::from_millis(5) >= JOBS.ttl());
+}

@@ -200,21 +200,25 @@ async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     let answered = Instant::now();
     sleep(Duration::from_millis(300)).await;
 
-    let asked = Instant::now();
-    let attempt = lock.attempt(&env.store, "busy").await.unwrap();
-    let told = Instant::now();
-    let Attempt::Busy { retry_after } = attempt else {
-        panic!("the lock is held")
-    };
-    // The holder's lease ends between `sent + ttl` and `answered + ttl`.
-    let at_most = (answered + ttl).saturating_duration_since(asked) + ROUNDING;
-    let at_least = (sent + ttl)
-        .saturating_duration_since(told)
-        .saturating_sub(ROUNDING);
-    assert!(
-        retry_after >= at_least && retry_after <= at_most,
-        "retry_after {retry_after:?} not within {at_least:?}..={at_most:?}"
-    );
+    // Twice: on Redis a name refused lately is asked with its `PTTL` in the same round trip.
+    for _ in 0..2 {
+        let asked = Instant::now();
+        let attempt = lock.attempt(&env.store, "busy").await.unwrap();
+        let told = Instant::now();
+        let Attempt::Busy { retry_after } = attempt else {
+            panic!("the lock is held")
+        };
+        // The holder's lease ends between `sent + ttl` and `answered + ttl`.
+        let at_most = (answered + ttl).saturating_duration_since(asked) + ROUNDING;
+        let at_least = (sent + ttl)
+            .saturating_duration_since(told)
+            .saturating_sub(ROUNDING);
+        assert!(
+            retry_after >= at_least && retry_after <= at_most,
+            "retry_after {retry_after:?} not within {at_least:?}..={at_most:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn fences_increase_per_name(env: Env) {
