@@ -245,6 +245,17 @@ async fn bench(redis: &Redis, settings: Settings) {
             format!("LockLayer request ≥ 0.95× a bare request + Lock cycle, 64 tasks, {store}");
         target(&what, ratio, ratio >= 0.95);
     }
+    let routed = paired(
+        64,
+        "LockLayer request (memory, axum's request)",
+        "bare request + Lock cycle (memory, axum's request)",
+        rates,
+    );
+    if !routed.is_nan() {
+        println!(
+            "  (the same on memory with requests as axum's router hands them, extensions already held: {routed:.3})"
+        );
+    }
     let refused = paired(64, REFUSED_LOCK, REFUSED_HAND, rates);
     // Not a target here (the target is over HTTP, in the `http` bench): the refused path's own cost.
     if !refused.is_nan() {
