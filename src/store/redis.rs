@@ -230,24 +230,10 @@ where
         lock: LockRef<'a>,
         secret: &Secret,
     ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
-        let contended = self.contended.is_contended(lock.namespace, lock.name);
         let mut command = self.set_nx_command(lock, secret);
-        let mut both = None;
-        if contended {
-            let mut pipeline = redis::Pipeline::with_capacity(2);
-            pipeline
-                .add_command(command)
-                .add_command(self.pttl_command(lock));
-            both = Some(pipeline);
-            command = redis::Cmd::new();
-        }
         async move {
             let started = self.started();
             let mut conn = self.conn.clone();
-            if let Some(both) = both {
-                let replies = self.reply(conn.req_packed_commands(&both, 0, 2).await)?;
-                return self.set_nx_answer(lock, replies);
-            }
             {
                 // In a block of its own, so the reply is not kept across the second round trip.
                 match self.reply(conn.req_packed_command(&command).await)? {
@@ -261,13 +247,31 @@ where
             self.second_trip(&mut conn, started)?;
             // In the same place as the `SET`: one command's room in the state, not two.
             command = self.pttl_command(lock);
-            let pttl = self.reply(conn.req_packed_command(&command).await)?;
-            let busy = busy(pttl)?;
-            if let Acquisition::Busy { retry_after } = busy {
-                self.contended
-                    .refused(lock.namespace, lock.name, retry_after);
-            }
-            Ok(busy)
+            let busy = busy(self.reply(conn.req_packed_command(&command).await)?)?;
+            self.contended
+                .refused(lock.namespace, lock.name, busy.retry_after());
+            Ok(busy.into())
+        }
+    }
+
+    /// [`set_nx`](Self::set_nx) for a name refused lately: the `SET NX PX` and its `PTTL` in
+    /// one pipeline. A future of its own, so that the plain one carries no room for it.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
+    fn set_nx_and_pttl<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+        secret: &Secret,
+    ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
+        let mut both = redis::Pipeline::with_capacity(2);
+        both.add_command(self.set_nx_command(lock, secret))
+            .add_command(self.pttl_command(lock));
+        async move {
+            let mut conn = self.conn.clone();
+            let replies = self.reply(conn.req_packed_commands(&both, 0, 2).await)?;
+            self.set_nx_answer(lock, replies)
         }
     }
 
@@ -287,11 +291,9 @@ where
             }
             redis::Value::Nil => {
                 let busy = busy(pttl.extract_error().map_err(Error::Redis)?)?;
-                if let Acquisition::Busy { retry_after } = busy {
-                    self.contended
-                        .refused(lock.namespace, lock.name, retry_after);
-                }
-                Ok(busy)
+                self.contended
+                    .refused(lock.namespace, lock.name, busy.retry_after());
+                Ok(busy.into())
             }
             other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
         }
@@ -323,13 +325,26 @@ where
     }
 }
 
+/// A refused acquisition: how long the holder's lease has left.
+struct Busy(Duration);
+
+impl Busy {
+    fn retry_after(&self) -> Duration {
+        self.0
+    }
+}
+
+impl From<Busy> for Acquisition {
+    fn from(Busy(retry_after): Busy) -> Self {
+        Acquisition::Busy { retry_after }
+    }
+}
+
 /// A `PTTL` reply as the answer to a refused acquisition.
-fn busy(pttl: redis::Value) -> Result<Acquisition> {
+fn busy(pttl: redis::Value) -> Result<Busy> {
     match pttl {
         // -1 for a key someone set without expiry: "retry soon" rather than never.
-        redis::Value::Int(pttl) => Ok(Acquisition::Busy {
-            retry_after: Duration::from_millis(pttl.max(0) as u64),
-        }),
+        redis::Value::Int(pttl) => Ok(Busy(Duration::from_millis(pttl.max(0) as u64))),
         other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
     }
 }
@@ -369,6 +384,9 @@ where
         let LeaseRef { lock, mode, secret } = lease;
         if mode == Mode::Exclusive && !lock.fenced {
             // Boxed on its own, without room for the scripts' state it never uses.
+            if self.contended.is_contended(lock.namespace, lock.name) {
+                return self.bounded(self.set_nx_and_pttl(lock, secret));
+            }
             return self.bounded(self.set_nx(lock, secret));
         }
         let secret = Some(secret);
