@@ -228,7 +228,7 @@ where
                         Poll::Ready(response) => response,
                         Poll::Pending => {
                             let held = guard.as_mut().expect(in_state);
-                            held.poll_first_beat(cx, &config.heartbeat);
+                            held.poll_first_beat(cx, &config.heartbeat, &config.first_beat_timer);
                             let lost = *abort_on_loss && held.poll_lost(cx).is_ready();
                             if !lost {
                                 return Poll::Pending;

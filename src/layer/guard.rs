@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
@@ -16,6 +16,7 @@ use super::shared_read::SharedRead;
 use crate::Result;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::BoxFuture;
+use crate::store::watchdog::{Overdue, Watchdog};
 use crate::token::{Attempt, Holding};
 
 /// What a request's acquisition came to, as the response future takes it.
@@ -62,8 +63,9 @@ enum Enrolment {
     /// the lease only when it fires (or when the body takes the lease, as nobody may poll that).
     Pending {
         /// Made the first time the response future waits: a handler that answers at once
-        /// (most do) never costs a timer.
-        first_beat: Option<Pin<Box<Sleep>>>,
+        /// (most do) never costs a timer, and one that waits costs a slot in the layer's
+        /// coarse timer rather than a tokio timer of its own.
+        first_beat: Option<Overdue>,
         acquired_at: Instant,
         timing: HeartbeatTiming,
     },
@@ -91,12 +93,18 @@ impl LeaseGuard {
         Self { kind }
     }
 
-    /// Enrols the lease in `heartbeat` once its first extension is due; the caller's task is
-    /// woken then. Must be called within a tokio runtime.
-    pub(crate) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+    /// Enrols the lease in `heartbeat` once its first extension is due, by `timer` (at most
+    /// two of its ticks late); the caller's task is woken then. Must be called within a tokio
+    /// runtime.
+    pub(crate) fn poll_first_beat(
+        &mut self,
+        cx: &mut Context<'_>,
+        heartbeat: &Heartbeat,
+        timer: &Arc<Watchdog>,
+    ) {
         match &mut self.kind {
-            Kind::Own(own) => own.poll_first_beat(cx, heartbeat),
-            Kind::Shared(read, _) => read.poll_first_beat(cx, heartbeat),
+            Kind::Own(own) => own.poll_first_beat(cx, heartbeat, timer),
+            Kind::Shared(read, _) => read.poll_first_beat(cx, heartbeat, timer),
         }
     }
 
@@ -199,7 +207,12 @@ impl OwnLease {
     }
 
     /// See [`LeaseGuard::poll_first_beat`].
-    fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+    fn poll_first_beat(
+        &mut self,
+        cx: &mut Context<'_>,
+        heartbeat: &Heartbeat,
+        timer: &Arc<Watchdog>,
+    ) {
         let Enrolment::Pending {
             first_beat,
             acquired_at,
@@ -209,8 +222,10 @@ impl OwnLease {
             return;
         };
         let due = *acquired_at + timing.every;
-        let first_beat = first_beat.get_or_insert_with(|| Box::pin(sleep_until(due)));
-        if first_beat.as_mut().poll(cx).is_ready() {
+        let first_beat = first_beat.get_or_insert_with(|| {
+            Overdue::after(timer.clone(), due.saturating_duration_since(Instant::now()))
+        });
+        if first_beat.poll(cx).is_ready() {
             self.enrol_now(heartbeat);
         }
     }

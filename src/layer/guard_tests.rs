@@ -51,8 +51,9 @@ async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future(
 
     // What the response future does while the handler runs: poll, and be woken on time.
     let heartbeat = Heartbeat::default();
+    let timer = crate::store::watchdog::Watchdog::new(timing.every);
     let polling = std::future::poll_fn(|cx| {
-        guard.poll_first_beat(cx, &heartbeat);
+        guard.poll_first_beat(cx, &heartbeat, &timer);
         std::task::Poll::<()>::Pending
     });
     let _ = tokio::time::timeout(Duration::from_millis(150), polling).await;

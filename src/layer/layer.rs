@@ -63,6 +63,9 @@ pub(crate) struct Config {
     ///
     /// [`Overdue`]: crate::store::watchdog::Overdue
     pub(crate) release_timer: Arc<Watchdog>,
+    /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
+    /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).
+    pub(crate) first_beat_timer: Arc<Watchdog>,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
 }
@@ -91,6 +94,7 @@ impl Config {
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
             release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
+            first_beat_timer: Watchdog::new(spec.ttl / 3),
             shared_reads: None,
         }
     }

@@ -38,6 +38,7 @@ macro_rules! options {
                     self.config.spec.ttl
                 );
                 self.config.timing.every = every;
+                self.config.first_beat_timer = crate::store::watchdog::Watchdog::new(every);
                 self
             }
 

@@ -41,13 +41,17 @@ struct Waiting {
 impl Watchdog {
     pub(crate) fn new(timeout: Duration) -> Arc<Self> {
         let tick = (timeout / 32).clamp(Duration::from_millis(1), Duration::from_millis(25));
-        let ticks = (timeout.as_nanos().div_ceil(tick.as_nanos()) as u64).saturating_add(1);
         Arc::new(Self {
             tick,
-            ticks,
+            ticks: ticks_for(timeout, tick),
             now: AtomicU64::new(0),
             waiting: Mutex::new(Waiting::default()),
         })
+    }
+
+    /// Ticks until a wait of `wait` that starts now is over.
+    fn ticks_for(&self, wait: Duration) -> u64 {
+        ticks_for(wait, self.tick)
     }
 
     fn lock(&self) -> MutexGuard<'_, Waiting> {
@@ -89,6 +93,12 @@ impl Watchdog {
         waiting.slots[slot] = None;
         waiting.free.push(slot);
     }
+}
+
+/// Ticks of `tick` until a wait of `wait` that starts now is over: at least the whole wait,
+/// since the clock may be up to one tick behind.
+fn ticks_for(wait: Duration, tick: Duration) -> u64 {
+    (wait.as_nanos().div_ceil(tick.as_nanos()) as u64).saturating_add(1)
 }
 
 /// Clears `ticking` however ticking task `id` ends, dropped with its runtime included, so
@@ -181,20 +191,23 @@ impl<F: Future> Future for Deadline<'_, F> {
             }
             return Poll::Ready(Some(reply));
         }
-        poll_overdue(this.watchdog, this.registered, cx).map(|()| None)
+        let ticks = this.watchdog.ticks;
+        poll_overdue(this.watchdog, ticks, this.registered, cx).map(|()| None)
     }
 }
 
-/// Ready once the deadline of `registered` has passed; registers `cx` for it on the first call.
+/// Ready once the deadline of `registered` has passed; on the first call, registers `cx` for a
+/// deadline `ticks` from now.
 fn poll_overdue(
     watchdog: &Arc<Watchdog>,
+    ticks: u64,
     registered: &mut Option<(usize, u64, Waker)>,
     cx: &mut Context<'_>,
 ) -> Poll<()> {
     let now = watchdog.now.load(Ordering::Acquire);
     match registered {
         None => {
-            let deadline = now + watchdog.ticks;
+            let deadline = now + ticks;
             let slot = watchdog.register(deadline, cx.waker());
             *registered = Some((slot, deadline, cx.waker().clone()));
         }
@@ -222,20 +235,36 @@ fn poll_overdue(
 #[derive(Debug)]
 pub(crate) struct Overdue {
     watchdog: Arc<Watchdog>,
+    /// Ticks from the first poll to the deadline.
+    ticks: u64,
     registered: Option<(usize, u64, Waker)>,
 }
 
 impl Overdue {
+    /// A wait of the watchdog's own deadline.
     pub(crate) fn new(watchdog: Arc<Watchdog>) -> Self {
+        let ticks = watchdog.ticks;
         Self {
             watchdog,
+            ticks,
+            registered: None,
+        }
+    }
+
+    /// A wait of `wait` on the watchdog's clock (at most two of its ticks late), counted from
+    /// now rather than from the first poll: poll it at once.
+    pub(crate) fn after(watchdog: Arc<Watchdog>, wait: Duration) -> Self {
+        let ticks = watchdog.ticks_for(wait);
+        Self {
+            watchdog,
+            ticks,
             registered: None,
         }
     }
 
     /// Ready once the deadline has passed; the task of `cx` is woken then.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        poll_overdue(&self.watchdog, &mut self.registered, cx)
+        poll_overdue(&self.watchdog, self.ticks, &mut self.registered, cx)
     }
 }
 

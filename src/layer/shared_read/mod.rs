@@ -27,15 +27,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::Context;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod acquire;
@@ -47,6 +45,7 @@ use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::lease::{Lease, LeaseState};
 use crate::Error;
 use crate::store::BoxFuture;
+use crate::store::watchdog::{Overdue, Watchdog};
 use crate::token::Holding;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
@@ -273,7 +272,7 @@ pub(crate) struct SharedRead {
     /// Cancelled when this request leaves, for its [`Lease`].
     left: CancellationToken,
     /// The shared lease's first beat, made when this request's future first waits.
-    first_beat: Option<Pin<Box<Sleep>>>,
+    first_beat: Option<Overdue>,
 }
 
 impl SharedRead {
@@ -305,17 +304,22 @@ impl SharedRead {
 
     /// As [`LeaseGuard::poll_first_beat`]: any request of the share whose future waits may
     /// enrol the shared lease when its first beat is due.
-    pub(super) fn poll_first_beat(&mut self, cx: &mut Context<'_>, heartbeat: &Heartbeat) {
+    pub(super) fn poll_first_beat(
+        &mut self,
+        cx: &mut Context<'_>,
+        heartbeat: &Heartbeat,
+        timer: &Arc<Watchdog>,
+    ) {
         let share = self.share.clone();
         let held = share.held().expect("a shared read holds a lease");
         if held.enrolled.load(Ordering::Acquire) {
             return;
         }
         let due = held.first_beat();
-        let first_beat = self
-            .first_beat
-            .get_or_insert_with(|| Box::pin(sleep_until(due)));
-        if first_beat.as_mut().poll(cx).is_ready() {
+        let first_beat = self.first_beat.get_or_insert_with(|| {
+            Overdue::after(timer.clone(), due.saturating_duration_since(Instant::now()))
+        });
+        if first_beat.poll(cx).is_ready() {
             held.enrol(heartbeat);
         }
     }
