@@ -251,6 +251,15 @@ async fn bench(redis: &Redis, settings: Settings) {
         "bare request + Lock cycle (memory, axum's request)",
         rates,
     );
+    let waits = paired(
+        64,
+        "LockLayer request (Redis, handler waits)",
+        "bare request + Lock cycle (Redis, handler waits)",
+        rates,
+    );
+    if !waits.is_nan() {
+        println!("  (the same on Redis with a handler that waits once: {waits:.3})");
+    }
     if !routed.is_nan() {
         println!(
             "  (the same on memory with requests as axum's router hands them, extensions already held: {routed:.3})"

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use tower::util::ServiceFn;
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_lease::{Lock, LockLayer, RwLock, Store, extract};
 
 use crate::support::{Op, Redis, op};
@@ -251,7 +251,43 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         "bare request + Lock cycle (memory, axum's request)",
         bare_request(store, true),
     ));
+    // And with a handler that waits once before it answers, as real ones do: the layer then
+    // waits for the lease's first beat too.
+    let store = redis_store(conn.clone());
+    list.push((
+        "LockLayer request (Redis, handler waits)",
+        layer_request_with(store.clone(), false, waits_once),
+    ));
+    list.push((
+        "bare request + Lock cycle (Redis, handler waits)",
+        bare_request_with(store, false, waits_once),
+    ));
     list
+}
+
+/// An inner service that yields to the runtime once before it answers.
+fn waits_once() -> ServiceFn<fn(Request<Body>) -> AnswerAfterAYield> {
+    tower::service_fn(|_req| AnswerAfterAYield(false))
+}
+
+/// Pending once (waking itself at once), then the response: a handler that waits, without a
+/// timer or an allocation of its own.
+struct AnswerAfterAYield(bool);
+
+impl std::future::Future for AnswerAfterAYield {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if self.0 {
+            return std::task::Poll::Ready(Ok(Response::new(Body::new())));
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// What axum's router leaves in a request's extensions before a route layer sees it (it
@@ -282,7 +318,16 @@ fn paths() -> Arc<Vec<String>> {
 }
 
 fn layer_request(store: Store, routed: bool) -> Op {
-    let service = LockLayer::new(store, LOCK, extract::path_segment(1)).layer(noop());
+    layer_request_with(store, routed, noop)
+}
+
+fn layer_request_with<S>(store: Store, routed: bool, inner: fn() -> S) -> Op
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    let service = LockLayer::new(store, LOCK, extract::path_segment(1)).layer(inner());
     let paths = paths();
     op(move |task, _| {
         let (service, paths) = (service.clone(), paths.clone());
@@ -300,10 +345,20 @@ fn layer_request(store: Store, routed: bool) -> Op {
 
 /// What the layer does, written out: take the lease, call the service, release.
 fn bare_request(store: Store, routed: bool) -> Op {
-    let service = noop();
+    bare_request_with(store, routed, noop)
+}
+
+fn bare_request_with<S>(store: Store, routed: bool, inner: fn() -> S) -> Op
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    let service = inner();
     let (paths, names) = (paths(), names(""));
     op(move |task, _| {
-        let (store, service, paths, names) = (store.clone(), service, paths.clone(), names.clone());
+        let (store, service, paths) = (store.clone(), service.clone(), paths.clone());
+        let names = names.clone();
         async move {
             let token = LOCK
                 .try_lock(&store, &names[task])
