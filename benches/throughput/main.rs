@@ -247,18 +247,20 @@ async fn bench(redis: &Redis, settings: Settings) {
     }
     let routed = paired(
         64,
-        "LockLayer request (memory, axum's request)",
-        "bare request + Lock cycle (memory, axum's request)",
+        "LockLayer request as axum routes it (memory)",
+        "bare request as axum routes it + Lock cycle (memory)",
         rates,
     );
-    let waits = paired(
-        64,
-        "LockLayer request (Redis, handler waits)",
-        "bare request + Lock cycle (Redis, handler waits)",
-        rates,
-    );
-    if !waits.is_nan() {
-        println!("  (the same on Redis with a handler that waits once: {waits:.3})");
+    for store in ["Redis", "memory"] {
+        let waits = paired(
+            64,
+            &format!("LockLayer request to a waiting handler ({store})"),
+            &format!("bare request to a waiting handler + Lock cycle ({store})"),
+            rates,
+        );
+        if !waits.is_nan() {
+            println!("  (the same on {store} with a handler that waits once: {waits:.3})");
+        }
     }
     if !routed.is_nan() {
         println!(

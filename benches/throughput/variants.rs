@@ -244,24 +244,33 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
     // hold what the router put there, so the layer's `Lease` is not the map's first entry.
     let store = Store::memory();
     list.push((
-        "LockLayer request (memory, axum's request)",
+        "LockLayer request as axum routes it (memory)",
         layer_request(store.clone(), true),
     ));
     list.push((
-        "bare request + Lock cycle (memory, axum's request)",
+        "bare request as axum routes it + Lock cycle (memory)",
         bare_request(store, true),
     ));
     // And with a handler that waits once before it answers, as real ones do: the layer then
     // waits for the lease's first beat too.
-    let store = redis_store(conn.clone());
-    list.push((
-        "LockLayer request (Redis, handler waits)",
-        layer_request_with(store.clone(), false, waits_once),
-    ));
-    list.push((
-        "bare request + Lock cycle (Redis, handler waits)",
-        bare_request_with(store, false, waits_once),
-    ));
+    for (layered, bare, store) in [
+        (
+            "LockLayer request to a waiting handler (Redis)",
+            "bare request to a waiting handler + Lock cycle (Redis)",
+            redis_store(conn.clone()),
+        ),
+        (
+            "LockLayer request to a waiting handler (memory)",
+            "bare request to a waiting handler + Lock cycle (memory)",
+            Store::memory(),
+        ),
+    ] {
+        list.push((
+            layered,
+            layer_request_with(store.clone(), false, waits_once),
+        ));
+        list.push((bare, bare_request_with(store, false, waits_once)));
+    }
     list
 }
 
