@@ -24,6 +24,7 @@ mod memory;
 mod notify;
 mod redis;
 mod scripts;
+mod set_nx;
 pub(crate) mod watchdog;
 
 pub use self::check::Warning;

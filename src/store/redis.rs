@@ -1,10 +1,8 @@
 //! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
 //!
-//! (A little over 400 lines: the options, the calls and the `Backend` impl share the store's
-//! private state; how a call keeps its deadline, the call timer, the extend pipeline and the
-//! tests live in files beside it.)
+//! How a call keeps its deadline, the call timer, the `SET NX` acquire, the extend pipeline and
+//! the tests live in files beside it.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +25,7 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
 /// key count, `NX PX`.
-const ARGS_LEN: usize = 64;
+pub(super) const ARGS_LEN: usize = 64;
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
@@ -55,7 +53,7 @@ pub struct RedisStore<C> {
     /// The subscriber for release notifications, when the store was given a client for it.
     notifier: Option<Arc<notify::Notifier>>,
     /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
-    contended: Arc<ContendedNames>,
+    pub(super) contended: Arc<ContendedNames>,
 }
 
 /// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
@@ -208,144 +206,8 @@ where
         }
     }
 
-    /// The unfenced exclusive acquire, the hot path of every locked request: `SET NX PX`
-    /// instead of `acquire.lua`, and only when that is refused, `PTTL` for `retry_after`.
-    ///
-    /// The server runs a plain command instead of a Lua call, which costs it about half as much
-    /// (the `throughput` benchmark measures both), and an acquisition that succeeds, the common
-    /// case, makes one round trip with one command. A refused one makes a second round trip
-    /// for the holder's remaining lease, within the same deadline, unless the name was refused
-    /// lately ([`ContendedNames`]): then the `PTTL` goes in one pipeline with the `SET`. If the
-    /// holder releases between the two, `PTTL` answers -2, and "retry now" is then true.
-    ///
-    /// A function returning a block rather than an `async fn` (which keeps its arguments twice),
-    /// with the commands built outside the block's awaits: the block's state is boxed for every
-    /// acquisition in flight, so it holds only what a round trip needs.
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "an async fn would keep its arguments twice"
-    )]
-    fn set_nx<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        secret: &Secret,
-    ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
-        let mut command = self.set_nx_command(lock, secret);
-        async move {
-            let started = self.started();
-            let mut conn = self.conn.clone();
-            {
-                // In a block of its own, so the reply is not kept across the second round trip.
-                match self.reply(conn.req_packed_command(&command).await)? {
-                    redis::Value::Okay => return Ok(Acquisition::Acquired { fence: None }),
-                    redis::Value::Nil => {}
-                    other => {
-                        return Err(Error::UnexpectedReply(format!("SET NX answered {other:?}")));
-                    }
-                }
-            }
-            self.second_trip(&mut conn, started)?;
-            // In the same place as the `SET`: one command's room in the state, not two.
-            command = self.pttl_command(lock);
-            let busy = busy(self.reply(conn.req_packed_command(&command).await)?)?;
-            self.contended
-                .refused(lock.namespace, lock.name, busy.retry_after());
-            Ok(busy.into())
-        }
-    }
-
-    /// [`set_nx`](Self::set_nx) for a name refused lately: the `SET NX PX` and its `PTTL` in
-    /// one pipeline. A future of its own, so that the plain one carries no room for it.
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "an async fn would keep its arguments twice"
-    )]
-    fn set_nx_and_pttl<'a>(
-        &'a self,
-        lock: LockRef<'a>,
-        secret: &Secret,
-    ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
-        let mut both = redis::Pipeline::with_capacity(2);
-        both.add_command(self.set_nx_command(lock, secret))
-            .add_command(self.pttl_command(lock));
-        async move {
-            let mut conn = self.conn.clone();
-            let replies = self.reply(conn.req_packed_commands(&both, 0, 2).await)?;
-            self.set_nx_answer(lock, replies)
-        }
-    }
-
-    /// The answers of a pipelined `SET NX PX` and `PTTL`, remembered for the name's next
-    /// acquisition.
-    fn set_nx_answer(&self, lock: LockRef<'_>, replies: Vec<redis::Value>) -> Result<Acquisition> {
-        let mut replies = replies.into_iter();
-        let (Some(set), Some(pttl)) = (replies.next(), replies.next()) else {
-            return Err(Error::UnexpectedReply(
-                "a pipeline of two answered less".into(),
-            ));
-        };
-        match set.extract_error().map_err(Error::Redis)? {
-            redis::Value::Okay => {
-                self.contended.acquired(lock.namespace, lock.name);
-                Ok(Acquisition::Acquired { fence: None })
-            }
-            redis::Value::Nil => {
-                let busy = busy(pttl.extract_error().map_err(Error::Redis)?)?;
-                self.contended
-                    .refused(lock.namespace, lock.name, busy.retry_after());
-                Ok(busy.into())
-            }
-            other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
-        }
-    }
-
-    /// `SET <key> <secret> NX PX <ttl>`.
-    fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
-        let key = self.key_arg(KeyRole::Lock, lock);
-        let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
-        set.arg("SET")
-            .arg(key)
-            .arg(secret.as_bytes().as_slice())
-            .arg("NX")
-            .arg("PX")
-            .arg(lock.ttl.as_millis() as u64);
-        set
-    }
-
-    /// `PTTL <key>`.
-    fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
-        let key = self.key_arg(KeyRole::Lock, lock);
-        let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
-        pttl.arg("PTTL").arg(key);
-        pttl
-    }
-
     pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
         Key(self.layout.parts(role, lock.namespace, lock.name))
-    }
-}
-
-/// A refused acquisition: how long the holder's lease has left.
-struct Busy(Duration);
-
-impl Busy {
-    fn retry_after(&self) -> Duration {
-        self.0
-    }
-}
-
-impl From<Busy> for Acquisition {
-    fn from(Busy(retry_after): Busy) -> Self {
-        Acquisition::Busy { retry_after }
-    }
-}
-
-/// A `PTTL` reply as the answer to a refused acquisition.
-fn busy(pttl: redis::Value) -> Result<Busy> {
-    match pttl {
-        // -1 for a key someone set without expiry: "retry soon" rather than never.
-        redis::Value::Int(pttl) => Ok(Busy(Duration::from_millis(pttl.max(0) as u64))),
-        other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
     }
 }
 
