@@ -222,9 +222,7 @@ impl OwnLease {
             return;
         };
         let due = *acquired_at + timing.every;
-        let first_beat = first_beat.get_or_insert_with(|| {
-            Overdue::after(timer.clone(), due.saturating_duration_since(Instant::now()))
-        });
+        let first_beat = first_beat.get_or_insert_with(|| Overdue::until(timer.clone(), due));
         if first_beat.poll(cx).is_ready() {
             self.enrol_now(heartbeat);
         }

@@ -72,13 +72,14 @@ pub(crate) struct Config {
 
 impl Config {
     pub(super) fn new(store: Store, spec: Spec) -> Self {
+        let every = spec.ttl / 3;
         Self {
             store,
             spec,
             held_status: StatusCode::CONFLICT,
             fail_open: false,
             timing: HeartbeatTiming {
-                every: spec.ttl / 3,
+                every,
                 max_hold: None,
             },
             heartbeat: Heartbeat::default(),
@@ -94,7 +95,7 @@ impl Config {
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
             release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
-            first_beat_timer: Watchdog::new(spec.ttl / 3),
+            first_beat_timer: Watchdog::new(every),
             shared_reads: None,
         }
     }

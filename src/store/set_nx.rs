@@ -51,10 +51,7 @@ where
             self.second_trip(&mut conn, started)?;
             // In the same place as the `SET`: one command's room in the state, not two.
             command = self.pttl_command(lock);
-            let busy = busy(self.reply(conn.req_packed_command(&command).await)?)?;
-            self.contended
-                .refused(lock.namespace, lock.name, busy.retry_after());
-            Ok(busy.into())
+            self.refused(lock, self.reply(conn.req_packed_command(&command).await)?)
         }
     }
 
@@ -92,10 +89,19 @@ where
             self.contended.acquired(lock.namespace, lock.name);
             return Ok(Acquisition::Acquired { fence: None });
         }
-        let busy = busy(pttl.extract_error().map_err(Error::Redis)?)?;
+        self.refused(lock, pttl.extract_error().map_err(Error::Redis)?)
+    }
+
+    /// A refused acquisition, from the holder's `PTTL`, remembered for the name's next one.
+    fn refused(&self, lock: LockRef<'_>, pttl: redis::Value) -> Result<Acquisition> {
+        let redis::Value::Int(pttl) = pttl else {
+            return Err(Error::UnexpectedReply(format!("PTTL answered {pttl:?}")));
+        };
+        // -1 for a key someone set without expiry: "retry soon" rather than never.
+        let retry_after = Duration::from_millis(pttl.max(0) as u64);
         self.contended
-            .refused(lock.namespace, lock.name, busy.retry_after());
-        Ok(busy.into())
+            .refused(lock.namespace, lock.name, retry_after);
+        Ok(Acquisition::Busy { retry_after })
     }
 
     /// `SET <key> <secret> NX PX <ttl>`.
@@ -126,29 +132,5 @@ fn set_nx_acquired(reply: redis::Value) -> Result<bool> {
         redis::Value::Okay => Ok(true),
         redis::Value::Nil => Ok(false),
         other => Err(Error::UnexpectedReply(format!("SET NX answered {other:?}"))),
-    }
-}
-
-/// A refused acquisition: how long the holder's lease has left.
-struct Busy(Duration);
-
-impl Busy {
-    fn retry_after(&self) -> Duration {
-        self.0
-    }
-}
-
-impl From<Busy> for Acquisition {
-    fn from(Busy(retry_after): Busy) -> Self {
-        Acquisition::Busy { retry_after }
-    }
-}
-
-/// A `PTTL` reply as the answer to a refused acquisition.
-fn busy(pttl: redis::Value) -> Result<Busy> {
-    match pttl {
-        // -1 for a key someone set without expiry: "retry soon" rather than never.
-        redis::Value::Int(pttl) => Ok(Busy(Duration::from_millis(pttl.max(0) as u64))),
-        other => Err(Error::UnexpectedReply(format!("PTTL answered {other:?}"))),
     }
 }

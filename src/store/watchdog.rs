@@ -251,9 +251,10 @@ impl Overdue {
         }
     }
 
-    /// A wait of `wait` on the watchdog's clock (at most two of its ticks late), counted from
-    /// now rather than from the first poll: poll it at once.
-    pub(crate) fn after(watchdog: Arc<Watchdog>, wait: Duration) -> Self {
+    /// A wait until `deadline` on the watchdog's clock (at most two of its ticks late): the
+    /// coarse `sleep_until`. Poll it at once, as its ticks count from now.
+    pub(crate) fn until(watchdog: Arc<Watchdog>, deadline: tokio::time::Instant) -> Self {
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
         let ticks = watchdog.ticks_for(wait);
         Self {
             watchdog,

@@ -316,9 +316,9 @@ impl SharedRead {
             return;
         }
         let due = held.first_beat();
-        let first_beat = self.first_beat.get_or_insert_with(|| {
-            Overdue::after(timer.clone(), due.saturating_duration_since(Instant::now()))
-        });
+        let first_beat = self
+            .first_beat
+            .get_or_insert_with(|| Overdue::until(timer.clone(), due));
         if first_beat.poll(cx).is_ready() {
             held.enrol(heartbeat);
         }
