@@ -21,6 +21,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Service, ServiceExt, service_fn};
+use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lock, LockLayer, Store, extract};
 
 use support::ready;
@@ -71,9 +72,11 @@ fn main() {
     let layer = LockLayer::new(store.clone(), LOCK, extract::path_segment(0));
     let mut service = tower::ServiceBuilder::new()
         .layer(layer)
-        .service(service_fn(|_req: Request<Full<Bytes>>| async {
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-        }));
+        .service(service_fn(
+            |_req: Request<TimeoutBody<Full<Bytes>>>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+            },
+        ));
 
     // A fixed count instead of timed rounds, for instruction counts under callgrind.
     if let Some(iters) = std::env::var("ITERS")

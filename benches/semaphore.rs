@@ -24,6 +24,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, ServiceExt};
+use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, RedisStore, Semaphore, SemaphoreLayer, Store, extract};
 
 use support::{Op, Redis, Settings, median, op};
@@ -166,7 +167,7 @@ async fn heartbeat(redis: &Redis, held: usize, hold: Duration) {
     let done = CancellationToken::new();
     let handler = {
         let (inside, kept, done) = (inside.clone(), kept.clone(), done.clone());
-        tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        tower::service_fn(move |req: Request<TimeoutBody<Empty<Bytes>>>| {
             let (inside, kept, done) = (inside.clone(), kept.clone(), done.clone());
             async move {
                 let lease = req.extensions().get::<Lease>().cloned().expect("a Lease");

@@ -265,20 +265,22 @@ pub(crate) fn shared(namespace: &'static str, mode: Mode, outcome: AcquireOutcom
     });
 }
 
-/// Counts the end of a bounded wait that took `waited`: the lease taken, the wait run out, or
-/// the store failed.
+/// Counts the end of a bounded wait: the lease taken, the wait run out, or the store failed;
+/// `waited` is how long it waited, `None` when the first attempt answered (no wait to record).
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn waited(
     namespace: &'static str,
     mode: Mode,
     outcome: AcquireOutcome,
-    waited: Duration,
+    waited: Option<Duration>,
 ) {
     #[cfg(feature = "metrics")]
     handles::with(namespace, mode, |handles| {
         handles.acquire[outcome as usize].increment(1);
-        handles.wait_seconds.record(waited);
+        if let Some(waited) = waited {
+            handles.wait_seconds.record(waited);
+        }
     });
 }
 

@@ -144,10 +144,19 @@ pub(crate) struct Seat {
 impl Seat {
     /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first.
     pub(crate) async fn turn(&self, deadline: Instant) -> Option<Turn<'_>> {
+        if let Ok(_permit) = self.room.turn.try_acquire() {
+            let queued = false;
+            return Some(Turn {
+                seat: self,
+                _permit,
+                queued,
+            });
+        }
         tokio::select! {
             permit = self.room.turn.acquire() => {
                 let _permit = permit.expect("the turn semaphore is never closed");
-                Some(Turn { seat: self, _permit })
+                let queued = true;
+                Some(Turn { seat: self, _permit, queued })
             }
             () = sleep_until(deadline) => None,
         }
@@ -169,6 +178,8 @@ impl Drop for Seat {
 pub(crate) struct Turn<'a> {
     seat: &'a Seat,
     _permit: tokio::sync::SemaphorePermit<'a>,
+    /// Whether the waiter queued for it behind others of this process.
+    queued: bool,
 }
 
 impl Turn<'_> {
@@ -235,20 +246,24 @@ pub(crate) async fn acquire_within(
     let _waiting = Waiting::start(namespace, mode);
     let seat = store.wait_rooms().enter(mode, namespace, &name);
     let mut backoff = Backoff::new();
-    let mut attempts = 0u32;
-    let end =
-        |outcome: AcquireOutcome| telemetry::waited(namespace, mode, outcome, started.elapsed());
+    // `waited`: whether this acquisition waited at all (in the queue, or between attempts); one
+    // that got its answer from the first attempt counts no wait.
+    let end = |outcome: AcquireOutcome, waited: bool| {
+        let waited = waited.then(|| started.elapsed());
+        telemetry::waited(namespace, mode, outcome, waited)
+    };
     // Only the first waiter of the name in this process contends; the others queue, and the
     // turn passes on when this one is done (served, out of time, or dropped).
     let Some(turn) = seat.turn(deadline).await else {
         // The wait ran out in the queue: one attempt still says who holds it, and for how
         // long, so the answer is as exact as an immediate refusal.
         let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
-        end(match &attempt {
+        let outcome = match &attempt {
             Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
             Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
             Err(_) => on_store_error,
-        });
+        };
+        end(outcome, true);
         return (sent_at, attempt);
     };
     let watch = match store.notifications() {
@@ -256,6 +271,8 @@ pub(crate) async fn acquire_within(
         None => None,
     };
     let mut held_here = turn.inherit_held();
+    // Whether it waited before the attempt that answers: in the queue, or between attempts.
+    let mut waited = turn.queued;
     loop {
         let released = turn.released();
         let published = watch.as_ref().map(|watch| watch.released());
@@ -264,7 +281,6 @@ pub(crate) async fn acquire_within(
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            attempts += 1;
             let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
             match &attempt {
                 Ok(Attempt::Acquired(_)) => {
@@ -272,19 +288,19 @@ pub(crate) async fn acquire_within(
                     if matches!(mode, Mode::Exclusive | Mode::Write) {
                         turn.pass_on_held();
                     }
-                    end(if attempts == 1 {
-                        AcquireOutcome::Acquired
+                    if waited {
+                        end(AcquireOutcome::Waited, true);
                     } else {
-                        AcquireOutcome::Waited
-                    });
+                        end(AcquireOutcome::Acquired, false);
+                    }
                     return (sent_at, attempt);
                 }
                 Err(_) => {
-                    end(on_store_error);
+                    end(on_store_error, waited);
                     return (sent_at, attempt);
                 }
                 Ok(Attempt::Busy { .. }) if Instant::now() >= deadline => {
-                    end(AcquireOutcome::TimedOutWaiting);
+                    end(AcquireOutcome::TimedOutWaiting, true);
                     return (sent_at, attempt);
                 }
                 Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
@@ -304,6 +320,7 @@ pub(crate) async fn acquire_within(
                 None => std::future::pending().await,
             }
         };
+        waited = true;
         tokio::select! {
             // With notifications, this process's own releases arrive as messages too: waking
             // for both would send a second attempt per release.

@@ -20,6 +20,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
+use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 
 use crate::alloc::{self, Live};
@@ -114,7 +115,7 @@ pub(crate) async fn child(redis: &Redis, leases: usize, stack: Stack, arrival: A
     let done = CancellationToken::new();
     let handler = {
         let (held, done) = (held.clone(), done.clone());
-        tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        tower::service_fn(move |req: Request<TimeoutBody<Empty<Bytes>>>| {
             let (held, done) = (held.clone(), done.clone());
             async move {
                 let lease = req.extensions().get::<Lease>().cloned();
@@ -133,7 +134,10 @@ pub(crate) async fn child(redis: &Redis, leases: usize, stack: Stack, arrival: A
         })
     };
     let statuses = match stack {
-        Stack::Bare => hold(handler, leases, arrival, &held, &done).await,
+        Stack::Bare => {
+            let bare = handler.map_request(|req: Request<Empty<Bytes>>| req.map(TimeoutBody::new));
+            hold(bare, leases, arrival, &held, &done).await
+        }
         Stack::Layer => {
             let conn = redis.connection().await;
             let store: Store = RedisStore::new(conn).prefix(PREFIX).into();

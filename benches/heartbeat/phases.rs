@@ -10,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, ServiceExt};
+use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 
 use crate::probe::{Probe, Stats, wait_deadline};
@@ -27,7 +28,7 @@ pub(crate) async fn through_layer(redis: &Redis, leases: usize, hold: Duration) 
     let done = CancellationToken::new();
     let handler = {
         let (held, kept, done) = (held.clone(), kept.clone(), done.clone());
-        tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        tower::service_fn(move |req: Request<TimeoutBody<Empty<Bytes>>>| {
             let (held, kept, done) = (held.clone(), kept.clone(), done.clone());
             async move {
                 let lease = req

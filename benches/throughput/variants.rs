@@ -10,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use tower::util::ServiceFn;
 use tower::{Layer, Service, ServiceExt};
+use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lock, LockLayer, RwLock, Store, extract};
 
 use crate::support::{Op, Redis, op};
@@ -267,15 +268,15 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
     ] {
         list.push((
             layered,
-            layer_request_with(store.clone(), false, waits_once),
+            layer_request_with(store.clone(), false, waits_once::<TimeoutBody<Body>>),
         ));
-        list.push((bare, bare_request_with(store, false, waits_once)));
+        list.push((bare, bare_request_with(store, false, waits_once::<Body>)));
     }
     list
 }
 
 /// An inner service that yields to the runtime once before it answers.
-fn waits_once() -> ServiceFn<fn(Request<Body>) -> AnswerAfterAYield> {
+fn waits_once<B>() -> ServiceFn<fn(Request<B>) -> AnswerAfterAYield> {
     tower::service_fn(|_req| AnswerAfterAYield(false))
 }
 
@@ -314,10 +315,11 @@ fn request(path: &str, routed: bool) -> Request<Body> {
 
 type Body = Empty<Bytes>;
 
-type Noop = ServiceFn<fn(Request<Body>) -> Ready<Result<Response<Body>, Infallible>>>;
+/// `B`: the request body, the layer's [`TimeoutBody`] or the bare one.
+type Noop<B> = ServiceFn<fn(Request<B>) -> Ready<Result<Response<Body>, Infallible>>>;
 
 /// The inner service of the layer variants: answers at once.
-fn noop() -> Noop {
+fn noop<B>() -> Noop<B> {
     tower::service_fn(|_req| std::future::ready(Ok(Response::new(Body::new()))))
 }
 
@@ -327,12 +329,12 @@ fn paths() -> Arc<Vec<String>> {
 }
 
 fn layer_request(store: Store, routed: bool) -> Op {
-    layer_request_with(store, routed, noop)
+    layer_request_with(store, routed, noop::<TimeoutBody<Body>>)
 }
 
 fn layer_request_with<S>(store: Store, routed: bool, inner: fn() -> S) -> Op
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Request<TimeoutBody<Body>>, Response = Response<Body>, Error = Infallible>,
     S: Clone + Send + Sync + 'static,
     S::Future: Send,
 {
@@ -354,7 +356,7 @@ where
 
 /// What the layer does, written out: take the lease, call the service, release.
 fn bare_request(store: Store, routed: bool) -> Op {
-    bare_request_with(store, routed, noop)
+    bare_request_with(store, routed, noop::<Body>)
 }
 
 fn bare_request_with<S>(store: Store, routed: bool, inner: fn() -> S) -> Op

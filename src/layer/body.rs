@@ -9,6 +9,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 
 use super::future::poll_release;
 use super::guard::LeaseGuard;
@@ -135,7 +136,11 @@ where
                         abort_on_loss,
                         ..
                     } => {
-                        if *abort_on_loss && guard.poll_lost(cx).is_ready() {
+                        // The deadline first, as before every poll of the inner future: a
+                        // process frozen past its lease sends no further frame.
+                        if *abort_on_loss
+                            && (guard.over_at(Instant::now()) || guard.poll_lost(cx).is_ready())
+                        {
                             // Held → Ended: truncate rather than finish a response whose lease
                             // is gone; the dropped guard releases in the background.
                             *lease = BodyLease::Ended;

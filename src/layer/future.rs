@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response, StatusCode};
@@ -16,6 +17,7 @@ use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
 use super::lease::LeaseLost;
 use super::problem::Problem;
+use super::timeout_body::TimeoutBody;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::Overdue;
 use crate::token::Attempt;
@@ -24,7 +26,7 @@ pin_project! {
     /// The response future of [`LockService`](super::LockService).
     pub struct ResponseFuture<S, B>
     where
-        S: Service<Request<B>>,
+        S: Service<Request<TimeoutBody<B>>>,
     {
         #[pin]
         state: State<S, B>,
@@ -41,7 +43,7 @@ pin_project! {
     #[project = StateProj]
     enum State<S, B>
     where
-        S: Service<Request<B>>,
+        S: Service<Request<TimeoutBody<B>>>,
     {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
@@ -66,6 +68,9 @@ pin_project! {
             guard: Option<LeaseGuard>,
             // Under `LeaseLost::Abort`.
             abort_on_loss: bool,
+            // Set when the request body did not arrive within the layer's `body_timeout`; `None`
+            // when the body was complete from the start.
+            body_late: Option<Arc<AtomicBool>>,
         },
         // Giving the lease back before the inner service's response goes out, for at most
         // the layer's `release_wait`.
@@ -75,11 +80,14 @@ pin_project! {
             // `Some` until it is passed on.
             response: Option<Result<S::Response, S::Error>>,
         },
-        // Giving a lost lease back (it may still be in the store for the drift margin) before
-        // answering 503, for at most the layer's `release_wait`.
-        ReleasingLost {
+        // Giving the lease back before the layer answers by itself, for at most the layer's
+        // `release_wait`: 503 for a lost lease (it may still be in the store for the drift
+        // margin), 408 for a request body that did not arrive in time.
+        ReleasingToRefuse {
             release: FinishOnDrop<()>,
             wait: Overdue,
+            problem: Problem,
+            status: StatusCode,
         },
         // The layer answers by itself.
         Refusing {
@@ -92,7 +100,7 @@ pin_project! {
 
 impl<S, B> ResponseFuture<S, B>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<TimeoutBody<B>>>,
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
     /// limit of a permit's acquisition, whose refusal says "full" rather than "held".
@@ -146,7 +154,8 @@ where
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<TimeoutBody<B>>, Response = Response<ResBody>>,
+    B: http_body::Body,
     ResBody: http_body::Body,
 {
     type Output = Result<Response<LeaseBody<ResBody>>, S::Error>;
@@ -174,11 +183,17 @@ where
                         Ok(Attempt::Acquired(guard)) => {
                             req.extensions_mut().insert(guard.lease());
                             let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
-                            let inner = inner.call(req);
+                            // The body is read under the lock from here on: it gets its
+                            // deadline now, so a trickling client cannot hold the lock.
+                            let (parts, body) = req.into_parts();
+                            let (timeout, timer) = (config.body_timeout, &config.body_timer);
+                            let (body, body_late) = TimeoutBody::within(body, timeout, timer);
+                            let inner = inner.call(Request::from_parts(parts, body));
                             State::Locked {
                                 inner,
                                 guard: Some(guard),
                                 abort_on_loss,
+                                body_late,
                             }
                         }
                         // Acquiring → Refusing: someone else holds it, or every permit is taken.
@@ -197,7 +212,7 @@ where
                         Err(error) if config.fail_open => {
                             tracing::warn!(namespace, %error, "lock store failed, running the request unlocked (fail_open)");
                             State::Unlocked {
-                                inner: inner.call(req),
+                                inner: inner.call(req.map(TimeoutBody::new)),
                             }
                         }
                         // Acquiring → Refusing: the store failed and the layer fails closed.
@@ -222,41 +237,56 @@ where
                     inner,
                     guard,
                     abort_on_loss,
+                    body_late,
                 } => {
                     let in_state = "taken once, on leaving the Locked state";
+                    let held = guard.as_mut().expect(in_state);
+                    // Before every poll of the work: a process frozen past its lease (SIGSTOP,
+                    // a pause, a starved executor) must not take the work's next step when it
+                    // wakes, whether or not the heartbeat has run since.
+                    if *abort_on_loss && held.over_at(Instant::now()) {
+                        tracing::warn!(namespace, "lease lost, inner service cancelled");
+                        // Locked → ReleasingToRefuse: replacing the state drops the inner future,
+                        // which cancels the handler before the release is sent (when first
+                        // polled).
+                        let guard = guard.take().expect(in_state);
+                        this.state.set(releasing_lost(guard, config));
+                        continue;
+                    }
                     let response = match inner.poll(cx) {
                         Poll::Ready(response) => response,
                         Poll::Pending => {
-                            let held = guard.as_mut().expect(in_state);
                             held.poll_first_beat(cx, &config.heartbeat, &config.first_beat_timer);
-                            let lost = *abort_on_loss && held.poll_lost(cx).is_ready();
-                            if !lost {
-                                return Poll::Pending;
+                            if *abort_on_loss && held.poll_lost(cx).is_ready() {
+                                // Locked → ReleasingToRefuse, on the next turn of the loop.
+                                continue;
                             }
-                            tracing::warn!(namespace, "lease lost, inner service cancelled");
-                            // Locked → ReleasingLost: replacing the state drops the inner future,
-                            // which cancels the handler before the release is sent (when first
-                            // polled).
-                            let guard = guard.take().expect(in_state);
-                            let release = FinishOnDrop::release(guard.release());
-                            let wait = Overdue::new(config.release_timer.clone());
-                            this.state.set(State::ReleasingLost { release, wait });
-                            continue;
+                            return Poll::Pending;
                         }
                     };
                     let (mut guard, abort_on_loss) =
                         (guard.take().expect(in_state), *abort_on_loss);
+                    let body_late = body_late
+                        .as_ref()
+                        .is_some_and(|late| late.load(Ordering::Relaxed));
                     // The success rule: a response is only worth passing on if the lease was
                     // still ours when it was produced, however late the heartbeat runs.
-                    if abort_on_loss && !guard.valid_at(Instant::now()) {
+                    if abort_on_loss && guard.over_at(Instant::now()) {
                         tracing::warn!(
                             namespace,
                             "lease ran out before the inner service answered"
                         );
-                        // Locked → ReleasingLost.
-                        let release = FinishOnDrop::release(guard.release());
-                        let wait = Overdue::new(config.release_timer.clone());
-                        this.state.set(State::ReleasingLost { release, wait });
+                        // Locked → ReleasingToRefuse.
+                        this.state.set(releasing_lost(guard, config));
+                    } else if body_late {
+                        let after = config.body_timeout;
+                        tracing::debug!(namespace, ?after, "request body too slow under the lock");
+                        // Locked → ReleasingToRefuse: the handler's answer to a body that never
+                        // came whole is replaced by the layer's 408.
+                        let problem = Problem::BodyTimeout { after };
+                        let status = StatusCode::REQUEST_TIMEOUT;
+                        this.state
+                            .set(releasing_to_refuse(guard, config, problem, status));
                     } else if config.hold_through_body {
                         // Locked → Done: the body owns the lease from here on, and nobody may
                         // poll it while the client reads slowly, so the heartbeat must run.
@@ -290,12 +320,16 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(response.map(|res| res.map(LeaseBody::inner)));
                 }
-                StateProj::ReleasingLost { release, wait } => {
+                StateProj::ReleasingToRefuse {
+                    release,
+                    wait,
+                    problem,
+                    status,
+                } => {
                     ready!(poll_release(release, wait, cx, namespace));
-                    // ReleasingLost → Done.
+                    let response = config.renderer.respond(*problem, *status, namespace);
+                    // ReleasingToRefuse → Done.
                     this.state.set(State::Done);
-                    let status = StatusCode::SERVICE_UNAVAILABLE;
-                    let response = config.renderer.respond(Problem::Lost, status, namespace);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refusing { problem, status } => {
@@ -308,6 +342,35 @@ where
             }
         }
     }
+}
+
+/// The state that gives `guard`'s lease back, then answers `problem` with `status`.
+fn releasing_to_refuse<S, B>(
+    guard: LeaseGuard,
+    config: &Config,
+    problem: Problem,
+    status: StatusCode,
+) -> State<S, B>
+where
+    S: Service<Request<TimeoutBody<B>>>,
+{
+    let release = FinishOnDrop::release(guard.release());
+    let wait = Overdue::new(config.release_timer.clone());
+    State::ReleasingToRefuse {
+        release,
+        wait,
+        problem,
+        status,
+    }
+}
+
+/// The state that gives a lost lease back, then answers `503`.
+fn releasing_lost<S, B>(guard: LeaseGuard, config: &Config) -> State<S, B>
+where
+    S: Service<Request<TimeoutBody<B>>>,
+{
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    releasing_to_refuse(guard, config, Problem::Lost, status)
 }
 
 /// Waits for `release` until `wait` is over; after that the caller drops `release`, which
@@ -331,7 +394,7 @@ pub(crate) fn poll_release(
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<TimeoutBody<B>>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()

@@ -138,10 +138,20 @@ impl LeaseGuard {
     }
 
     /// Whether the lease was valid at `at` and is not over (for this request).
+    #[cfg(test)]
     pub(crate) fn valid_at(&self, at: Instant) -> bool {
         match &self.kind {
             Kind::Own(own) => own.valid_at(at),
             Kind::Shared(read, _) => read.valid_at(at),
+        }
+    }
+
+    /// Whether the lease is over (for this request) at `now`: ended, or past its deadline on
+    /// the monotonic clock, which declares it lost. Ask before each poll of the work it guards.
+    pub(crate) fn over_at(&self, now: Instant) -> bool {
+        match &self.kind {
+            Kind::Own(own) => own.state.over_at(now),
+            Kind::Shared(read, _) => read.over_at(now),
         }
     }
 
@@ -269,6 +279,7 @@ impl OwnLease {
     }
 
     /// Whether the lease was valid at `at` and is not over.
+    #[cfg(test)]
     fn valid_at(&self, at: Instant) -> bool {
         self.state.valid_at(at)
     }

@@ -28,7 +28,8 @@ const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
 /// How many requests of a layer may wait for a lock at once by default.
 const DEFAULT_MAX_WAITERS: usize = 1024;
 
-/// How long a [`Buffered`] layer waits for a request body by default.
+/// How long a request body may take to arrive by default, under the lock or (for a
+/// [`Buffered`] layer) before it.
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the layer does, shared by every service and future it makes.
@@ -53,8 +54,13 @@ pub(crate) struct Config {
     pub(crate) waiting: Arc<AtomicUsize>,
     /// The most request body bytes [`Buffered`] layers read before locking.
     pub(crate) body_limit: usize,
-    /// How long [`Buffered`] layers wait for the request body.
+    /// How long the request body may take to arrive: before the lock for [`Buffered`] layers,
+    /// under it otherwise.
     pub(crate) body_timeout: Duration,
+    /// The coarse timer of that deadline under the lock (see [`TimeoutBody`]).
+    ///
+    /// [`TimeoutBody`]: super::timeout_body::TimeoutBody
+    pub(crate) body_timer: Arc<Watchdog>,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
     /// How long the response waits for the release before it goes out anyway.
@@ -92,6 +98,7 @@ impl Config {
             waiting: Arc::default(),
             body_limit: 0,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            body_timer: Watchdog::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
             release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),

@@ -242,8 +242,12 @@ impl LeaseState {
         self.over.load(Ordering::Acquire) == LOST
     }
 
-    /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve.
+    /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve. Only the first end
+    /// counts: a lease already lost or released is left as it is, and counted once.
     pub(super) fn declare_lost(&self, reason: LossReason) {
+        if !self.finish(LOST) {
+            return;
+        }
         let (namespace, mode) = (self.holding.namespace(), self.holding.mode());
         tracing::warn!(
             namespace,
@@ -252,7 +256,23 @@ impl LeaseState {
             "lease lost"
         );
         telemetry::lost(namespace, mode, reason);
-        self.finish(LOST);
+    }
+
+    /// Whether the lease is over at `now`: ended already, or past the end of its last confirmed
+    /// extension, which declares it lost (`deadline_passed`) before the heartbeat has noticed.
+    ///
+    /// The response future and the body ask this before each poll of the work the lease
+    /// guards: a process that was frozen past its lease (SIGSTOP, a pause, a starved executor)
+    /// must not take the work's next step when it wakes up.
+    pub(super) fn over_at(&self, now: Instant) -> bool {
+        if self.is_over() {
+            return true;
+        }
+        if now < self.valid_until() {
+            return false;
+        }
+        self.declare_lost(LossReason::DeadlinePassed);
+        true
     }
 
     /// Says the lease is over without being lost (it is being released).
@@ -260,11 +280,13 @@ impl LeaseState {
         self.finish(RELEASED);
     }
 
-    /// Leaves `LIVE` for `how` (the first end is the one that counts), and wakes whoever waits.
-    fn finish(&self, how: u8) {
-        let _ = self
+    /// Leaves `LIVE` for `how` (the first end is the one that counts), and wakes whoever waits;
+    /// answers whether this call was the first end.
+    fn finish(&self, how: u8) -> bool {
+        let first = self
             .over
-            .compare_exchange(LIVE, how, Ordering::SeqCst, Ordering::Acquire);
+            .compare_exchange(LIVE, how, Ordering::SeqCst, Ordering::Acquire)
+            .is_ok();
         // Pairs with the fence in `ended`: either that call sees the flag, or this one sees
         // its token.
         fence(Ordering::SeqCst);
@@ -272,6 +294,7 @@ impl LeaseState {
             ended.cancel();
         }
         self.end_waker.wake();
+        first
     }
 
     /// The token cancelled at the end of the lease, made on first use.

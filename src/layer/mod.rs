@@ -32,16 +32,23 @@
 //! async fn reprice() -> &'static str { "repriced" }
 //!
 //! let store = Store::memory();
-//! let app: Router = Router::new()
-//!     .route("/invoices/{id}/finalize", post(finalize))
-//!     .route_layer(LockLayer::new(store.clone(), INVOICE_LOCK, extract::path_segment(1)));
+//! let app: Router = Router::new().route(
+//!     "/invoices/{id}/finalize",
+//!     post(finalize).route_layer(LockLayer::new(store.clone(), INVOICE_LOCK, extract::path_segment(1))),
+//! );
 //!
-//! let catalog: Router = Router::new()
-//!     .route("/catalog/{shop}", get(export).put(reprice))
-//!     .route_layer(RwLockLayer::new(store, CATALOG, extract::path_segment(1)));
+//! let catalog: Router = Router::new().route(
+//!     "/catalog/{shop}",
+//!     get(export)
+//!         .put(reprice)
+//!         .route_layer(RwLockLayer::new(store, CATALOG, extract::path_segment(1))),
+//! );
 //! ```
 //!
-//! `route_layer` runs the layer only for matched routes, so unknown paths still get axum's `404`.
+//! The layer sits on the route's `MethodRouter`, which runs it only for the methods the route
+//! serves: an unknown path still gets axum's `404`, and a method the route does not serve its
+//! `405`, without taking a lock. (`Router::route_layer` would lock the `405` fallback too, so a
+//! stray `POST` on the catalog would take its write lease.)
 //!
 //! # With hyper or `tower::ServiceBuilder`
 //!
@@ -52,6 +59,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_lease::layer::TimeoutBody;
 //! use tower_lease::{Lock, LockLayer, Store, extract};
 //!
 //! const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
@@ -61,7 +69,7 @@
 //! let store = Store::memory();
 //! let service = ServiceBuilder::new()
 //!     .layer(LockLayer::new(store.clone(), JOBS, extract::header("x-job")).held_status(StatusCode::LOCKED))
-//!     .service(service_fn(|_req: Request<Full<Bytes>>| async {
+//!     .service(service_fn(|_req: Request<TimeoutBody<Full<Bytes>>>| async {
 //!         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ran"))))
 //!     }));
 //!
@@ -132,7 +140,8 @@
 //! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a held lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
 //! | [`.max_waiters(n)`](crate::LockLayer::max_waiters) | 1024 | the most requests of the layer waiting at once; beyond it a request is answered at once |
 //! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
-//! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` (10 s) |
+//! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
+//! | [`.body_timeout(Duration)`](crate::LockLayer::body_timeout) | 10 s | the longest the whole request body may take: under the lock (streamed, as a [`TimeoutBody`]), the handler's read fails after it, the lock is released and the answer is `408`; under `.buffer_body(..)`, before the lock |
 //! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<Bytes>`) |
 //! | [`.coalesce_reads(bool)`](crate::RwLockLayer::coalesce_reads) (`RwLockLayer` only) | on | overlapping reads of one name in the layer share one reader lease in the store; `false` gives each read its own (see [shared reads](#shared-reads)) |
 //! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
@@ -155,7 +164,7 @@
 //! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
 //! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
 //! | body over the limit, under `.buffer_body(..)` | `413 Payload Too Large` | problem+json | problem `urn:tower-lease:body-too-large` |
-//! | body not in within `.body_timeout(..)` | `408 Request Timeout` | problem+json | problem `urn:tower-lease:body-timeout` |
+//! | body not in within `.body_timeout(..)` (buffered before the lock, or streamed under it: the handler's answer is replaced) | `408 Request Timeout` | problem+json | problem `urn:tower-lease:body-timeout` |
 //! | body broke off while buffered | `400 Bad Request` | problem+json | problem `urn:tower-lease:body-unreadable` |
 //! | acquired | the inner service's | the inner service's | the inner service's, released before it is returned |
 //!
@@ -207,7 +216,12 @@
 //! or the store answers that the lease is gone, it is lost. Under the default
 //! [`LeaseLost::Abort`] a lost lease drops the inner future and answers
 //! `503`, and a handler that finishes after that moment (a process that was frozen, an executor
-//! that was starved) gets `503`, not its `200`. [`max_hold`](crate::LockLayer::max_hold) stops
+//! that was starved) gets `503`, not its `200`. The deadline is checked before *every* poll of
+//! the handler (and of a body under `.hold_through_body()`), so a frozen process that wakes up
+//! past its lease drops the handler before its next step, even if the heartbeat has not run
+//! yet; `tower_lease_lost_total{reason="deadline_passed"}` counts it. A step the handler took
+//! before the freeze is another matter: only a [fence](crate::Lock::fenced) checked by the
+//! resource catches a write that was already on its way. [`max_hold`](crate::LockLayer::max_hold) stops
 //! the heartbeat after a while, so a stuck handler ends this way.
 //!
 //! The release is awaited before the response head is returned, so the client's next request
@@ -274,6 +288,7 @@ mod rejection;
 mod semaphore;
 mod service;
 mod shared_read;
+mod timeout_body;
 
 pub use self::body::{BoxError, LeaseBody, LeaseLostError};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
@@ -284,3 +299,4 @@ pub use self::lease::{Lease, LeaseLost};
 pub use self::rejection::{OnRejection, Reason, Rejection};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LockService;
+pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};

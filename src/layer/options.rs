@@ -125,11 +125,20 @@ macro_rules! options {
                 self
             }
 
-            /// How long [`buffer_body`](Self::buffer_body) waits for the whole request body
-            /// before answering `408 Request Timeout` (10 s by default). Without
-            /// `buffer_body` it has no effect.
+            /// How long the whole request body may take to arrive (10 s by default), so a
+            /// client that trickles its body cannot hold a lock.
+            ///
+            /// A body streamed to the handler under the lock (the default) must have arrived
+            /// within `timeout` of the lock being taken: the handler's next read then fails
+            /// with [`BodyTimeoutError`](crate::layer::BodyTimeoutError), the lock is released,
+            /// and the layer answers `408 Request Timeout` (see
+            /// [`TimeoutBody`](crate::layer::TimeoutBody)). Under
+            /// [`buffer_body`](Self::buffer_body) the body must arrive within `timeout` before
+            /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
+            /// turns the deadline off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
                 self.config.body_timeout = timeout;
+                self.config.body_timer = crate::store::watchdog::Watchdog::new(timeout);
                 self
             }
 

@@ -19,6 +19,7 @@ use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
 use super::problem::Problem;
 use super::shared_read::{Entry, SharedRead, SharedReads};
+use super::timeout_body::TimeoutBody;
 use crate::LockName;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::lock::Spec;
@@ -78,7 +79,8 @@ impl<S, E, R, P> LockService<S, E, R, P> {
 
 impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R, P>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<TimeoutBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+    ReqBody: http_body::Body,
     ResBody: http_body::Body,
     E: ExtractName<ReqBody>,
     R: ReadWhen<ReqBody>,
@@ -108,6 +110,7 @@ where
                 let config = self.config.clone();
                 return ResponseFuture::refused(Problem::MissingName, status, config, span);
             }
+            let req = req.map(TimeoutBody::new);
             return ResponseFuture::unlocked(inner.call(req), self.config.clone());
         };
         let mode = self.access.mode(&req);

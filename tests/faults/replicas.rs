@@ -306,6 +306,13 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
         "{taken_after:?}"
     );
 
+    // The other replica writes the counter twice meanwhile (0 -> 1 -> 2); the frozen handler
+    // read 0 before the stop, so its write, if it ever came, would set it back to 1.
+    let second = http
+        .send(other.addr, Method::POST, path, &[("x-work-ms", b"0")])
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{second:?}");
+
     // Keep it frozen until its handler's work is over, then let it go on.
     tokio::time::sleep(Duration::from_millis(1600).saturating_sub(stopped.elapsed())).await;
     frozen.signal("-CONT");
@@ -322,6 +329,12 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
     );
     let problem = resumed.problem();
     assert_eq!(problem["type"], "urn:tower-lease:lease-lost", "{problem}");
+    // Woken past its lease, the frozen replica never took its handler's next step (the write).
+    assert_eq!(
+        counters(server.connection().await, &["paused"]).await,
+        [2],
+        "the frozen replica wrote after its lease ran out"
+    );
 }
 
 #[cfg(feature = "cluster")]

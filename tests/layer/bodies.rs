@@ -1,6 +1,7 @@
-//! `buffer_body` over raw TCP: a trickling upload holds no lock and gets 408, an oversized one
-//! gets 413 without locking, a whole one runs under the lock; and `on_rejection` renders the
-//! layer's refusals in an application's own format.
+//! Request bodies over raw TCP: a trickling upload holds no lock and gets 408 under
+//! `buffer_body`, and streamed under the lock it is cut off at `body_timeout` (408, the lock
+//! released); an oversized one gets 413 without locking, a whole one runs under the lock; and
+//! `on_rejection` renders the layer's refusals in an application's own format.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ const UPLOADS: Lock<str> = Lock::new("upload", Duration::from_secs(5));
 crate::store_tests!(
     Layer: [
         a_trickling_body_holds_no_lock_when_buffered_and_gets_408,
+        a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout,
         an_oversized_body_gets_413_and_takes_no_lock,
         a_whole_body_reaches_the_handler_under_the_lock,
         on_rejection_renders_refusals_in_the_applications_format,
@@ -88,6 +90,62 @@ async fn a_trickling_body_holds_no_lock_when_buffered_and_gets_408(env: Env) {
         took < timeout + Duration::from_secs(1),
         "answered after {took:?}"
     );
+}
+
+async fn a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout(env: Env) {
+    let timeout = Duration::from_millis(600);
+    let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
+    let addr = serve(uploads(|r| r.route_layer(layer.body_timeout(timeout)))).await;
+
+    // A client that sends one byte every 100 ms of a 100-byte body: it never stops, it is
+    // only too slow, and without a deadline it would hold the lock for 9 s.
+    let begun = Instant::now();
+    let upload = start_upload(addr, "/uploads/slow", 100, 10).await;
+    let (mut from_server, mut to_server) = upload.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..90 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if to_server.write_all(b"x").await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        UPLOADS
+            .try_lock(&env.store, "slow")
+            .await
+            .unwrap()
+            .is_none(),
+        "the upload holds the lock while its body arrives"
+    );
+
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&head).contains("\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), from_server.read(&mut buf))
+            .await
+            .expect("an answer within the deadline")
+            .unwrap();
+        assert!(n > 0, "connection closed before a response head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let took = begun.elapsed();
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 408"), "{head}");
+    assert!(
+        head.contains("content-type: application/problem+json"),
+        "{head}"
+    );
+    assert!(took >= timeout, "answered after {took:?}");
+    assert!(
+        took < timeout + Duration::from_secs(1),
+        "answered after {took:?}"
+    );
+    // Released before the head went out: the next buyer gets in at once.
+    let next = UPLOADS.try_lock(&env.store, "slow").await.unwrap();
+    assert!(next.expect("the lock is free").release().await.unwrap());
+    trickle.abort();
 }
 
 async fn an_oversized_body_gets_413_and_takes_no_lock(env: Env) {

@@ -29,6 +29,7 @@ crate::store_tests!(
         a_300ms_lease_lasts_while_the_client_does_not_read_the_body,
         max_hold_ends_a_handler_that_never_finishes,
         a_frozen_process_does_not_answer_200,
+        a_frozen_process_never_takes_its_next_step,
     ]
 );
 
@@ -394,5 +395,47 @@ async fn a_frozen_process_does_not_answer_200(env: Env) {
     let reply = Http::new().post(addr, "/jobs/5").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    drop(server);
+}
+
+async fn a_frozen_process_never_takes_its_next_step(env: Env) {
+    // As above, but the handler has a step after the freeze: waking past its 300 ms lease, the
+    // process must not poll the handler again, or it would write after another holder got in.
+    let store = env.store.clone();
+    let stepped = Arc::new(AtomicBool::new(false));
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let server = std::thread::spawn({
+        let stepped = stepped.clone();
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let handler = move || async move {
+                    std::thread::sleep(Duration::from_millis(700));
+                    // The next step, after an await that returns at once.
+                    tokio::task::yield_now().await;
+                    stepped.store(true, Ordering::SeqCst);
+                    "stepped"
+                };
+                let app = Router::new()
+                    .route("/jobs/{id}", post(handler))
+                    .route_layer(LockLayer::new(store, SHORT, extract::path_segment(1)));
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                let serve = axum::serve(listener, app);
+                let _ = tokio::time::timeout(Duration::from_secs(5), serve).await;
+            });
+        }
+    });
+    let addr = addr_rx.await.unwrap();
+    let reply = Http::new().post(addr, "/jobs/6").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+    assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    assert!(
+        !stepped.load(Ordering::SeqCst),
+        "the handler took its next step after its lease ran out"
+    );
     drop(server);
 }

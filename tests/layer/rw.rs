@@ -1,4 +1,5 @@
-//! `RwLockLayer` over real TCP, on Redis and in memory: reads overlap, writes exclude both.
+//! `RwLockLayer` over real TCP, on Redis and in memory: reads overlap, writes exclude both, and
+//! under the README's layering a method the route does not serve gets its `405` unlocked.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +17,12 @@ use crate::support::http::{Http, serve};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
 
-crate::store_tests!(Layer: [reads_overlap_and_writes_exclude_both]);
+crate::store_tests!(
+    Layer: [
+        reads_overlap_and_writes_exclude_both,
+        methods_a_route_does_not_serve_take_no_lock,
+    ]
+);
 
 /// Handlers that stay inside until the gate opens, counting who is inside.
 #[derive(Clone)]
@@ -140,4 +146,38 @@ async fn reads_overlap_and_writes_exclude_both(env: Env) {
 
     // Everything released: a direct write lease is free.
     assert!(CATALOG.try_write(&env.store, "s1").await.unwrap().is_some());
+}
+
+/// The layering the README gives for axum: the layer on the route's `MethodRouter`, which
+/// wraps the methods it serves and not its `405` fallback. (On the `Router`, the same layer
+/// took a write lease for `POST` and answered `409` behind a reader.)
+async fn methods_a_route_does_not_serve_take_no_lock(env: Env) {
+    let layer = RwLockLayer::new(env.store.clone(), CATALOG, extract::path_segment(1));
+    let app = Router::new().route(
+        "/catalog/{shop}",
+        get(|| async { "catalog" })
+            .put(|| async { "repriced" })
+            .route_layer(layer),
+    );
+    let addr = serve(app).await;
+    let http = Http::new();
+    let path = "/catalog/shop-1";
+
+    let reader = CATALOG.try_read(&env.store, "shop-1").await.unwrap();
+    let reader = reader.expect("a free name");
+    assert_eq!(http.get(addr, path).await.status, StatusCode::OK);
+    assert_eq!(http.put(addr, path).await.status, StatusCode::CONFLICT);
+    let post = http.post(addr, path).await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED, "{post:?}");
+    assert!(reader.release().await.unwrap());
+
+    let writer = CATALOG.try_write(&env.store, "shop-1").await.unwrap();
+    let writer = writer.expect("a free name");
+    assert_eq!(http.get(addr, path).await.status, StatusCode::CONFLICT);
+    for method in [Method::POST, Method::DELETE, Method::PATCH] {
+        let reply = http.send(addr, method.clone(), path, &[]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(reply.retry_after(), None, "{method}: no lock was asked");
+    }
+    assert!(writer.release().await.unwrap());
 }

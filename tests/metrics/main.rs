@@ -474,3 +474,61 @@ async fn bounded_waits_count_as_waited_or_timed_out_waiting() {
     );
     assert!(token.release().await.unwrap());
 }
+
+/// A process frozen past its lease (here: a handler that blocks its single-threaded runtime,
+/// heartbeat included) wakes to find the deadline passed: the layer drops the handler before
+/// its next step, and the loss counts, once, as `deadline_passed`.
+#[tokio::test]
+async fn a_lease_that_ran_out_while_frozen_counts_as_lost() {
+    use tower::ServiceExt;
+    let _turn = turn().await;
+    let frozen = Lock::<str>::new("frozen", Duration::from_millis(300));
+    let handler = || async {
+        std::thread::sleep(Duration::from_millis(700));
+        tokio::task::yield_now().await;
+        "done"
+    };
+    let app: Router = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(LockLayer::new(
+            Store::memory(),
+            frozen,
+            extract::path_segment(1),
+        ));
+    let req = http::Request::post("/jobs/1")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // Let a heartbeat that noticed it too have its turn: it must not count it again.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        moved(&recorded(), "tower_lease_lost_total"),
+        one(
+            "tower_lease_lost_total",
+            "mode=exclusive,namespace=frozen,reason=deadline_passed"
+        )
+    );
+}
+
+/// `tower_lease_wait_seconds` samples only acquisitions that waited: one whose first attempt
+/// got the lease counts as `acquired`, with no wait recorded.
+#[tokio::test]
+async fn a_bounded_wait_answered_at_once_records_no_wait() {
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+    let _turn = turn().await;
+    let store = Store::memory();
+    let token = JOBS.try_lock_for(&store, "free", Duration::from_secs(1));
+    let token = token.await.unwrap().expect("a free name");
+    let at_once = recorded();
+    assert_eq!(
+        moved(&at_once, ACQUIRE),
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=acquired")
+    );
+    assert_eq!(
+        moved(&at_once, "tower_lease_wait_seconds"),
+        BTreeMap::new(),
+        "no wait took place"
+    );
+    assert!(token.release().await.unwrap());
+}

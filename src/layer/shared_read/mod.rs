@@ -298,8 +298,14 @@ impl SharedRead {
         Lease::shared(self.state().clone(), self.left.clone())
     }
 
+    #[cfg(test)]
     pub(super) fn valid_at(&self, at: Instant) -> bool {
         !self.left.is_cancelled() && self.state().valid_at(at)
+    }
+
+    /// As [`LeaseGuard::over_at`]: this request left, or the shared lease is over.
+    pub(super) fn over_at(&self, now: Instant) -> bool {
+        self.left.is_cancelled() || self.state().over_at(now)
     }
 
     /// As [`LeaseGuard::poll_first_beat`]: any request of the share whose future waits may
