@@ -5,6 +5,7 @@
 mod error;
 mod finish_on_drop;
 pub mod layer;
+mod lease;
 mod lock;
 mod name;
 mod owned_name;
@@ -15,9 +16,8 @@ mod token;
 mod wait;
 
 pub use crate::error::{Error, Result};
-pub use crate::layer::{
-    Lease, LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract,
-};
+pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
+pub use crate::lease::{Held, Lease, Run};
 pub use crate::lock::{Lock, MAX_NAMESPACE_LEN, RwLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::semaphore::Semaphore;

@@ -6,7 +6,12 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
 use crate::Result;
+use crate::lease::Held;
 use crate::lock::Spec;
 use crate::name::check_name;
 use crate::owned_name::OwnedName;
@@ -60,6 +65,9 @@ pub(crate) struct Holding {
     name: OwnedName,
     secret: Secret,
     fence: Option<u64>,
+    /// When the last confirmed acquire or extend of this lease was sent: a [`Held`] made from
+    /// the token counts the lease's validity from there.
+    confirmed_at: Mutex<Instant>,
     /// When the store confirmed the lease, for `tower_lease_hold_seconds`.
     #[cfg(feature = "metrics")]
     taken: Moment,
@@ -108,6 +116,8 @@ impl Holding {
                 return Err(invalid);
             }
             let secret = Secret::random();
+            // Taken before the command leaves, so the lease's end is never overestimated.
+            let sent_at = Instant::now();
             let sent = Moment::now();
             let acquisition = store
                 .backend()
@@ -130,6 +140,7 @@ impl Holding {
                     name: name.into(),
                     secret,
                     fence,
+                    confirmed_at: Mutex::new(sent_at),
                     #[cfg(feature = "metrics")]
                     taken: answered,
                 })),
@@ -152,7 +163,11 @@ impl Holding {
     }
 
     pub(crate) async fn extend(&self) -> Result<bool> {
+        let sent_at = Instant::now();
         let extended = self.store.backend().extend(self.lease_ref()).await;
+        if matches!(extended, Ok(Extended::Held | Extended::HeldWriterWaiting)) {
+            *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner()) = sent_at;
+        }
         let outcome = match extended {
             Ok(Extended::Gone) => ExtendOutcome::Lost,
             Ok(_) => ExtendOutcome::Ok,
@@ -172,6 +187,11 @@ impl Holding {
 
     pub(crate) fn fence(&self) -> Option<u64> {
         self.fence
+    }
+
+    /// When the last confirmed acquire or extend of this lease was sent.
+    pub(crate) fn confirmed_at(&self) -> Instant {
+        *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn name(&self) -> &[u8] {
@@ -252,6 +272,17 @@ macro_rules! token {
             /// How long the lease lasts from an acquisition or extension.
             pub fn ttl(&self) -> Duration {
                 self.holding.ttl()
+            }
+
+            /// Hands the lease to the store's heartbeat, which extends it every third of its
+            /// TTL until the [`Held`] is released or dropped (dropping it releases the lease in
+            /// the background). See [`Held`] for the rules of losing it.
+            ///
+            /// # Panics
+            ///
+            /// Outside a tokio runtime (the heartbeat is a task).
+            pub fn keep_alive(self) -> Held<Self> {
+                Held::new(self.holding)
             }
         }
 

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::body::LeaseBody;
 use super::guard::{Guarded, LeaseGuard};
 use super::layer::Config;
-use super::lease::LeaseLost;
+use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::timeout_body::TimeoutBody;
 use crate::finish_on_drop::FinishOnDrop;

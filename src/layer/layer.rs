@@ -12,11 +12,11 @@ use tower_layer::Layer;
 
 use super::buffer::{BufferBody, Buffered, Streamed};
 use super::extract::SafeMethods;
-use super::heartbeat::{Heartbeat, HeartbeatTiming};
-use super::lease::LeaseLost;
+use super::lease_lost::LeaseLost;
 use super::rejection::Renderer;
 use super::service::{Access, LockService};
 use super::shared_read::SharedReads;
+use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lock::Spec;
 use crate::store::watchdog::Watchdog;
 use crate::{Lock, RwLock, Store};
@@ -40,7 +40,8 @@ pub(crate) struct Config {
     pub(crate) held_status: StatusCode,
     pub(crate) fail_open: bool,
     pub(crate) timing: HeartbeatTiming,
-    /// The heartbeat of this layer's leases, shared by every service it makes.
+    /// The heartbeat of this layer's leases: the store's, shared with every other layer and
+    /// [`Held`](crate::Held) on it.
     pub(crate) heartbeat: Heartbeat,
     pub(crate) on_lease_lost: LeaseLost,
     pub(crate) hold_through_body: bool,
@@ -79,6 +80,7 @@ pub(crate) struct Config {
 impl Config {
     pub(super) fn new(store: Store, spec: Spec) -> Self {
         let every = spec.ttl / 3;
+        let heartbeat = store.heartbeat().clone();
         Self {
             store,
             spec,
@@ -88,7 +90,7 @@ impl Config {
                 every,
                 max_hold: None,
             },
-            heartbeat: Heartbeat::default(),
+            heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
             binary_names: false,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::layer::{LockLayer, RwLockLayer};
-use super::lease::LeaseLost;
+use super::lease_lost::LeaseLost;
 use super::rejection::{OnRejection, Renderer};
 use super::semaphore::SemaphoreLayer;
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
+use crate::lease::heartbeat::Heartbeat;
 use crate::wait::WaitRooms;
 
 mod check;
@@ -58,6 +59,9 @@ pub struct Store {
     waits: Arc<WaitRooms>,
     /// Release notifications from the store, when it publishes them.
     notifications: Option<Notifications>,
+    /// The one heartbeat of the leases held in this store, shared by every layer and every
+    /// [`Held`](crate::Held) of the process.
+    heartbeat: Heartbeat,
 }
 
 /// A store's release notifications, and how it names their channels.
@@ -107,6 +111,7 @@ impl Store {
             backend: Arc::new(backend),
             waits: Arc::default(),
             notifications: None,
+            heartbeat: Heartbeat::default(),
         }
     }
 
@@ -124,6 +129,11 @@ impl Store {
     /// This process's waiters for locks in this store.
     pub(crate) fn wait_rooms(&self) -> &Arc<WaitRooms> {
         &self.waits
+    }
+
+    /// The heartbeat of the leases held in this store.
+    pub(crate) fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
     }
 
     /// The backend behind this handle.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
-use crate::layer::guard::OwnLease;
-use crate::layer::heartbeat::HeartbeatTiming;
+use crate::lease::heartbeat::HeartbeatTiming;
+use crate::lease::own::OwnLease;
 use crate::token::{Attempt, Holding};
 use crate::{Error, Result};
 

@@ -40,10 +40,11 @@ mod acquire;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 
-use super::guard::{LeaseGuard, OwnLease};
-use super::heartbeat::{Heartbeat, HeartbeatTiming};
-use super::lease::{Lease, LeaseState};
+use super::guard::LeaseGuard;
 use crate::Error;
+use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::lease::own::OwnLease;
+use crate::lease::{Lease, LeaseState};
 use crate::store::BoxFuture;
 use crate::store::watchdog::{Overdue, Watchdog};
 use crate::token::Holding;

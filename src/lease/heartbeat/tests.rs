@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
-use crate::layer::guard::LeaseGuard;
+use crate::lease::own::OwnLease;
 use crate::store::BoxFuture;
 use crate::store::{Acquisition, Backend, Extended, LeaseRef, LockRef, MemoryStore, Mode};
 use crate::token::{Attempt, Holding};
@@ -75,7 +75,7 @@ fn scripted() -> (Arc<Scripted>, Store) {
 }
 
 /// Acquires `name` now and enrols it in `heartbeat` at once, as a body holding the lease does.
-async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> LeaseGuard {
+async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> OwnLease {
     let sent_at = Instant::now();
     let name = Cow::Owned(name.as_bytes().to_vec());
     let held = match Holding::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
@@ -89,7 +89,7 @@ async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> LeaseGuard {
         every: EVERY,
         max_hold: None,
     };
-    let mut guard = LeaseGuard::new(held, sent_at, timing);
+    let mut guard = OwnLease::new(held, sent_at, timing);
     guard.enrol_now(heartbeat);
     guard
 }
@@ -177,7 +177,7 @@ async fn errors_are_retried_until_the_deadline() {
     assert!(backend.batches.lock().unwrap().len() > last);
     assert_eq!(
         now,
-        kept.lease_state().valid_until(),
+        kept.state().valid_until(),
         "lost at its deadline ({:?} in)",
         started.elapsed()
     );

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use super::lease::LeaseState;
+use super::LeaseState;
 
 mod driver;
 #[cfg(test)]

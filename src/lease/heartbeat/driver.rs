@@ -29,7 +29,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::{DriverSlot, HeartbeatTiming};
 use crate::Result;
-use crate::layer::lease::LeaseState;
+use crate::lease::LeaseState;
 use crate::store::{BoxFuture, Extended};
 use crate::telemetry::{self, ExtendOutcome, LossReason};
 
