@@ -13,6 +13,7 @@ pub mod store;
 mod telemetry;
 mod token;
 mod wait;
+mod write_intent;
 
 pub use crate::error::{Error, Result};
 pub use crate::layer::{
