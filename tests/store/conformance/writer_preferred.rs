@@ -1,6 +1,6 @@
 //! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
 //! the intent's remaining time as their `retry_after`, until the readers leave and the writer
-//! gets in; the intent ends by itself when its writer gives up; without the preference, readers
+//! gets in; an intent ends by itself one window after its attempt; without the preference, readers
 //! keep coming. A reader's extension reports a live intent (`Extended::HeldWriterWaiting`),
 //! through the single call and the batch, and still extends the lease.
 
