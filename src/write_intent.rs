@@ -16,6 +16,10 @@ use crate::store::{LeaseRef, Mode, Secret, Store};
 /// the waiter gives up (its wait ran out, the store failed, or it was dropped because its client
 /// left) the intent goes with it, unless another writer has written its own since: readers must
 /// not wait for a writer that is gone.
+///
+/// A waiter dropped while an attempt is on the wire sends the withdrawal after that attempt, on
+/// the same connection, so Redis runs them in order; when they cross anyway (the attempt's
+/// second trip after `NOSCRIPT`, a cluster redirect) the attempt's intent lasts its window.
 pub(crate) struct KeptIntent {
     lock: Parts,
     window: Duration,
