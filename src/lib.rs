@@ -14,6 +14,7 @@ pub mod store;
 mod telemetry;
 mod token;
 mod wait;
+mod write_intent;
 
 pub use crate::error::{Error, Result};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};

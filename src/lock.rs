@@ -350,10 +350,18 @@ impl<N: LockName + ?Sized> Lock<N> {
 
 impl<N: ?Sized> RwLock<N> {
     /// Makes writers win over a stream of readers: a write attempt refused by live readers
-    /// leaves a *write intent* (for two thirds of the TTL, renewed by each attempt, as a writer
-    /// waiting with [`try_write_for`](Self::try_write_for) or the layer's `.wait(..)` makes)
-    /// while which new readers are refused, with the intent's remaining time as their
-    /// `retry_after`. The readers already in finish, and the writer gets in.
+    /// leaves a *write intent* while which new readers are refused, with the intent's remaining
+    /// time as their `retry_after`. The readers already in finish, and the writer gets in.
+    ///
+    /// An intent lives only while its writer waits, or retries within a short window: each
+    /// refused attempt leaves it for 500 ms (the TTL, if shorter). A writer waiting with
+    /// [`try_write_for`](Self::try_write_for) or the layer's `.wait(..)` attempts at least twice
+    /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
+    /// its wait runs out, the store fails, or its future is dropped (the client left; the
+    /// withdrawal then finishes in the background, within the store's deadline). An intent that
+    /// another writer has written since stays. A `try_write` that is refused, or a writer that
+    /// crashed, keeps readers out for one window at most; retried within the window (a client
+    /// that retries every 100 ms), the intent lasts.
     ///
     /// Without it, a writer is refused as long as any reader lease lives, and overlapping readers
     /// can keep it out for good.

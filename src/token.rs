@@ -108,6 +108,27 @@ impl Holding {
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
     {
+        Self::acquire_with(store, spec, mode, name, on_store_error, Secret::random())
+    }
+
+    /// Like [`acquire_as`](Self::acquire_as), with the lease's `secret`: a waiting writer's
+    /// attempts all carry one, so that the write intent they leave can be told from another
+    /// writer's when it withdraws it.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
+    pub(crate) fn acquire_with<N>(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: N,
+        on_store_error: Option<AcquireOutcome>,
+        secret: Secret,
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    where
+        N: AsRef<[u8]> + Into<OwnedName> + Send,
+    {
         async move {
             if let Err(invalid) = check_name(name.as_ref()) {
                 if on_store_error.is_some() {
@@ -115,7 +136,6 @@ impl Holding {
                 }
                 return Err(invalid);
             }
-            let secret = Secret::random();
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
             let sent = Moment::now();

@@ -17,9 +17,10 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::finish_on_drop::{Acquired, FinishOnDrop};
 use crate::lock::Spec;
-use crate::store::{Mode, Store};
+use crate::store::{Mode, Secret, Store};
 use crate::telemetry::{self, AcquireOutcome};
 use crate::token::{Attempt, Holding};
+use crate::write_intent::KeptIntent;
 
 /// The first wait between polls for a release in another process; it doubles up to
 /// [`MAX_POLL`], never past the holder's remaining lease.
@@ -226,7 +227,9 @@ impl Backoff {
 /// instant the successful (or last) attempt was sent, and what it found.
 ///
 /// Each attempt that reached the store finishes even if this future is dropped (a lease it took
-/// is given back); dropping it between attempts leaves nothing behind: no seat, no lease.
+/// is given back); dropping it between attempts leaves nothing behind: no seat, no lease. A
+/// writer of a writer-preferred lock keeps its write intent alive while it waits (see
+/// [`KeptIntent`]), and withdraws it when it gives up or is dropped.
 /// `on_store_error` is what a store failure counts as in the metrics.
 pub(crate) async fn acquire_within(
     store: Store,
@@ -246,6 +249,9 @@ pub(crate) async fn acquire_within(
     let _waiting = Waiting::start(namespace, mode);
     let seat = store.wait_rooms().enter(mode, namespace, &name);
     let mut backoff = Backoff::new();
+    // One secret for every attempt, which the write intent they leave holds.
+    let secret = Secret::random();
+    let mut intent = KeptIntent::new(&store, spec, mode, &name, &secret);
     // `waited`: whether this acquisition waited at all (in the queue, or between attempts); one
     // that got its answer from the first attempt counts no wait.
     let end = |outcome: AcquireOutcome, waited: bool| {
@@ -256,8 +262,13 @@ pub(crate) async fn acquire_within(
     // turn passes on when this one is done (served, out of time, or dropped).
     let Some(turn) = seat.turn(deadline).await else {
         // The wait ran out in the queue: one attempt still says who holds it, and for how
-        // long, so the answer is as exact as an immediate refusal.
-        let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
+        // long, so the answer is as exact as an immediate refusal. It leaves no write intent:
+        // the waiter whose turn it is keeps one, and this one gives up.
+        let probe = Spec {
+            writer_preferred: false,
+            ..spec
+        };
+        let (sent_at, attempt) = attempt(&store, probe, mode, &name, &secret).await;
         let outcome = match &attempt {
             Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
             Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
@@ -281,9 +292,15 @@ pub(crate) async fn acquire_within(
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
+            let (sent_at, attempt) = attempt(&store, spec, mode, &name, &secret).await;
+            if let (Some(intent), Ok(Attempt::Busy { .. })) = (&mut intent, &attempt) {
+                intent.refused();
+            }
             match &attempt {
                 Ok(Attempt::Acquired(_)) => {
+                    if let Some(intent) = intent.take() {
+                        intent.acquired();
+                    }
                     // Readers and permits share: the next waiter may well get in too.
                     if matches!(mode, Mode::Exclusive | Mode::Write) {
                         turn.pass_on_held();
@@ -301,6 +318,10 @@ pub(crate) async fn acquire_within(
                 }
                 Ok(Attempt::Busy { .. }) if Instant::now() >= deadline => {
                     end(AcquireOutcome::TimedOutWaiting, true);
+                    // Readers need not wait for a writer that is gone.
+                    if let Some(intent) = intent.take() {
+                        intent.withdraw().await;
+                    }
                     return (sent_at, attempt);
                 }
                 Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
@@ -313,6 +334,10 @@ pub(crate) async fn acquire_within(
             (Some(_), None) => WATCHED_POLL,
             (None, Some(_)) => backoff.after(retry_after.unwrap_or_default()),
             (None, None) => MAX_POLL,
+        };
+        let pause = match &intent {
+            Some(intent) => pause.min(intent.renew_within()),
+            None => pause,
         };
         let published = async {
             match published {
@@ -332,14 +357,15 @@ pub(crate) async fn acquire_within(
     }
 }
 
-/// One attempt, with the instant it was sent; finished in a task of its own if the waiter is
+/// One attempt with `secret`, with the instant it was sent; finished in a task of its own if the waiter is
 /// dropped while it is on the wire.
-async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8]) -> Acquired {
-    let (store, name) = (store.clone(), name.to_vec());
+async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8], secret: &Secret) -> Acquired {
+    let (store, name, secret) = (store.clone(), name.to_vec(), secret.clone());
     let call = Box::pin(async move {
         // Taken before the command leaves, so the lease's end is never overestimated.
         let sent_at = Instant::now();
-        let attempt = Holding::acquire_as(store, spec, mode, Cow::Owned(name), None).await;
+        let name = Cow::Owned(name);
+        let attempt = Holding::acquire_with(store, spec, mode, name, None, secret).await;
         (sent_at, attempt)
     });
     FinishOnDrop::acquisition(call).await

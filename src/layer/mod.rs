@@ -250,7 +250,10 @@
 //! takes no newcomer (they take a fresh lease), and neither does one whose extension found a
 //! writer of a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then
 //! ask the store, which refuses them until the writer is through, and the writer gets in once
-//! the reads inside end, within a read's duration and one heartbeat. Under
+//! the reads inside end, within a read's duration and one heartbeat. The writer's intent lives
+//! while it waits under [`wait`](crate::LockLayer::wait) (or for 500 ms after a refusal without
+//! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
+//! client disconnects, withdraws its intent, and reads are let in again at once. Under
 //! [`max_hold`](crate::LockLayer::max_hold) a share takes newcomers for the first half of it
 //! only, since the limit counts from the shared lease's acquisition. With [`wait`](crate::LockLayer::wait),
 //! a read joins a held share or waits on its own, and shares the lease it gets.

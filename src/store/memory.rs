@@ -49,8 +49,15 @@ struct StoredLease {
 struct RwEntry {
     writer: Option<StoredLease>,
     readers: HashMap<Secret, Instant>,
-    /// Until when new readers are refused for a waiting writer (writer-preferred locks).
-    intent: Option<Instant>,
+    /// The write intent that refuses new readers for a waiting writer (writer-preferred locks).
+    intent: Option<Intent>,
+}
+
+/// A write intent: until when it lives, and the secret of the writer attempt that left it.
+#[derive(Debug)]
+struct Intent {
+    until: Instant,
+    secret: Secret,
 }
 
 impl StoredLease {
@@ -65,7 +72,11 @@ impl RwEntry {
         if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
             self.writer = None;
         }
-        if self.intent.is_some_and(|until| until <= now) {
+        if self
+            .intent
+            .as_ref()
+            .is_some_and(|intent| intent.until <= now)
+        {
             self.intent = None;
         }
     }
@@ -134,9 +145,9 @@ impl MemoryStore {
                         retry_after: writer.ends - now,
                     };
                 }
-                if let Some(intent) = shared.intent {
+                if let Some(intent) = &shared.intent {
                     return Acquisition::Busy {
-                        retry_after: intent - now,
+                        retry_after: intent.until - now,
                     };
                 }
                 shared.readers.insert(lease.secret.clone(), ends);
@@ -156,7 +167,10 @@ impl MemoryStore {
                 if let Some(until) = blocked_until {
                     if let Some(intent) = lock.write_intent().filter(|_| shared.writer.is_none()) {
                         // Refused by readers: new ones wait while the intent lives.
-                        shared.intent = Some(now + intent);
+                        shared.intent = Some(Intent {
+                            until: now + intent,
+                            secret: lease.secret.clone(),
+                        });
                     }
                     return Acquisition::Busy {
                         retry_after: until - now,
@@ -273,8 +287,33 @@ impl MemoryStore {
             .get(lease.lock.namespace)
             .and_then(|ns| ns.rwlocks.get(lease.lock.name));
         entry
-            .and_then(|e| e.intent)
-            .is_some_and(|until| until > now)
+            .and_then(|e| e.intent.as_ref())
+            .is_some_and(|intent| intent.until > now)
+    }
+
+    /// Removes the write intent on the lock of the writer `lease` if that writer left it, as
+    /// `withdraw_intent.lua` does.
+    fn withdraw_now(&self, lease: LeaseRef<'_>) -> bool {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(ns) = state.namespaces.get_mut(lease.lock.namespace) else {
+            return false;
+        };
+        let Some(shared) = ns.rwlocks.get_mut(lease.lock.name) else {
+            return false;
+        };
+        shared.forget_expired(now);
+        let ours = shared
+            .intent
+            .as_ref()
+            .is_some_and(|intent| intent.secret == *lease.secret);
+        if ours {
+            shared.intent = None;
+        }
+        if shared.is_empty() {
+            ns.rwlocks.remove(lease.lock.name);
+        }
+        ours
     }
 }
 
@@ -345,6 +384,10 @@ impl Backend for MemoryStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move { Ok(self.update_now(lease, false)) })
+    }
+
+    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(lease.mode == Mode::Write && self.withdraw_now(lease)) })
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {

@@ -33,6 +33,12 @@ pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 
+/// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
+/// twice per window, so it may be late by half a window (a slow round trip, a busy executor)
+/// before a reader slips in; and an intent whose writer left without withdrawing it (a crash, a
+/// lost connection) keeps readers out for no longer than this.
+pub(crate) const WRITE_INTENT_WINDOW: Duration = Duration::from_millis(500);
+
 /// A boxed, `Send` future, as [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -232,12 +238,13 @@ impl<'a> LockRef<'a> {
         Self { permits, ..self }
     }
 
-    /// How long a refused writer's write intent lasts: two thirds of the TTL (about two of the
-    /// layer's heartbeats), renewed by each attempt; `None` for a lock that does not prefer
-    /// writers. Every backend keeps the intent this long.
-    pub(crate) fn write_intent(&self) -> Option<Duration> {
+    /// How long the write intent of a refused writer attempt lasts: the write-intent window of
+    /// [`RwLock::writer_preferred`](crate::RwLock::writer_preferred), 500 ms or the TTL if that
+    /// is shorter, renewed by each attempt; `None` for a lock that does not prefer writers.
+    /// Every backend keeps the intent this long.
+    pub fn write_intent(&self) -> Option<Duration> {
         self.writer_preferred
-            .then(|| (self.ttl * 2 / 3).max(Duration::from_millis(1)))
+            .then(|| self.ttl.min(WRITE_INTENT_WINDOW))
     }
 
     /// The same lock, [writer-preferred](crate::RwLock::writer_preferred).
@@ -347,6 +354,11 @@ impl<'a> LeaseRef<'a> {
 ///   `false` (for `extend`, [`Extended::Gone`]) otherwise; `extend` never re-acquires a lease
 ///   that ran out. A reader's `extend` answers [`Extended::HeldWriterWaiting`] when it extended
 ///   the lease while a write intent lives (the intent that makes `acquire` refuse readers).
+/// - A write `acquire` of a [writer-preferred](LockRef::writer_preferred) lock refused by live
+///   readers (not by a writer) leaves a write intent, holding the attempt's secret, for
+///   [`LockRef::write_intent`]; a successful one removes it. While it lives, reader `acquire`s
+///   answer `Busy` with its remaining time. [`withdraw_intent`](Self::withdraw_intent) removes it
+///   only while it still holds the caller's secret.
 /// - A permit is refused while `permits` permits of the name are live; its `retry_after` is
 ///   the earliest live permit's remaining lease. Permits extend and release one by one, like
 ///   readers.
@@ -363,6 +375,20 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Ends `lease`; `false` if it was not held with its secret any more.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
+
+    /// Removes the write intent that the refused write attempts of `lease` (a [`Mode::Write`]
+    /// lease of a writer-preferred lock, with the secret those attempts carried) left, when a
+    /// waiting writer gives up; `true` if it removed one. An intent that holds another secret
+    /// (another writer's, still waiting) stays. Like a release, a removal wakes the lock's
+    /// waiters elsewhere where the store notifies them.
+    ///
+    /// The default removes nothing and answers `false`, which is right for a backend that keeps
+    /// no intents; one that keeps them must override it, or a writer that gave up holds readers
+    /// off for the rest of its intent's window.
+    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        let _ = lease;
+        Box::pin(async { Ok(false) })
+    }
 
     /// How many permits of the semaphore `lock` names are live now.
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>>;

@@ -14,8 +14,8 @@ use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
-    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WRITE_ACQUIRE,
-    holder_script,
+    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
+    WRITE_ACQUIRE, holder_script,
 };
 use super::watchdog;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
@@ -36,7 +36,7 @@ pub(super) const ARGS_LEN: usize = 64;
 /// | [`Lock`](crate::Lock) | `P:lock:{ns:name}` | string: the holder's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) writer | `P:rwlock:{ns:name}:w` | string: the writer's secret, `PX ttl` |
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
-/// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a waiting writer's secret, `PX` two thirds of the TTL |
+/// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a refused writer attempt's secret, `PX` 500 ms (at most the TTL) |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, never expires |
 ///
@@ -295,6 +295,21 @@ where
                 .run(&PERMITS_IN_USE, lock, &roles, None, None, LastArg::Ttl)
                 .await?;
             redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))
+        })
+    }
+
+    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        if lease.mode != Mode::Write || !lease.lock.writer_preferred {
+            return Box::pin(async { Ok(false) });
+        }
+        self.bounded(async move {
+            let LeaseRef { lock, mode, secret } = lease;
+            let channel = notify::channel(&self.layout, mode, lock.namespace, lock.name);
+            let (roles, last) = ([KeyRole::WriteIntent], LastArg::Channel(&channel));
+            let reply = self
+                .run(&WITHDRAW_INTENT, lock, &roles, None, Some(secret), last)
+                .await?;
+            answered_one(reply)
         })
     }
 

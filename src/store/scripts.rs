@@ -14,6 +14,7 @@ pub(super) static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquir
 pub(super) static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
 pub(super) static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
 pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
+pub(super) static WITHDRAW_INTENT: Lua = Lua::new(include_str!("scripts/withdraw_intent.lua"));
 pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_acquire.lua"));
 pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
 pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));

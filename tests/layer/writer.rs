@@ -2,7 +2,9 @@
 //! plain `RwLock` (shown, not asserted), and let it in on a writer-preferred one: within about
 //! one read's duration when each read has a lease of its own, within one read's duration plus one
 //! heartbeat when the reads share one (the extension that finds the intent closes the share); a
-//! witness counts readers inside during the write (it must stay 0).
+//! witness counts readers inside during the write (it must stay 0). A waiting `PUT` whose client
+//! disconnects takes its write intent with it: `GET`s are answered at once, not refused for the
+//! rest of the intent's window (or, before the window, for two thirds of the TTL).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -10,12 +12,14 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, put};
 use http::{Method, StatusCode};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::Env;
 use crate::support::http::{Http, serve};
+use crate::support::{Env, poll};
 
 const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
@@ -24,7 +28,12 @@ const READ: Duration = Duration::from_millis(100);
 /// The layer's default heartbeat: a third of the TTL.
 const BEAT: Duration = Duration::from_millis(300);
 
-crate::store_tests!(Layer: [a_preferred_writer_gets_in_and_a_plain_one_starves]);
+crate::store_tests!(
+    Layer: [
+        a_preferred_writer_gets_in_and_a_plain_one_starves,
+        a_waiting_put_whose_client_left_lets_reads_in_at_once,
+    ]
+);
 
 #[derive(Clone, Default)]
 struct Witness {
@@ -106,6 +115,7 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
     assert!(!witness.read_during_write.load(Ordering::SeqCst));
 
     let (status, took, witness) = contend(env, PREFERRED, coalesce).await;
+    eprintln!("preferred writer (coalesced: {coalesce}): {status} after {took:?}");
     assert_eq!(status, StatusCode::OK, "the preferred writer gets in");
     // The reads in progress end within one read's duration; the last one's release wakes it.
     // Sharing one lease, new reads keep joining it until its next extension finds the intent.
@@ -121,4 +131,59 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
         !witness.read_during_write.load(Ordering::SeqCst),
         "no reader during the write"
     );
+}
+
+/// A lock whose intent, at two thirds of the TTL, would last 1333 ms; its window is 500 ms.
+const LONG: RwLock<str> = RwLock::new("docs-long", Duration::from_secs(2)).writer_preferred();
+const WINDOW: Duration = Duration::from_millis(500);
+
+async fn a_waiting_put_whose_client_left_lets_reads_in_at_once(env: Env) {
+    let layer =
+        |wait| RwLockLayer::new(env.store.clone(), LONG, extract::path_segment(1)).wait(wait);
+    // Reads answer at once; writes wait up to 5 s.
+    let app = Router::new()
+        .route("/docs/{id}", get(|| async { "read" }))
+        .route_layer(layer(Duration::ZERO))
+        .merge(
+            Router::new()
+                .route("/edit/{id}", put(|| async { "written" }))
+                .route_layer(layer(Duration::from_secs(5))),
+        );
+    let addr = serve(app).await;
+    let http = Http::new();
+    // A reader elsewhere keeps the writer waiting.
+    let reader = LONG.try_read(&env.store, "1").await.unwrap().unwrap();
+
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let request = "PUT /edit/1 HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n";
+    client.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = http.get(addr, "/docs/1").await.status;
+    assert_eq!(
+        refused,
+        StatusCode::CONFLICT,
+        "reads wait for the waiting writer"
+    );
+    drop(client);
+    let left = Instant::now();
+
+    let refusals = AtomicUsize::new(0);
+    let every = Duration::from_millis(10);
+    let answered = poll(every, Duration::from_secs(3), || async {
+        let status = http.get(addr, "/docs/1").await.status;
+        if status != StatusCode::OK {
+            refusals.fetch_add(1, Ordering::SeqCst);
+        }
+        (status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let took = left.elapsed();
+    let refusals = refusals.load(Ordering::SeqCst);
+    eprintln!("GETs answered 200 {took:?} after the client left ({refusals} refused)");
+    assert!(answered.is_some(), "reads never came back");
+    assert!(
+        took < WINDOW + Duration::from_millis(200),
+        "reads refused for {took:?} after the client left ({refusals} refused)"
+    );
+    assert!(reader.release().await.unwrap());
 }

@@ -89,6 +89,18 @@ impl Env {
         }
     }
 
+    /// A second store on the same Redis with release notifications, as `RedisStore::connect`
+    /// (or `connect_cluster`) makes it for another process; `None` in memory.
+    pub async fn notified(&self) -> Option<Store> {
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self._cluster {
+            let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();
+            return Some(store.into());
+        }
+        let server = self.server.as_ref()?;
+        Some(RedisStore::connect(&server.url()).await.unwrap().into())
+    }
+
     /// Whether the store is on Redis (a single server or the cluster).
     pub fn is_redis(&self) -> bool {
         self.raw.is_some()

@@ -5,6 +5,7 @@
 
 mod exclusive;
 mod input;
+mod intent_window;
 mod redis_only;
 mod rw;
 mod semaphore;

@@ -1,6 +1,6 @@
 //! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
 //! the intent's remaining time as their `retry_after`, until the readers leave and the writer
-//! gets in; the intent ends by itself when its writer gives up; without the preference, readers
+//! gets in; an intent ends by itself one window after its attempt; without the preference, readers
 //! keep coming. A reader's extension reports a live intent (`Extended::HeldWriterWaiting`),
 //! through the single call and the batch, and still extends the lease.
 
@@ -25,8 +25,8 @@ crate::store_tests!(
 const TTL: Duration = Duration::from_millis(900);
 const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).writer_preferred();
 const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
-/// Two thirds of the TTL.
-const INTENT: Duration = Duration::from_millis(600);
+/// The write-intent window (500 ms, shorter than the TTL).
+const INTENT: Duration = Duration::from_millis(500);
 
 async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
     assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
@@ -93,7 +93,7 @@ async fn an_abandoned_intent_ends_by_itself(env: Env) {
             .unwrap()
             .is_none()
     );
-    // The writer gave up; its intent ends two thirds of a TTL after its last attempt.
+    // The writer did not wait; its intent ends one window after its attempt.
     sleep(INTENT + Duration::from_millis(50)).await;
     let second = PREFERRED.try_read(&env.store, "gone").await.unwrap();
     assert!(
@@ -157,7 +157,7 @@ async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
         "and so does a batch: {batch:?}"
     );
     // At 1 s the lease still lives (extended at 300 ms for 900 ms), and the intent has run out
-    // (600 ms after the write attempt, which was not repeated): a plain answer again.
+    // (500 ms after the write attempt, which was not repeated): a plain answer again.
     sleep(Duration::from_millis(700)).await;
     assert_eq!(backend.extend(reader).await.unwrap(), Extended::Held);
     assert!(backend.release(reader).await.unwrap());
