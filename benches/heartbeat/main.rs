@@ -3,7 +3,10 @@
 //! meanwhile (the heartbeats, as nothing else runs), the memory per held lease, and how many
 //! leases were lost (must be 0).
 //!
-//! For comparison, a second phase holds as many [`LockToken`](tower_lease::LockToken)s, each
+//! A second phase holds as many [`Held`](tower_lease::Held) leases (`keep_alive()`), kept
+//! by the store's heartbeat with no task of their own.
+//!
+//! For comparison, a third phase holds as many [`LockToken`](tower_lease::LockToken)s, each
 //! extended every TTL/3 by a task of its own: the floor for one task and one round trip per
 //! lease.
 //!
@@ -22,7 +25,7 @@ mod support;
 use std::time::Duration;
 
 use memory::{Arrival, Memory, Stack};
-use phases::{TTL, batched, plain_tokens, through_layer};
+use phases::{TTL, batched, held_jobs, plain_tokens, through_layer};
 use probe::Stats;
 use support::Redis;
 
@@ -50,6 +53,7 @@ fn main() {
 
 async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     let layer = through_layer(redis, leases, hold).await;
+    let jobs = held_jobs(redis, leases, hold).await;
     let tokens = plain_tokens(redis, leases, hold).await;
     let batched = batched(redis, leases, hold).await;
     let ways = [
@@ -64,13 +68,14 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
     println!("\n{leases} leases held at once, TTL {TTL:?}, extended every TTL/3, for {hold:?}");
     println!("machine: {}\n", support::machine());
     println!(
-        "| measure | LockLayer requests | plain tokens, a task each | by hand, batched (floor) |"
+        "| measure | LockLayer requests | Held (keep_alive) | plain tokens, a task each | by hand, batched (floor) |"
     );
-    println!("|---|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|");
     let row = |what: &str, f: &dyn Fn(&Stats) -> String| {
         println!(
-            "| {what} | {} | {} | {} |",
+            "| {what} | {} | {} | {} | {} |",
             f(&layer),
+            f(&jobs),
             f(&tokens),
             f(&batched)
         );
@@ -150,6 +155,19 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         layer_once.resident, layer_waves.resident
     );
     println!("- 0 leases lost: {} {}", layer.lost, check(layer.lost == 0));
+    let jobs_core = jobs.core_share();
+    println!("\ntargets (Held):");
+    println!(
+        "- heartbeat < 5 % of one core: {:.2} % {}",
+        jobs_core * 100.0,
+        check(jobs_core < 0.05)
+    );
+    println!(
+        "- < 2 KiB per held lease (heap, no task of its own): {:.0} B {}",
+        jobs.heap_per_lease,
+        check(jobs.heap_per_lease < 2048.0)
+    );
+    println!("- 0 leases lost: {} {}", jobs.lost, check(jobs.lost == 0));
     assert_eq!(tokens.lost, 0, "plain tokens lost leases");
     assert_eq!(batched.lost, 0, "the batched heartbeat lost leases");
 }

@@ -138,6 +138,29 @@ pub(crate) async fn plain_tokens(redis: &Redis, leases: usize, hold: Duration) -
     stats
 }
 
+/// Leases held as [`Held`](tower_lease::Held)s, kept in a `Vec` by no task of their own: the
+/// store's heartbeat extends them all, as it does for jobs.
+pub(crate) async fn held_jobs(redis: &Redis, leases: usize, hold: Duration) -> Stats {
+    let conn = redis.connection().await;
+    let store: Store = RedisStore::new(conn).prefix("bench-held").into();
+    let warm = LEASES.try_lock(&store, "warm").await.unwrap().unwrap();
+    assert!(warm.extend().await.unwrap() && warm.release().await.unwrap());
+    let mut probe = Probe::start(redis, leases).await;
+    let mut held = Vec::with_capacity(leases);
+    for i in 0..leases {
+        let token = LEASES.try_lock(&store, &i.to_string()).await.unwrap();
+        held.push(token.expect("a free name").keep_alive());
+        wait_deadline(probe.started);
+    }
+    let mut stats = probe.window(probe.held(), hold).await;
+    for lease in held {
+        let kept = lease.is_held() && lease.release().await.unwrap();
+        stats.lost += usize::from(!kept);
+    }
+    probe.finish("bench-held").await;
+    stats
+}
+
 /// The same extends by hand, batched: one task sends every due extend (the compare-and-`PEXPIRE`
 /// tower-lease runs) in pipelines of 500. Not something tower-lease does: the floor a batching
 /// heartbeat could reach.
