@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::future::poll_release;
 use super::guard::LeaseGuard;
+use super::rejection::RejectionBody;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::{Overdue, Watchdog};
 
@@ -55,6 +56,11 @@ pin_project! {
         // The layer's own problem+json document; `None` once it has been handed on.
         Problem {
             data: Option<Bytes>,
+        },
+        // A refusal rendered by the layer's `on_rejection` hook.
+        Rendered {
+            #[pin]
+            body: RejectionBody,
         },
     }
 }
@@ -109,6 +115,12 @@ impl<B: Body> LeaseBody<B> {
             kind: Kind::Problem { data: Some(data) },
         }
     }
+
+    pub(crate) fn rendered(body: RejectionBody) -> Self {
+        Self {
+            kind: Kind::Rendered { body },
+        }
+    }
 }
 
 impl<B> Body for LeaseBody<B>
@@ -129,6 +141,9 @@ where
             KindProj::Problem { data } => {
                 Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into()))))
             }
+            KindProj::Rendered { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map(|f| f.map_data(Into::into)))),
             KindProj::Holding { mut body, lease } => loop {
                 match lease {
                     BodyLease::Held {
@@ -205,6 +220,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Problem { data } => data.is_none(),
+            Kind::Rendered { body } => body.is_end_stream(),
             // Holding a lease, claim more is coming even if the inner body has ended, so the
             // server polls once more and the release is awaited there.
             Kind::Holding { lease, .. } => matches!(lease, BodyLease::Ended),
@@ -217,6 +233,7 @@ where
             Kind::Problem { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Rendered { body } => body.size_hint(),
         }
     }
 }
@@ -227,6 +244,7 @@ impl<B: Body> fmt::Debug for LeaseBody<B> {
             Kind::Inner { .. } => "Inner",
             Kind::Holding { .. } => "Holding",
             Kind::Problem { .. } => "Problem",
+            Kind::Rendered { .. } => "Rendered",
         };
         f.debug_struct("LeaseBody")
             .field("kind", &kind)

@@ -101,7 +101,7 @@ macro_rules! options {
             /// format or its own `Retry-After` policy. The hook gets a
             /// [`Rejection`](crate::layer::Rejection), whose
             /// [`problem_response`](crate::layer::Rejection::problem_response) is the default.
-            pub fn on_rejection(mut self, hook: impl OnRejection) -> Self {
+            pub fn on_rejection<M: 'static>(mut self, hook: impl OnRejection<M>) -> Self {
                 self.config.renderer = Renderer::new(hook);
                 self
             }

@@ -2,13 +2,17 @@
 //! itself ([`OnRejection`]).
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use super::body::LeaseBody;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+
+use super::body::{BoxError, LeaseBody};
 use super::problem::Problem;
 
 /// A request the layer answered itself instead of running the inner service.
@@ -130,47 +134,108 @@ impl Rejection {
 /// [`on_rejection`](crate::LockLayer::on_rejection) to answer in an application's own error
 /// format or with its own `Retry-After` policy.
 ///
-/// Implemented for every `Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static`.
+/// Implemented for every `Fn(&Rejection) -> Response<B> + Send + Sync + 'static` whose body
+/// `B` is `Bytes` or any `http_body::Body<Data = Bytes>` (`Full<Bytes>`, axum's `Body`), so an
+/// axum application renders the layer's refusals with the `IntoResponse` error type it already
+/// has:
 ///
 /// ```
-/// use bytes::Bytes;
-/// use http::{Response, header};
+/// use axum::response::{IntoResponse, Response};
+/// use http::StatusCode;
 /// use tower_lease::layer::{Reason, Rejection};
 ///
-/// fn render(rejection: &Rejection) -> Response<Bytes> {
-///     match rejection.reason() {
-///         Reason::Busy { .. } => Response::builder()
-///             .status(rejection.status())
-///             .header(header::CONTENT_TYPE, "application/json")
-///             .header(header::RETRY_AFTER, "2")
-///             .body(Bytes::from_static(br#"{"error":"busy"}"#))
-///             .unwrap(),
-///         // Everything else as the layer would answer.
-///         _ => rejection.problem_response(),
+/// // The application's own error type, as its handlers return it.
+/// enum AppError { Busy, Other(StatusCode) }
+///
+/// impl IntoResponse for AppError {
+///     fn into_response(self) -> Response {
+///         match self {
+///             AppError::Busy => (StatusCode::CONFLICT, [("retry-after", "2")], "busy").into_response(),
+///             AppError::Other(status) => status.into_response(),
+///         }
 ///     }
 /// }
+///
+/// fn render(rejection: &Rejection) -> Response {
+///     match rejection.reason() {
+///         Reason::Busy { .. } => AppError::Busy.into_response(),
+///         _ => AppError::Other(rejection.status()).into_response(),
+///     }
+/// }
+/// # let _ = tower_lease::LockLayer::new(
+/// #     tower_lease::Store::memory(),
+/// #     tower_lease::Lock::<str>::new("jobs", std::time::Duration::from_secs(1)),
+/// #     tower_lease::extract::path(),
+/// # ).on_rejection(render);
 /// ```
-pub trait OnRejection: Send + Sync + 'static {
+///
+/// [`Rejection::problem_response`] is the layer's own answer, for the cases a hook leaves as
+/// they are.
+///
+/// `M` only tells the two kinds of hook apart (a body that is `Bytes`, or any
+/// `http_body::Body`); it is inferred.
+pub trait OnRejection<M>: Send + Sync + 'static {
     /// The response for `rejection`.
-    fn render(&self, rejection: &Rejection) -> Response<Bytes>;
+    fn render(&self, rejection: &Rejection) -> Response<RejectionBody>;
 }
 
-impl<F> OnRejection for F
+/// The body of a response an [`OnRejection`] hook made, boxed.
+pub type RejectionBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The [`OnRejection`] marker of a hook whose responses carry a `Bytes` body.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BytesBody;
+
+/// The [`OnRejection`] marker of a hook whose responses carry any `http_body::Body`, `B`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AnyBody<B>(PhantomData<fn() -> B>);
+
+impl<F> OnRejection<BytesBody> for F
 where
     F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
 {
-    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
-        self(rejection)
+    fn render(&self, rejection: &Rejection) -> Response<RejectionBody> {
+        self(rejection).map(|bytes| {
+            Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        })
+    }
+}
+
+impl<F, B> OnRejection<AnyBody<B>> for F
+where
+    F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn render(&self, rejection: &Rejection) -> Response<RejectionBody> {
+        self(rejection).map(|body| body.map_err(Into::into).boxed_unsync())
+    }
+}
+
+/// A hook with its marker erased, so the layer can keep it behind one pointer.
+trait Render: Send + Sync + 'static {
+    fn render(&self, rejection: &Rejection) -> Response<RejectionBody>;
+}
+
+struct Hook<H, M>(H, PhantomData<fn() -> M>);
+
+impl<H: OnRejection<M>, M: 'static> Render for Hook<H, M> {
+    fn render(&self, rejection: &Rejection) -> Response<RejectionBody> {
+        self.0.render(rejection)
     }
 }
 
 /// A layer's [`OnRejection`] hook, if it has one.
 #[derive(Clone, Default)]
-pub(crate) struct Renderer(Option<Arc<dyn OnRejection>>);
+pub(crate) struct Renderer(Option<Arc<dyn Render>>);
 
 impl Renderer {
-    pub(crate) fn new(hook: impl OnRejection) -> Self {
-        Self(Some(Arc::new(hook)))
+    pub(crate) fn new<M: 'static>(hook: impl OnRejection<M>) -> Self {
+        Self(Some(Arc::new(Hook(hook, PhantomData))))
     }
 
     /// The response to `problem` with `status`, for a lock in `namespace`.
@@ -181,11 +246,10 @@ impl Renderer {
         namespace: &'static str,
     ) -> Response<LeaseBody<B>> {
         let rejection = Rejection::new(problem, status, namespace);
-        let response = match &self.0 {
-            Some(hook) => hook.render(&rejection),
-            None => rejection.problem_response(),
-        };
-        response.map(LeaseBody::problem)
+        match &self.0 {
+            Some(hook) => hook.render(&rejection).map(LeaseBody::rendered),
+            None => rejection.problem_response().map(LeaseBody::problem),
+        }
     }
 }
 

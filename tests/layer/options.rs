@@ -23,6 +23,7 @@ crate::store_tests!(
         require_name_answers_400_to_a_request_without_one,
         path_segments_lock_on_two_segments_and_refuse_an_empty_one,
         a_layer_takes_a_lock_of_any_name_type,
+        on_rejection_takes_an_axum_applications_own_error_type,
     ]
 );
 
@@ -166,4 +167,43 @@ async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
         unbounded_took >= DEADLINE,
         "without the bound the release's deadline is waited out: {unbounded_took:?}"
     );
+}
+
+/// An application's `IntoResponse` error type, as its handlers return it.
+enum AppError {
+    Busy,
+    Other(StatusCode),
+}
+
+impl axum::response::IntoResponse for AppError {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            AppError::Busy => (StatusCode::CONFLICT, "app: busy, try later").into_response(),
+            AppError::Other(status) => (status, "app: failed").into_response(),
+        }
+    }
+}
+
+/// `on_rejection` takes a hook that answers `axum::response::Response` (axum's own body), so the
+/// layer's refusals come out in the application's format.
+async fn on_rejection_takes_an_axum_applications_own_error_type(env: Env) {
+    use axum::response::IntoResponse;
+    let render = |rejection: &tower_lease::layer::Rejection| match rejection.reason() {
+        tower_lease::layer::Reason::Busy { .. } => AppError::Busy.into_response(),
+        _ => AppError::Other(rejection.status()).into_response(),
+    };
+    let layer = LockLayer::new(env.store.clone(), SEATS, extract::path_segment(1));
+    let app = Router::new()
+        .route("/seats/{id}", post(count))
+        .route_layer(layer.on_rejection(render))
+        .with_state(Arc::new(AtomicUsize::new(0)));
+    let addr = serve(app).await;
+    let holder = SEATS.try_lock(&env.store, "9").await.unwrap().unwrap();
+    let reply = Http::new().post(addr, "/seats/9").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_eq!(reply.text(), "app: busy, try later");
+    assert!(holder.release().await.unwrap());
+    let bad = Http::new().post(addr, "/seats/%00").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.text(), "app: failed");
 }
