@@ -5,7 +5,7 @@
 //! witness counts readers inside during the write (it must stay 0).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -14,8 +14,8 @@ use axum::routing::get;
 use http::{Method, StatusCode};
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::Env;
 use crate::support::http::{Http, serve};
+use crate::support::{Env, Witness};
 
 const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
@@ -26,30 +26,15 @@ const BEAT: Duration = Duration::from_millis(300);
 
 crate::store_tests!(Layer: [a_preferred_writer_gets_in_and_a_plain_one_starves]);
 
-#[derive(Clone, Default)]
-struct Witness {
-    readers: Arc<AtomicUsize>,
-    writing: Arc<AtomicBool>,
-    read_during_write: Arc<AtomicBool>,
-}
-
 async fn read(State(w): State<Witness>) -> &'static str {
-    w.readers.fetch_add(1, Ordering::SeqCst);
-    if w.writing.load(Ordering::SeqCst) {
-        w.read_during_write.store(true, Ordering::SeqCst);
-    }
+    let _reader = w.enter();
     tokio::time::sleep(READ).await;
-    w.readers.fetch_sub(1, Ordering::SeqCst);
     "read"
 }
 
 async fn write(State(w): State<Witness>) -> &'static str {
-    w.writing.store(true, Ordering::SeqCst);
-    if w.readers.load(Ordering::SeqCst) > 0 {
-        w.read_during_write.store(true, Ordering::SeqCst);
-    }
+    let _writer = w.enter_writer();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    w.writing.store(false, Ordering::SeqCst);
     "written"
 }
 
@@ -103,7 +88,7 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
         status == StatusCode::OK || took >= Duration::from_secs(1),
         "refused only after its whole wait: {status} after {took:?}"
     );
-    assert!(!witness.read_during_write.load(Ordering::SeqCst));
+    assert!(!witness.read_during_write());
 
     let (status, took, witness) = contend(env, PREFERRED, coalesce).await;
     assert_eq!(status, StatusCode::OK, "the preferred writer gets in");
@@ -117,8 +102,5 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
         took < bound,
         "it got in after {took:?} (coalesced: {coalesce})"
     );
-    assert!(
-        !witness.read_during_write.load(Ordering::SeqCst),
-        "no reader during the write"
-    );
+    assert!(!witness.read_during_write(), "no reader during the write");
 }
