@@ -21,17 +21,32 @@ async fn a_room_lives_as_long_as_its_seats() {
 
 #[tokio::test]
 async fn a_release_before_the_wait_is_not_missed() {
+    use futures_util::FutureExt;
+
     let rooms = Arc::new(WaitRooms::default());
     let seat = rooms.enter(Mode::Write, "docs", b"d");
     let turn = seat
         .turn(Instant::now() + Duration::from_secs(1))
         .await
         .unwrap();
+    // Without a release the wait waits: a wake-up that ends at once proves nothing below.
+    let idle = turn.released();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), idle)
+            .await
+            .is_err(),
+        "woken without a release"
+    );
+    // Nor does a release of another name, or of another kind of lock of this name, wake it.
+    let unrelated = turn.released();
+    rooms.released(Mode::Read, "docs", b"other");
+    rooms.released(Mode::Exclusive, "docs", b"d");
+    rooms.released(Mode::Permit, "docs", b"d");
+    assert!(unrelated.now_or_never().is_none(), "woken by another lock");
+    // The release lands between the attempt and the wait: the wait, after it, ends at once.
     let released = turn.released();
-    // The release lands between the attempt and the wait: the wait still ends at once.
     rooms.released(Mode::Read, "docs", b"d");
-    let woken = tokio::time::timeout(Duration::from_millis(100), released).await;
-    assert!(woken.is_ok());
+    assert!(released.now_or_never().is_some(), "the release was missed");
 }
 
 #[tokio::test]

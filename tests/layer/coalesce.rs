@@ -4,8 +4,6 @@
 //! behind the layer's back answers `503` to every request sharing it and takes no newcomer; and
 //! clients that go away leave the count right.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -14,13 +12,12 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, extract};
 
-use crate::support::Env;
 use crate::support::http::{Http, Reply, serve};
+use crate::support::{Env, Gate};
 
 const SLOW: RwLock<str> = RwLock::new("shared-docs", Duration::from_secs(2));
 /// Short, so that a lost lease is found within 100 ms (the default heartbeat, a third of it).
@@ -35,46 +32,9 @@ crate::store_tests!(
     ]
 );
 
-/// Handlers that stay inside until the gate opens, counting who is inside; they answer whether
-/// their lease was still held when they left.
-#[derive(Clone)]
-struct Gate {
-    inside: Arc<AtomicUsize>,
-    open: watch::Receiver<bool>,
-}
-
-impl Gate {
-    fn new() -> (watch::Sender<bool>, Gate) {
-        let (opener, open) = watch::channel(false);
-        let inside = Arc::default();
-        (opener, Gate { inside, open })
-    }
-
-    async fn until_inside(&self, n: usize) {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while self.inside.load(Ordering::SeqCst) != n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("never saw {n} handlers inside at once"));
-    }
-}
-
-/// Counts a handler inside until it returns or is dropped (its client went away).
-struct Inside(Arc<AtomicUsize>);
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
+/// Stays inside until the gate opens; answers whether its lease was still held when it left.
 async fn read(State(gate): State<Gate>, Extension(lease): Extension<Lease>) -> &'static str {
-    gate.inside.fetch_add(1, Ordering::SeqCst);
-    let _inside = Inside(gate.inside.clone());
-    let mut open = gate.open.clone();
-    let _ = open.wait_for(|open| *open).await;
+    gate.pass().await;
     if lease.is_held() { "held" } else { "lost" }
 }
 

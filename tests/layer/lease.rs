@@ -13,11 +13,10 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::store::{
-    Acquisition, Backend, BoxFuture, KeyRole, LeaseRef, LockRef, MemoryStore,
-};
+use tower_lease::store::{Acquisition, KeyRole};
 use tower_lease::{Lease, LeaseLost, Lock, LockLayer, Store, extract};
 
+use crate::support::hooked::hooked;
 use crate::support::http::{Chunks, Http, Reply, serve};
 use crate::support::{DropFlag, Env, Holders};
 
@@ -147,50 +146,18 @@ async fn a_300ms_lease_lasts_through_a_2s_handler(env: Env) {
     assert!(SHORT.try_lock(&env.store, "1").await.unwrap().is_some());
 }
 
-/// A broken store: from `from` on, every acquisition answers "acquired", whoever holds the
-/// lease, as if the holder's lease had been lost without anyone noticing.
-struct LetsEveryoneIn {
-    memory: MemoryStore,
-    from: Instant,
-}
-
-impl Backend for LetsEveryoneIn {
-    fn acquire<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
-        Box::pin(async move {
-            let answer = self.memory.acquire(lease).await?;
-            if Instant::now() < self.from {
-                return Ok(answer);
-            }
-            Ok(Acquisition::Acquired { fence: None })
-        })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-    ) -> BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
-        self.memory.extend(lease)
-    }
-
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
-        self.memory.release(lease)
-    }
-
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
-        self.memory.in_use(lock)
-    }
-}
-
 /// The checks of `a_300ms_lease_lasts_through_a_2s_handler` can fail: on a store that lets a
 /// second holder in 1 s into the 2 s request, both see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_holder_is_seen_on_a_store_that_lets_everyone_in() {
-    let store = Store::from_backend(LetsEveryoneIn {
-        memory: MemoryStore::new(),
-        from: Instant::now() + Duration::from_secs(1),
+    // A broken store: from 1 s on, every acquisition answers "acquired", whoever holds the
+    // lease, as if the holder's lease had been lost without anyone noticing.
+    let from = Instant::now() + Duration::from_secs(1);
+    let store = hooked(Store::memory(), move |answer| {
+        if Instant::now() < from {
+            return answer;
+        }
+        Acquisition::Acquired { fence: None }
     });
     let watched = watch_a_2s_holder(&store).await;
     assert_eq!(watched.reply.status, StatusCode::OK, "{watched:?}");

@@ -1,19 +1,16 @@
 //! `RwLockLayer` over real TCP, on Redis and in memory: reads overlap, writes exclude both, and
 //! under the README's layering a method the route does not serve gets its `405` unlocked.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
 use http::{Method, StatusCode};
-use tokio::sync::watch;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::Env;
 use crate::support::http::{Http, serve};
+use crate::support::{Env, Gate};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
 
@@ -24,40 +21,14 @@ crate::store_tests!(
     ]
 );
 
-/// Handlers that stay inside until the gate opens, counting who is inside.
-#[derive(Clone)]
-struct Gate {
-    inside: Arc<AtomicUsize>,
-    open: watch::Receiver<bool>,
-}
-
-impl Gate {
-    async fn pass(&self, answer: &'static str) -> &'static str {
-        self.inside.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.clone();
-        open.wait_for(|open| *open).await.unwrap();
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-        answer
-    }
-
-    /// Waits until `n` handlers are inside at once.
-    async fn until_inside(&self, n: usize) {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while self.inside.load(Ordering::SeqCst) != n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("never saw {n} handlers inside at once"));
-    }
-}
-
 async fn export(State(gate): State<Gate>) -> &'static str {
-    gate.pass("read").await
+    gate.pass().await;
+    "read"
 }
 
 async fn reprice(State(gate): State<Gate>) -> &'static str {
-    gate.pass("written").await
+    gate.pass().await;
+    "written"
 }
 
 async fn search() -> &'static str {
@@ -65,11 +36,7 @@ async fn search() -> &'static str {
 }
 
 async fn reads_overlap_and_writes_exclude_both(env: Env) {
-    let (opener, open) = watch::channel(false);
-    let gate = Gate {
-        inside: Arc::new(AtomicUsize::new(0)),
-        open,
-    };
+    let (opener, gate) = Gate::new();
     let app = Router::new()
         .route("/catalog/{shop}", get(export).head(export).put(reprice))
         .route_layer(RwLockLayer::new(
@@ -113,9 +80,7 @@ async fn reads_overlap_and_writes_exclude_both(env: Env) {
         http.post(other, "/catalog/s1/reindex").await.status,
         StatusCode::CONFLICT
     );
-    // Another shop is another lock.
     opener.send_replace(true);
-    assert_eq!(http.put(addr, "/catalog/s2").await.text(), "written");
     for read in reads {
         let reply = read.await.unwrap();
         assert_eq!((reply.status, reply.text()), (StatusCode::OK, "read"));
@@ -140,7 +105,14 @@ async fn reads_overlap_and_writes_exclude_both(env: Env) {
         http.post(other, "/catalog/s1/search").await.status,
         StatusCode::CONFLICT
     );
+    // Another shop is another lock: a write to it gets in while this one is inside.
+    let other_shop = {
+        let http = http.clone();
+        tokio::spawn(async move { http.put(addr, "/catalog/s2").await })
+    };
+    gate.until_inside(2).await;
     opener.send_replace(true);
+    assert_eq!(other_shop.await.unwrap().text(), "written");
     let reply = write.await.unwrap();
     assert_eq!((reply.status, reply.text()), (StatusCode::OK, "written"));
 

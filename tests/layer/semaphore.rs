@@ -3,7 +3,6 @@
 //! and a cancellation storm that leaves no permit behind.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -15,7 +14,7 @@ use tower_lease::store::KeyRole;
 use tower_lease::{Semaphore, SemaphoreLayer, extract};
 
 use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, poll};
+use crate::support::{Env, Witness, poll};
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 2, Duration::from_secs(5));
 
@@ -30,35 +29,16 @@ crate::store_tests!(
     redis: [a_permit_lost_behind_the_layers_back_answers_503]
 );
 
-/// Counts the handlers inside at once, and the most there ever were.
-#[derive(Clone, Default)]
-struct Witness {
-    inside: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
-    runs: Arc<AtomicUsize>,
-}
-
-/// Works for the `x-work-ms` header's milliseconds, counted by the witness.
+/// Works for the `x-work-ms` header's milliseconds, counted by the witness (out again when
+/// the handler ends or is dropped).
 async fn work(State(witness): State<Witness>, headers: HeaderMap) -> &'static str {
-    witness.runs.fetch_add(1, Ordering::SeqCst);
-    let now = witness.inside.fetch_add(1, Ordering::SeqCst) + 1;
-    witness.most.fetch_max(now, Ordering::SeqCst);
-    // Out again when the handler ends or is dropped.
-    let _inside = Inside(witness.inside.clone());
+    let _inside = witness.enter();
     let ms = headers
         .get("x-work-ms")
         .and_then(|v| v.to_str().ok()?.parse().ok())
         .unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     "done"
-}
-
-struct Inside(Arc<AtomicUsize>);
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// The route every test serves; the caller adds its layer and the witness.
@@ -104,7 +84,7 @@ async fn at_most_k_requests_run_at_once_and_the_rest_get_429(env: Env) {
         }
     }
     assert_eq!(ok, 2, "two permits, six requests at once");
-    assert_eq!(witness.most.load(Ordering::SeqCst), 2);
+    assert_eq!(witness.most(), 2);
     // Released before each response went out.
     assert_eq!(EXPORTS.in_use(&env.store, "acme").await.unwrap(), 0);
     // Another name has permits of its own.
@@ -159,7 +139,7 @@ async fn each_request_can_carry_its_own_limit(env: Env) {
     let bad_name = send(&http, addr, "/exports/%7Bx%7D", &[]).await;
     assert_eq!(bad_name.status, StatusCode::BAD_REQUEST, "{bad_name:?}");
 
-    assert_eq!(witness.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(witness.runs(), 1);
     assert_eq!(
         EXPORTS.in_use(&env.store, "acme").await.unwrap(),
         1,
@@ -186,11 +166,7 @@ async fn a_waiting_request_gets_the_permit_a_release_frees(env: Env) {
         (reply, Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        witness.runs.load(Ordering::SeqCst),
-        0,
-        "ran beside the holder"
-    );
+    assert_eq!(witness.runs(), 0, "ran beside the holder");
     let released = Instant::now();
     assert!(held.release().await.unwrap());
     let (reply, answered) = request.await.unwrap();
@@ -217,7 +193,7 @@ async fn the_heartbeat_keeps_a_permit_past_its_ttl(env: Env) {
         .await
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(witness.inside.load(Ordering::SeqCst), 1);
+    assert_eq!(witness.inside(), 1);
     assert_eq!(
         short.in_use(&env.store, "acme").await.unwrap(),
         1,
@@ -251,7 +227,7 @@ async fn a_permit_lost_behind_the_layers_back_answers_503(env: Env) {
     poll(
         Duration::from_millis(10),
         Duration::from_secs(2),
-        || async { (witness.inside.load(Ordering::SeqCst) == 1).then_some(()) },
+        || async { (witness.inside() == 1).then_some(()) },
     )
     .await;
     assert!(env.raw().delete(KeyRole::Permits, "export", b"acme").await);
@@ -264,11 +240,7 @@ async fn a_permit_lost_behind_the_layers_back_answers_503(env: Env) {
         "noticed after {:?}",
         deleted.elapsed()
     );
-    assert_eq!(
-        witness.inside.load(Ordering::SeqCst),
-        0,
-        "the handler still runs"
-    );
+    assert_eq!(witness.inside(), 0, "the handler still runs");
 }
 
 async fn a_cancellation_storm_leaves_no_permit_behind(env: Env) {
@@ -313,14 +285,14 @@ async fn a_cancellation_storm_leaves_no_permit_behind(env: Env) {
     poll(
         Duration::from_millis(10),
         Duration::from_secs(5),
-        || async { (witness.inside.load(Ordering::SeqCst) >= 30).then_some(()) },
+        || async { (witness.inside() >= 30).then_some(()) },
     )
     .await;
     cut_holders.send(true).unwrap();
     for request in requests {
         request.await.unwrap();
     }
-    let most = witness.most.load(Ordering::SeqCst);
+    let most = witness.most();
     assert!(most >= 30, "only {most} requests held a permit at once");
     // The permits last 5 s: only their releases can free them this soon.
     for tenant in ["t0", "t1", "t2"] {

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
 use crate::support::http::{Http, serve};
-use crate::support::{Env, poll};
+use crate::support::{Env, Witness, poll};
 
 const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
@@ -35,30 +35,15 @@ crate::store_tests!(
     ]
 );
 
-#[derive(Clone, Default)]
-struct Witness {
-    readers: Arc<AtomicUsize>,
-    writing: Arc<AtomicBool>,
-    read_during_write: Arc<AtomicBool>,
-}
-
 async fn read(State(w): State<Witness>) -> &'static str {
-    w.readers.fetch_add(1, Ordering::SeqCst);
-    if w.writing.load(Ordering::SeqCst) {
-        w.read_during_write.store(true, Ordering::SeqCst);
-    }
+    let _reader = w.enter();
     tokio::time::sleep(READ).await;
-    w.readers.fetch_sub(1, Ordering::SeqCst);
     "read"
 }
 
 async fn write(State(w): State<Witness>) -> &'static str {
-    w.writing.store(true, Ordering::SeqCst);
-    if w.readers.load(Ordering::SeqCst) > 0 {
-        w.read_during_write.store(true, Ordering::SeqCst);
-    }
+    let _writer = w.enter_writer();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    w.writing.store(false, Ordering::SeqCst);
     "written"
 }
 
@@ -112,7 +97,7 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
         status == StatusCode::OK || took >= Duration::from_secs(1),
         "refused only after its whole wait: {status} after {took:?}"
     );
-    assert!(!witness.read_during_write.load(Ordering::SeqCst));
+    assert!(!witness.read_during_write());
 
     let (status, took, witness) = contend(env, PREFERRED, coalesce).await;
     eprintln!("preferred writer (coalesced: {coalesce}): {status} after {took:?}");
@@ -127,10 +112,7 @@ async fn plain_and_preferred(env: &Env, coalesce: bool) {
         took < bound,
         "it got in after {took:?} (coalesced: {coalesce})"
     );
-    assert!(
-        !witness.read_during_write.load(Ordering::SeqCst),
-        "no reader during the write"
-    );
+    assert!(!witness.read_during_write(), "no reader during the write");
 }
 
 /// A lock whose intent, at two thirds of the TTL, would last 1333 ms; its window is 500 ms.

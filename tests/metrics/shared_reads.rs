@@ -2,32 +2,22 @@
 //! while the store calls and the held gauge count the one lease in Redis.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use http::StatusCode;
-use tokio::sync::watch;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
 use super::support::http::{Http, serve};
-use super::support::{Env, Setup};
+use super::support::{Env, Gate, Setup};
 use super::{moved, recorded, turn};
 
 const SHARED: RwLock<str> = RwLock::new("shared", Duration::from_secs(5));
 
-#[derive(Clone)]
-struct Gate {
-    inside: Arc<AtomicUsize>,
-    open: watch::Receiver<bool>,
-}
-
 async fn read(State(gate): State<Gate>) -> &'static str {
-    gate.inside.fetch_add(1, Ordering::SeqCst);
-    let _ = gate.open.clone().wait_for(|open| *open).await;
+    gate.pass().await;
     "read"
 }
 
@@ -35,11 +25,7 @@ async fn read(State(gate): State<Gate>) -> &'static str {
 async fn shared_reads_count_every_request_and_one_lease() {
     let _turn = turn().await;
     let env = Env::redis(Setup::Layer).await;
-    let (opener, open) = watch::channel(false);
-    let gate = Gate {
-        inside: Arc::default(),
-        open,
-    };
+    let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHARED, extract::path_segment(1));
     let app = Router::new()
         .route("/docs/{id}", get(read))
@@ -49,13 +35,7 @@ async fn shared_reads_count_every_request_and_one_lease() {
     let reads: Vec<_> = (0..5)
         .map(|_| tokio::spawn(async move { Http::new().get(addr, "/docs/a").await }))
         .collect();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while gate.inside.load(Ordering::SeqCst) != 5 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("five reads inside at once");
+    gate.until_inside(5).await;
 
     let inside = recorded();
     let acquired = "tower_lease_acquire_total{mode=read,namespace=shared,outcome=acquired}";

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tower_lease::{Error, Lock, RwLock};
+use tower_lease::{Error, Lock, MAX_NAMESPACE_LEN, RwLock};
 
 #[test]
 fn try_new_rejects_bad_definitions_with_clear_errors() {
@@ -29,9 +29,12 @@ fn try_new_rejects_bad_definitions_with_clear_errors() {
         }
         assert!(RwLock::<str>::try_new(namespace, ttl).is_err());
     }
-    let long: &'static str = Box::leak("n".repeat(129).into_boxed_str());
+    // The limit the crate publishes is the one it enforces.
+    let long: &'static str = Box::leak("n".repeat(MAX_NAMESPACE_LEN + 1).into_boxed_str());
     assert!(Lock::<str>::try_new(long, ttl).is_err());
-    assert!(Lock::<str>::try_new(&long[..128], ttl).is_ok());
+    assert!(Lock::<str>::try_new(&long[..MAX_NAMESPACE_LEN], ttl).is_ok());
+    assert!(RwLock::<str>::try_new(long, ttl).is_err());
+    assert!(RwLock::<str>::try_new(&long[..MAX_NAMESPACE_LEN], ttl).is_ok());
 
     for ttl in [Duration::ZERO, Duration::from_micros(999)] {
         match Lock::<str>::try_new("jobs", ttl) {
@@ -81,9 +84,17 @@ fn new_panics_clearly_outside_const() {
 #[test]
 fn definitions_are_const_and_copy() {
     const JOBS: Lock<u64> = Lock::new("jobs", Duration::from_secs(5)).fenced();
-    let copy = JOBS;
-    assert_eq!(copy, JOBS);
-    assert!(JOBS.is_fenced());
-    assert_eq!(JOBS.namespace(), "jobs");
-    assert_eq!(JOBS.ttl(), Duration::from_secs(5));
+    const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5)).writer_preferred();
+    // Each use of a `const` is a fresh value, so copies are taken from a binding: used again
+    // after it was moved, it must be `Copy`.
+    let jobs = JOBS;
+    let copy = jobs;
+    assert_eq!(copy, jobs);
+    assert!(jobs.is_fenced());
+    assert_eq!(jobs.namespace(), "jobs");
+    assert_eq!(jobs.ttl(), Duration::from_secs(5));
+    let docs = DOCS;
+    let copy = docs;
+    assert_eq!(copy, docs);
+    assert!(docs.is_writer_preferred());
 }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_lease::store::{Acquisition, Backend, BoxFuture, LeaseRef, LockRef, MemoryStore};
+use tokio::sync::watch;
 use tower_lease::{Lock, RwLock, Store};
 
 use crate::support::Env;
+use crate::support::hooked::hooked;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
@@ -25,24 +26,39 @@ crate::store_tests!(
 );
 
 async fn a_release_in_this_process_wakes_the_waiter_at_once(env: Env) {
-    let holder = JOBS.try_lock(&env.store, "a").await.unwrap().unwrap();
-    let store = env.store.clone();
-    let waiter = tokio::spawn(async move {
-        (
-            JOBS.try_lock_for(&store, "a", Duration::from_secs(2)).await,
-            Instant::now(),
-        )
+    // The store as the waiter sees it: the instant each attempt is answered.
+    let (answered, mut attempts) = watch::channel(Instant::now());
+    let store = hooked(env.store.clone(), move |answer| {
+        answered.send_replace(Instant::now());
+        answer
     });
+    // A 5 s lease: no attempt is timed by the holder's lease end.
+    let holder = JOBS.try_lock(&store, "a").await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        async move {
+            (
+                JOBS.try_lock_for(&store, "a", Duration::from_secs(2)).await,
+                Instant::now(),
+            )
+        }
+    });
+    // By 200 ms the polls have backed off to 100 ms (5 + 10 + 20 + 40 + 80 ms, each +25 % at
+    // most, is under 200 ms): the release follows an attempt at once, and a waiter that only
+    // polled would try again 75 ms later at the earliest (100 ms less its jitter).
     tokio::time::sleep(Duration::from_millis(200)).await;
+    attempts.mark_unchanged();
+    attempts.changed().await.unwrap();
+    let refused = *attempts.borrow();
     let released = Instant::now();
     assert!(holder.release().await.unwrap());
     let (token, acquired) = waiter.await.unwrap();
-    let handed_off = acquired - released;
     assert!(token.unwrap().is_some(), "the waiter got the lock");
-    // Polls back off to 100 ms by now; a hand-off this fast is the release's wake-up.
+    let handed_off = acquired - refused;
     assert!(
         handed_off < Duration::from_millis(60),
-        "handed off after {handed_off:?}"
+        "handed off {handed_off:?} after the refused attempt ({:?} after the release)",
+        acquired - released
     );
 }
 
@@ -132,46 +148,18 @@ async fn a_release_in_another_process_is_found_by_polling(env: Env) {
     assert!(found < Duration::from_millis(250), "found after {found:?}");
 }
 
-/// The memory store, counting the acquisitions that reach it.
-#[derive(Default)]
-struct Counted {
-    memory: MemoryStore,
-    acquires: AtomicUsize,
-}
-
-struct Counting(Arc<Counted>);
-
-impl Backend for Counting {
-    fn acquire<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
-        self.0.acquires.fetch_add(1, Ordering::SeqCst);
-        self.0.memory.acquire(lease)
-    }
-
-    fn extend<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-    ) -> BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
-        self.0.memory.extend(lease)
-    }
-
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
-        self.0.memory.release(lease)
-    }
-
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
-        self.0.memory.in_use(lock)
-    }
-}
-
 /// Twenty waiters in one process while a lock is held for 300 ms: only the first asks the store
 /// (its polls back off), then each is served in turn, first come, first served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_order() {
-    let counting = Arc::new(Counted::default());
-    let store = Store::from_backend(Counting(counting.clone()));
+    let acquires = Arc::new(AtomicUsize::new(0));
+    let store = hooked(Store::memory(), {
+        let acquires = acquires.clone();
+        move |answer| {
+            acquires.fetch_add(1, Ordering::SeqCst);
+            answer
+        }
+    });
     let holder = JOBS.try_lock(&store, "q").await.unwrap().unwrap();
     let served = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
@@ -194,9 +182,9 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
         // Queue in a known order.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let before = counting.acquires.load(Ordering::SeqCst);
+    let before = acquires.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let while_held = counting.acquires.load(Ordering::SeqCst) - before;
+    let while_held = acquires.load(Ordering::SeqCst) - before;
     // One waiter polling with backoff (5, 10, 20, 40, 80, 100 ms…) asks about 6 times in
     // 300 ms; twenty polling waiters would ask about 120 times.
     assert!(

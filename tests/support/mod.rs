@@ -6,12 +6,16 @@
 //! - [`env`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the `store_tests!` macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
-//! - below: polling, drop flags and a witness of how many holders are inside at once.
+//! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
+//!   change them);
+//! - below: polling, drop flags, and the witnesses of how many are inside at once: [`Holders`]
+//!   of a lock, handlers behind a [`Gate`], readers, writers and permit holders of a [`Witness`].
 #![allow(dead_code, unreachable_pub)]
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod env;
+pub mod hooked;
 pub mod http;
 pub mod proxy;
 pub mod server;
@@ -21,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 // What the tests use most, at the top; not every binary uses each.
@@ -77,9 +82,9 @@ impl Holders {
     /// Counts one more holder inside until the guard drops.
     #[must_use = "the holder is inside until the guard drops"]
     pub fn enter(&self) -> Inside {
-        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        let (inside, now) = Inside::enter(&self.inside);
         self.most.fetch_max(now, Ordering::SeqCst);
-        Inside(self.clone())
+        inside
     }
 
     /// The most holders that were inside at the same time.
@@ -88,11 +93,118 @@ impl Holders {
     }
 }
 
-/// One holder inside; leaves when dropped.
-pub struct Inside(Holders);
+/// One inside a count (a holder, a handler); leaves when dropped, so a handler dropped midway
+/// (its client gone) leaves too.
+#[derive(Debug)]
+pub struct Inside(Arc<AtomicUsize>);
+
+impl Inside {
+    /// Counts one more in `count`; answers the guard and how many are inside now.
+    fn enter(count: &Arc<AtomicUsize>) -> (Inside, usize) {
+        let now = count.fetch_add(1, Ordering::SeqCst) + 1;
+        (Inside(count.clone()), now)
+    }
+}
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Handlers that stay inside until the gate opens, counting who is inside. Clones share the
+/// count and the gate.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    inside: Arc<AtomicUsize>,
+    open: watch::Receiver<bool>,
+}
+
+impl Gate {
+    /// A shut gate, and what opens it (`send_replace(true)`) and shuts it again.
+    pub fn new() -> (watch::Sender<bool>, Gate) {
+        let (opener, open) = watch::channel(false);
+        let inside = Arc::default();
+        (opener, Gate { inside, open })
+    }
+
+    /// Counts the caller inside until the gate is open (or the caller is dropped).
+    pub async fn pass(&self) {
+        let (_inside, _) = Inside::enter(&self.inside);
+        let _ = self.open.clone().wait_for(|open| *open).await;
+    }
+
+    /// How many are inside now.
+    pub fn inside(&self) -> usize {
+        self.inside.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` handlers are inside at once (for at most 5 s, then panics).
+    pub async fn until_inside(&self, n: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while self.inside() != n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never saw {n} handlers inside at once"));
+    }
+}
+
+/// Counts the handlers inside at once, the most there ever were and how many ran, and whether
+/// a reader was ever inside with a writer. Handlers that may share (readers, permit holders)
+/// [`enter`](Self::enter), writers [`enter_writer`](Self::enter_writer), each until its guard
+/// drops. Clones share the counts.
+#[derive(Clone, Debug, Default)]
+pub struct Witness {
+    sharing: Arc<AtomicUsize>,
+    writers: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    runs: Arc<AtomicUsize>,
+    read_during_write: Arc<AtomicBool>,
+}
+
+impl Witness {
+    /// One more handler that may share (a reader, a permit holder) inside until the guard drops.
+    #[must_use = "the handler is inside until the guard drops"]
+    pub fn enter(&self) -> Inside {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let (inside, now) = Inside::enter(&self.sharing);
+        self.most.fetch_max(now, Ordering::SeqCst);
+        if self.writers.load(Ordering::SeqCst) > 0 {
+            self.read_during_write.store(true, Ordering::SeqCst);
+        }
+        inside
+    }
+
+    /// One more writer inside until the guard drops.
+    #[must_use = "the writer is inside until the guard drops"]
+    pub fn enter_writer(&self) -> Inside {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let (inside, _) = Inside::enter(&self.writers);
+        if self.sharing.load(Ordering::SeqCst) > 0 {
+            self.read_during_write.store(true, Ordering::SeqCst);
+        }
+        inside
+    }
+
+    /// How many that may share are inside now.
+    pub fn inside(&self) -> usize {
+        self.sharing.load(Ordering::SeqCst)
+    }
+
+    /// The most that may share that were ever inside at once.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+
+    /// How many handlers entered, writers included.
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// Whether a reader and a writer were ever inside at once.
+    pub fn read_during_write(&self) -> bool {
+        self.read_during_write.load(Ordering::SeqCst)
     }
 }
