@@ -11,14 +11,11 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::future::poll_release;
+use super::boxed::{BoxError, RejectionBody};
 use super::guard::LeaseGuard;
-use super::rejection::RejectionBody;
+use super::release_wait::poll_release;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::{Overdue, Watchdog};
-
-/// The error type of [`LeaseBody`]: the inner body's error, boxed, or [`LeaseLostError`].
-pub type BoxError = Box<dyn StdError + Send + Sync>;
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and

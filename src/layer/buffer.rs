@@ -16,8 +16,9 @@ use pin_project_lite::pin_project;
 use tokio::time::error::Elapsed;
 use tower_service::Service;
 
-use super::body::{BoxError, LeaseBody};
-use super::layer::Config;
+use super::body::LeaseBody;
+use super::boxed::BoxError;
+use super::config::Config;
 use super::problem::Problem;
 use crate::store::BoxFuture;
 

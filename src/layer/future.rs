@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
+use super::config::Config;
 use super::guard::{Guarded, LeaseGuard};
-use super::layer::Config;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
+use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::Overdue;
@@ -371,25 +372,6 @@ where
 {
     let status = StatusCode::SERVICE_UNAVAILABLE;
     releasing_to_refuse(guard, config, Problem::Lost, status)
-}
-
-/// Waits for `release` until `wait` is over; after that the caller drops `release`, which
-/// finishes it in the background.
-pub(crate) fn poll_release(
-    release: &mut FinishOnDrop<()>,
-    wait: &mut Overdue,
-    cx: &mut Context<'_>,
-    namespace: &str,
-) -> Poll<()> {
-    if Pin::new(release).poll(cx).is_ready() {
-        return Poll::Ready(());
-    }
-    ready!(wait.poll(cx));
-    tracing::warn!(
-        namespace,
-        "the store did not confirm the release in time; answering, and finishing it in the background"
-    );
-    Poll::Ready(())
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

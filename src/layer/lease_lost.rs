@@ -13,7 +13,7 @@ pub enum LeaseLost {
     /// with an error.
     #[default]
     Abort,
-    /// Keep going: only flag the [`Lease`] ([`is_held`](Lease::is_held) turns `false`,
-    /// [`lost`](Lease::lost) resolves), so the handler can stop at a point of its choosing.
+    /// Keep going: only flag the [`Lease`](crate::Lease) ([`is_held`](crate::Lease::is_held) turns `false`,
+    /// [`lost`](crate::Lease::lost) resolves), so the handler can stop at a point of its choosing.
     Continue,
 }

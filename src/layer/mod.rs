@@ -277,7 +277,10 @@
 )]
 mod layer;
 
+mod config;
+
 mod body;
+mod boxed;
 mod buffer;
 pub mod extract;
 
@@ -287,18 +290,20 @@ mod lease_lost;
 mod options;
 mod problem;
 mod rejection;
+mod release_wait;
 mod semaphore;
 mod service;
 mod shared_read;
 mod timeout_body;
 
-pub use self::body::{BoxError, LeaseBody, LeaseLostError};
+pub use self::body::{LeaseBody, LeaseLostError};
+pub use self::boxed::{BoxError, RejectionBody};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease_lost::LeaseLost;
-pub use self::rejection::{AnyBody, BytesBody, OnRejection, Reason, Rejection, RejectionBody};
+pub use self::rejection::{AnyBody, BytesBody, OnRejection, Reason, Rejection};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LockService;
 pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};

@@ -9,10 +9,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
-use super::body::{BoxError, LeaseBody};
+use super::body::LeaseBody;
+use super::boxed::{BoxError, RejectionBody};
 use super::problem::Problem;
 
 /// A request the layer answered itself instead of running the inner service.
@@ -178,9 +178,6 @@ pub trait OnRejection<M>: Send + Sync + 'static {
     /// The response for `rejection`.
     fn render(&self, rejection: &Rejection) -> Response<RejectionBody>;
 }
-
-/// The body of a response an [`OnRejection`] hook made, boxed.
-pub type RejectionBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The [`OnRejection`] marker of a hook whose responses carry a `Bytes` body.
 #[derive(Debug)]

@@ -8,8 +8,8 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use super::buffer::{BufferBody, Buffered, Streamed};
+use super::config::Config;
 use super::extract::{SafeMethods, SemaphorePermits};
-use super::layer::Config;
 use super::service::{Access, LockService};
 use crate::{Semaphore, Store};
 

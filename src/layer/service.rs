@@ -12,11 +12,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
+use super::config::Config;
 use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
-use super::layer::Config;
 use super::problem::Problem;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
@@ -157,7 +157,10 @@ where
                 let timing = config.timing;
                 attempt.map(|attempt| {
                     attempt.map(|holding| match &shared {
-                        Some(reads) => reads.adopt(holding, sent_at, timing),
+                        Some(reads) => match reads.adopt(holding, sent_at, timing) {
+                            Ok(read) => LeaseGuard::shared(read),
+                            Err(own) => LeaseGuard::own(own),
+                        },
                         None => LeaseGuard::new(holding, sent_at, timing),
                     })
                 })

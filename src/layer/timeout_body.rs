@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::body::BoxError;
+use super::boxed::BoxError;
 use crate::store::watchdog::{Overdue, Watchdog};
 
 pin_project! {

@@ -40,7 +40,6 @@ mod acquire;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 
-use super::guard::LeaseGuard;
 use crate::Error;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
@@ -138,14 +137,15 @@ impl SharedReads {
         Entry::Leading(Leader::new(self.clone(), share))
     }
 
-    /// Shares `holding`, taken after a wait, when no share of its name can take newcomers;
-    /// otherwise the request keeps it to itself.
+    /// Shares `holding`, taken after a wait, when no share of its name can take newcomers
+    /// (`Ok`, the request's part in the new share); otherwise the request keeps it to itself
+    /// (`Err`).
     pub(crate) fn adopt(
         self: &Arc<Self>,
         holding: Holding,
         sent_at: Instant,
         timing: HeartbeatTiming,
-    ) -> LeaseGuard {
+    ) -> Result<SharedRead, OwnLease> {
         let lease = OwnLease::new(holding, sent_at, timing);
         let now = Instant::now();
         let mut shares = self.lock();
@@ -159,11 +159,11 @@ impl SharedReads {
                 Some(_) => false,
             });
         if taken {
-            return LeaseGuard::own(lease);
+            return Err(lease);
         }
         let share = Arc::new(Share::new(name, Some(Held::new(lease, sent_at, timing))));
         shares.insert(name.into(), share.clone());
-        LeaseGuard::shared(SharedRead::new(self.clone(), share))
+        Ok(SharedRead::new(self.clone(), share))
     }
 
     /// Takes one request out of `share`; the last one out gets the lease to release.
@@ -266,7 +266,7 @@ impl Held {
     }
 }
 
-/// A request's part in a held shared lease: what its [`LeaseGuard`] holds.
+/// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {
     reads: Arc<SharedReads>,
     share: Arc<Share>,
@@ -304,12 +304,12 @@ impl SharedRead {
         !self.left.is_cancelled() && self.state().valid_at(at)
     }
 
-    /// As [`LeaseGuard::over_at`]: this request left, or the shared lease is over.
+    /// As `LeaseGuard::over_at`: this request left, or the shared lease is over.
     pub(super) fn over_at(&self, now: Instant) -> bool {
         self.left.is_cancelled() || self.state().over_at(now)
     }
 
-    /// As [`LeaseGuard::poll_first_beat`]: any request of the share whose future waits may
+    /// As `LeaseGuard::poll_first_beat`: any request of the share whose future waits may
     /// enrol the shared lease when its first beat is due.
     pub(super) fn poll_first_beat(
         &mut self,

@@ -1,0 +1,104 @@
+//! [`Config`]: what a layer does, shared by every service and future it makes.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::lease_lost::LeaseLost;
+use super::rejection::Renderer;
+use super::shared_read::SharedReads;
+use crate::Store;
+use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::lock::Spec;
+use crate::store::watchdog::Watchdog;
+
+/// How long a response waits for its release by default: a healthy store answers in a round
+/// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
+const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
+
+/// How many requests of a layer may wait for a lock at once by default.
+const DEFAULT_MAX_WAITERS: usize = 1024;
+
+/// How long a request body may take to arrive by default, under the lock or (for a
+/// buffered layer) before it.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the layer does, shared by every service and future it makes.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) store: Store,
+    pub(crate) spec: Spec,
+    pub(crate) held_status: StatusCode,
+    pub(crate) fail_open: bool,
+    pub(crate) timing: HeartbeatTiming,
+    /// The heartbeat of this layer's leases: the store's, shared with every other layer and
+    /// [`Held`](crate::Held) on it.
+    pub(crate) heartbeat: Heartbeat,
+    pub(crate) on_lease_lost: LeaseLost,
+    pub(crate) hold_through_body: bool,
+    pub(crate) binary_names: bool,
+    pub(crate) require_name: bool,
+    /// How long a request waits for a held lock (zero: answer at once).
+    pub(crate) wait: Duration,
+    /// The most requests of this layer waiting at once.
+    pub(crate) max_waiters: usize,
+    /// Requests of this layer waiting now.
+    pub(crate) waiting: Arc<AtomicUsize>,
+    /// The most request body bytes buffered layers read before locking.
+    pub(crate) body_limit: usize,
+    /// How long the request body may take to arrive: before the lock for buffered layers,
+    /// under it otherwise.
+    pub(crate) body_timeout: Duration,
+    /// The coarse timer of that deadline under the lock (see [`TimeoutBody`]).
+    ///
+    /// [`TimeoutBody`]: super::timeout_body::TimeoutBody
+    pub(crate) body_timer: Arc<Watchdog>,
+    /// Renders the layer's refusals.
+    pub(crate) renderer: Renderer,
+    /// How long the response waits for the release before it goes out anyway.
+    pub(crate) release_wait: Duration,
+    /// The coarse timer of that wait, shared by the layer's requests (see [`Overdue`]).
+    ///
+    /// [`Overdue`]: crate::store::watchdog::Overdue
+    pub(crate) release_timer: Arc<Watchdog>,
+    /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
+    /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).
+    pub(crate) first_beat_timer: Arc<Watchdog>,
+    /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
+    pub(crate) shared_reads: Option<Arc<SharedReads>>,
+}
+
+impl Config {
+    pub(crate) fn new(store: Store, spec: Spec) -> Self {
+        let every = spec.ttl / 3;
+        let heartbeat = store.heartbeat().clone();
+        Self {
+            store,
+            spec,
+            held_status: StatusCode::CONFLICT,
+            fail_open: false,
+            timing: HeartbeatTiming {
+                every,
+                max_hold: None,
+            },
+            heartbeat,
+            on_lease_lost: LeaseLost::Abort,
+            hold_through_body: false,
+            binary_names: false,
+            require_name: false,
+            wait: Duration::ZERO,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            waiting: Arc::default(),
+            body_limit: 0,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            body_timer: Watchdog::new(DEFAULT_BODY_TIMEOUT),
+            renderer: Renderer::default(),
+            release_wait: DEFAULT_RELEASE_WAIT,
+            release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
+            first_beat_timer: Watchdog::new(every),
+            shared_reads: None,
+        }
+    }
+}
