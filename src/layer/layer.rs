@@ -48,6 +48,11 @@ impl<E> LockLayer<E> {
     /// one that parses an id, and so on. Names are compared as the bytes [`LockName`](crate::LockName) encodes,
     /// so the extractor should yield `N`'s owned form (`String` for `str`, `u64` for `u64`) for
     /// the layer and direct callers of `lock` to meet on the same names.
+    ///
+    /// The layer cannot tell `N` from the extractor, so a lock written inline needs its name
+    /// type: `LockLayer::new(store, Lock::<str>::new("jobs", ttl), extractor)` (without the
+    /// `::<str>`, rustc answers E0282, "type annotations needed"). A lock defined as a typed
+    /// `const`, as above, needs nothing.
     pub fn new<N: ?Sized>(store: Store, lock: Lock<N>, extractor: E) -> Self {
         Self {
             config: Config::new(store, lock.spec()),
