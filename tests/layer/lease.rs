@@ -331,72 +331,67 @@ async fn max_hold_ends_a_handler_that_never_finishes(env: Env) {
     assert!(SHORT.try_lock(&env.store, "3").await.unwrap().is_some());
 }
 
-async fn a_frozen_process_does_not_answer_200(env: Env) {
-    // The server runs on a single-threaded runtime of its own, which the handler freezes past
-    // the 300 ms lease: the heartbeat cannot run, and the layer must notice at completion.
-    let store = env.store.clone();
+/// Serves `app` for 5 s on a single-threaded runtime of its own, which a handler that blocks
+/// freezes whole (the heartbeat included), as `SIGSTOP` freezes a process.
+async fn serve_on_a_runtime_of_its_own(app: Router) -> std::net::SocketAddr {
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
-    let server = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(async move {
-            let app = Router::new()
-                .route(
-                    "/jobs/{id}",
-                    post(|| async {
-                        std::thread::sleep(Duration::from_millis(700));
-                        "frozen"
-                    }),
-                )
-                .route_layer(LockLayer::new(store, SHORT, extract::path_segment(1)));
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
             let serve = axum::serve(listener, app);
-            // Serve one request's worth of time, then stop.
             let _ = tokio::time::timeout(Duration::from_secs(5), serve).await;
         });
     });
-    let addr = addr_rx.await.unwrap();
+    addr_rx.await.unwrap()
+}
+
+async fn a_frozen_process_does_not_answer_200(env: Env) {
+    // The handler freezes its runtime past the 300 ms lease: the heartbeat cannot run, and the
+    // layer must notice at completion.
+    let handler = || async {
+        std::thread::sleep(Duration::from_millis(700));
+        "frozen"
+    };
+    let app = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(LockLayer::new(
+            env.store.clone(),
+            SHORT,
+            extract::path_segment(1),
+        ));
+    let addr = serve_on_a_runtime_of_its_own(app).await;
     let reply = Http::new().post(addr, "/jobs/5").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
-    drop(server);
 }
 
 async fn a_frozen_process_never_takes_its_next_step(env: Env) {
     // As above, but the handler has a step after the freeze: waking past its 300 ms lease, the
     // process must not poll the handler again, or it would write after another holder got in.
-    let store = env.store.clone();
     let stepped = Arc::new(AtomicBool::new(false));
-    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
-    let server = std::thread::spawn({
+    let handler = {
         let stepped = stepped.clone();
-        move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let handler = move || async move {
-                    std::thread::sleep(Duration::from_millis(700));
-                    // The next step, after an await that returns at once.
-                    tokio::task::yield_now().await;
-                    stepped.store(true, Ordering::SeqCst);
-                    "stepped"
-                };
-                let app = Router::new()
-                    .route("/jobs/{id}", post(handler))
-                    .route_layer(LockLayer::new(store, SHORT, extract::path_segment(1)));
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                let serve = axum::serve(listener, app);
-                let _ = tokio::time::timeout(Duration::from_secs(5), serve).await;
-            });
+        move || async move {
+            std::thread::sleep(Duration::from_millis(700));
+            // The next step, after an await that returns at once.
+            tokio::task::yield_now().await;
+            stepped.store(true, Ordering::SeqCst);
+            "stepped"
         }
-    });
-    let addr = addr_rx.await.unwrap();
+    };
+    let app = Router::new()
+        .route("/jobs/{id}", post(handler))
+        .route_layer(LockLayer::new(
+            env.store.clone(),
+            SHORT,
+            extract::path_segment(1),
+        ));
+    let addr = serve_on_a_runtime_of_its_own(app).await;
     let reply = Http::new().post(addr, "/jobs/6").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
@@ -404,5 +399,4 @@ async fn a_frozen_process_never_takes_its_next_step(env: Env) {
         !stepped.load(Ordering::SeqCst),
         "the handler took its next step after its lease ran out"
     );
-    drop(server);
 }
