@@ -251,14 +251,16 @@ pub(crate) async fn acquire_within(
         });
         return (sent_at, attempt);
     };
-    let watch = match store.notifications() {
-        Some(notifications) => notifications.watch(mode, namespace, &name).await,
-        None => None,
-    };
+    // Subscribed only once an attempt was refused, and then tried again at once, so that a
+    // release published before the subscription is not missed: a subscription never holds up
+    // the first attempt, and a store that fails (Redis down, a network cut, where subscribing
+    // may hang) ends the wait with that attempt's error at once.
+    let mut unwatched = store.notifications();
+    let mut watch: Option<crate::store::Watch> = None;
     let mut held_here = turn.inherit_held();
     loop {
         let released = turn.released();
-        let published = watch.as_ref().map(|watch| watch.released());
+        let mut published = watch.as_ref().map(|watch| watch.released());
         let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
@@ -290,6 +292,14 @@ pub(crate) async fn acquire_within(
                 Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
             }
         };
+        if let Some(notifications) = unwatched.take() {
+            drop(published);
+            watch = notifications.watch(mode, namespace, &name, deadline).await;
+            if watch.is_some() {
+                continue;
+            }
+            published = None;
+        }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
         let pause = match (&published, until_lease_end) {

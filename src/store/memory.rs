@@ -5,6 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
+use super::fence_counters::FenceCounters;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
 use crate::Result;
 use crate::store::Mode;
@@ -13,9 +14,11 @@ use crate::store::Mode;
 /// [`Store::memory`](crate::Store::memory).
 ///
 /// Expired leases are dropped when their name is next touched, and a sweep every so many calls
-/// (as many as there are locks) drops the rest, so abandoned names do not pile up. Fence counters
-/// are kept for good, as in Redis. Time is [`tokio::time::Instant`]: under
-/// `tokio::time::pause` leases expire as the paused clock advances.
+/// (as many as there are entries) drops the rest, so abandoned names do not pile up. Fence
+/// counters expire an hour after their lock's last acquisition (or one TTL, if longer), as in
+/// Redis: a fence is `max(last + 1, wall-clock µs)`, so a forgotten counter costs nothing. Time
+/// is [`tokio::time::Instant`]: under `tokio::time::pause` leases and counters expire as the
+/// paused clock advances.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
@@ -31,8 +34,8 @@ struct State {
 struct Namespace {
     locks: HashMap<Box<[u8]>, StoredLease>,
     rwlocks: HashMap<Box<[u8]>, RwEntry>,
-    lock_fences: HashMap<Box<[u8]>, u64>,
-    rwlock_fences: HashMap<Box<[u8]>, u64>,
+    lock_fences: FenceCounters,
+    rwlock_fences: FenceCounters,
     semaphores: HashMap<Box<[u8]>, Permits>,
 }
 
@@ -111,7 +114,7 @@ impl MemoryStore {
                 Acquisition::Acquired {
                     fence: lock
                         .fenced
-                        .then(|| next_fence(&mut ns.lock_fences, lock.name)),
+                        .then(|| ns.lock_fences.next(lock.name, now, lock.ttl)),
                 }
             }
             Mode::Permit => {
@@ -142,7 +145,7 @@ impl MemoryStore {
                 shared.readers.insert(lease.secret.clone(), ends);
                 let fence = lock
                     .fenced
-                    .then(|| ns.rwlock_fences.get(lock.name).copied().unwrap_or(0));
+                    .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
                 Acquisition::Acquired { fence }
             }
             Mode::Write => {
@@ -170,7 +173,7 @@ impl MemoryStore {
                 Acquisition::Acquired {
                     fence: lock
                         .fenced
-                        .then(|| next_fence(&mut ns.rwlock_fences, lock.name)),
+                        .then(|| ns.rwlock_fences.next(lock.name, now, lock.ttl)),
                 }
             }
         }
@@ -278,20 +281,6 @@ impl MemoryStore {
     }
 }
 
-/// The next fence of `name`: `max(last + 1, wall-clock time in µs)`, as the Redis scripts
-/// compute it, so memory and Redis hand out fences of the same shape.
-fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_micros() as u64);
-    let counter = match fences.get_mut(name) {
-        Some(counter) => counter,
-        None => fences.entry(name.into()).or_insert(0),
-    };
-    *counter = (*counter + 1).max(now);
-    *counter
-}
-
 impl State {
     fn namespace(&mut self, namespace: &str) -> &mut Namespace {
         if !self.namespaces.contains_key(namespace) {
@@ -305,11 +294,7 @@ impl State {
     /// per call on average.
     fn sweep_sometimes(&mut self, now: Instant) {
         self.calls_since_sweep += 1;
-        let names: usize = self
-            .namespaces
-            .values()
-            .map(|ns| ns.locks.len() + ns.rwlocks.len() + ns.semaphores.len())
-            .sum();
+        let names: usize = self.namespaces.values().map(Namespace::len).sum();
         if self.calls_since_sweep < names.max(64) {
             return;
         }
@@ -324,7 +309,30 @@ impl State {
                 permits.retain(|_, ends| *ends > now);
                 !permits.is_empty()
             });
+            ns.lock_fences.forget_expired(now);
+            ns.rwlock_fences.forget_expired(now);
         }
+        self.namespaces.retain(|_, ns| ns.len() > 0);
+    }
+}
+
+impl Namespace {
+    /// How many entries the namespace keeps: names with leases (live or not yet swept) and
+    /// fence counters.
+    fn len(&self) -> usize {
+        self.locks.len()
+            + self.rwlocks.len()
+            + self.semaphores.len()
+            + self.lock_fences.len()
+            + self.rwlock_fences.len()
+    }
+}
+
+#[cfg(test)]
+impl MemoryStore {
+    /// How many entries the store keeps (names with leases not yet swept, fence counters).
+    pub(crate) fn entries(&self) -> usize {
+        self.lock().namespaces.values().map(Namespace::len).sum()
     }
 }
 

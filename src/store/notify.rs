@@ -29,6 +29,8 @@ use tokio::sync::futures::Notified;
 
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);
 const MAX_RECONNECT: Duration = Duration::from_millis(100);
+/// How long resubscribing after a lost connection may take: a store's default deadline.
+const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A store's subscriber connection, and the names this process watches.
 pub(crate) struct Notifier {
@@ -173,13 +175,16 @@ async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_RECONNECT);
             let _commands = notifier.commands.lock().await;
-            let Ok(pubsub) = notifier.client.get_async_pubsub().await else {
+            // Bounded, since redis-rs bounds neither: a connection or a `SUBSCRIBE` that hangs
+            // (a network cut) would hold `commands`, and so every new watch, for good.
+            let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, async {
+                let (mut sink, stream) = notifier.client.get_async_pubsub().await?.split();
+                sink.subscribe(&watched).await?;
+                Ok::<_, redis::RedisError>((sink, stream))
+            });
+            let Ok(Ok((sink, stream))) = subscribed.await else {
                 continue;
             };
-            let (mut sink, stream) = pubsub.split();
-            if sink.subscribe(&watched).await.is_err() {
-                continue;
-            }
             notifier.state().sink = Some(sink);
             tracing::debug!(channels = watched.len(), "release notifications resumed");
             break stream;

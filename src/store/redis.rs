@@ -195,7 +195,10 @@ where
         let started = self.started();
         let mut conn = self.conn.clone();
         let evalsha = command("EVALSHA", script.sha());
-        let reply = conn.req_packed_command(&evalsha).await;
+        let mut reply = conn.req_packed_command(&evalsha).await;
+        if self.retry(&reply, &mut conn, started)? {
+            reply = conn.req_packed_command(&evalsha).await;
+        }
         match reply.and_then(redis::Value::extract_error) {
             Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
                 self.second_trip(&mut conn, started)?;
@@ -237,8 +240,12 @@ where
 {
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
         self.bounded(async move {
-            let mut conn = self.conn.clone();
-            self.reply(super::check::redis(&mut conn).await)
+            let (started, mut conn) = (self.started(), self.conn.clone());
+            let mut reply = super::check::redis(&mut conn).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = super::check::redis(&mut conn).await;
+            }
+            self.reply(reply)
         })
     }
 
@@ -336,6 +343,7 @@ where
         let notifications = store.notifier.clone().map(|notifier| super::Notifications {
             notifier,
             layout: store.layout.clone(),
+            timeout: store.timeout,
         });
         crate::Store::from_backend(store).with_notifications(notifications)
     }
