@@ -57,6 +57,9 @@ struct Room {
     turn: Semaphore,
     /// Told when this process releases a lease of the name.
     released: Notify,
+    /// Told when the waiter with the turn found the store failing: the others try at once
+    /// rather than queue behind one failing call after another until their deadlines.
+    store_failed: Notify,
     /// Set by a waiter that took the lock as it passes the turn on: the next one waits for this
     /// process's release instead of asking the store about a lock it knows is held.
     held_here: AtomicBool,
@@ -94,6 +97,7 @@ impl WaitRooms {
             Arc::new(Room {
                 turn: Semaphore::new(1),
                 released: Notify::new(),
+                store_failed: Notify::new(),
                 held_here: AtomicBool::new(false),
             })
         });
@@ -142,13 +146,15 @@ pub(crate) struct Seat {
 }
 
 impl Seat {
-    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first.
+    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first,
+    /// or when the waiter with the turn found the store failing.
     pub(crate) async fn turn(&self, deadline: Instant) -> Option<Turn<'_>> {
         tokio::select! {
             permit = self.room.turn.acquire() => {
                 let _permit = permit.expect("the turn semaphore is never closed");
                 Some(Turn { seat: self, _permit })
             }
+            () = self.room.store_failed.notified() => None,
             () = sleep_until(deadline) => None,
         }
     }
@@ -181,6 +187,11 @@ impl Turn<'_> {
     /// Whether the waiter that had the turn before took the lock (and so this process holds it).
     fn inherit_held(&self) -> bool {
         self.seat.room.held_here.swap(false, Ordering::AcqRel)
+    }
+
+    /// Says the store failed this waiter's attempt, for the ones queued behind it.
+    fn pass_on_failure(&self) {
+        self.seat.room.store_failed.notify_waiters();
     }
 
     /// Says this waiter took the lock, for the next one.
@@ -240,10 +251,18 @@ pub(crate) async fn acquire_within(
         |outcome: AcquireOutcome| telemetry::waited(namespace, mode, outcome, started.elapsed());
     // Only the first waiter of the name in this process contends; the others queue, and the
     // turn passes on when this one is done (served, out of time, or dropped).
-    let Some(turn) = seat.turn(deadline).await else {
+    let turn = loop {
+        if let Some(turn) = seat.turn(deadline).await {
+            break turn;
+        }
         // The wait ran out in the queue: one attempt still says who holds it, and for how
-        // long, so the answer is as exact as an immediate refusal.
+        // long, so the answer is as exact as an immediate refusal. Or the waiter with the turn
+        // found the store failing: this one's own attempt ends its wait with the store's error
+        // too, or if the store answers, queues it again.
         let (sent_at, attempt) = attempt(&store, spec, mode, &name).await;
+        if matches!(attempt, Ok(Attempt::Busy { .. })) && Instant::now() < deadline {
+            continue;
+        }
         end(match &attempt {
             Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
             Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
@@ -282,6 +301,7 @@ pub(crate) async fn acquire_within(
                     return (sent_at, attempt);
                 }
                 Err(_) => {
+                    turn.pass_on_failure();
                     end(on_store_error);
                     return (sent_at, attempt);
                 }
