@@ -28,6 +28,8 @@ pub struct MemoryStore {
 struct State {
     namespaces: HashMap<Box<str>, Namespace>,
     calls_since_sweep: usize,
+    /// How many entries the last sweep kept.
+    kept_at_sweep: usize,
 }
 
 #[derive(Debug, Default)]
@@ -290,12 +292,15 @@ impl State {
         self.namespaces.get_mut(namespace).expect("inserted above")
     }
 
-    /// Drops expired leases once per as many calls as there are names, so the sweep costs O(1)
-    /// per call on average.
+    /// Drops expired leases and counters once per as many calls as the last sweep kept
+    /// entries, so the sweep costs O(1) per call on average and the entries never grow past
+    /// twice the live ones (plus the calls since).
     fn sweep_sometimes(&mut self, now: Instant) {
         self.calls_since_sweep += 1;
-        let names: usize = self.namespaces.values().map(Namespace::len).sum();
-        if self.calls_since_sweep < names.max(64) {
+        // Counted against what the last sweep kept, not what there is now: every call on a new
+        // name adds an entry, so a stream of new names would otherwise outrun the count for
+        // good, and the map would grow without bound.
+        if self.calls_since_sweep < self.kept_at_sweep.max(64) {
             return;
         }
         self.calls_since_sweep = 0;
@@ -313,6 +318,7 @@ impl State {
             ns.rwlock_fences.forget_expired(now);
         }
         self.namespaces.retain(|_, ns| ns.len() > 0);
+        self.kept_at_sweep = self.namespaces.values().map(Namespace::len).sum();
     }
 }
 
@@ -370,3 +376,7 @@ impl Backend for MemoryStore {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "memory_tests.rs"]
+mod tests;

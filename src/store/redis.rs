@@ -38,7 +38,20 @@ pub(super) const ARGS_LEN: usize = 64;
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
 /// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a waiting writer's secret, `PX` two thirds of the TTL |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
-/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, never expires |
+/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, `PX` an hour from the lock's last acquisition (or one TTL, if longer) |
+///
+/// A fence is `max(last + 1, server µs)`, so the counter only matters the few µs it may be ahead
+/// of the server clock: its expiry never lowers a fence, and a name nobody uses leaves no key.
+/// A read acquisition renews the counter's hour (it is the write generation readers see), but
+/// never creates it.
+///
+/// A call that finds its connection dropped or refused (a restart, a reset; not a timeout) is
+/// sent once more at once, within the same deadline, on the connection the connection manager
+/// or cluster client makes anew. Every command is safe to send twice: the acquire scripts
+/// answer "acquired" (with the fence we were given) when they find our own secret in place, an
+/// unfenced acquire's retry reads the key back with `GET` in the `SET NX`'s pipeline, and
+/// extend and release compare the secret before they act (a release retried after it went
+/// through answers `false`).
 ///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
 /// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a
