@@ -64,7 +64,11 @@ async fn a_million_distinct_names_leave_no_entry_once_their_leases_and_fences_en
         let token = JOBS.try_lock(&store, "probe").await.unwrap().unwrap();
         assert!(token.release().await.unwrap());
     }
-    assert_eq!(memory.entries(), 0, "every lease and fence counter forgotten");
+    assert_eq!(
+        memory.entries(),
+        0,
+        "every lease and fence counter forgotten"
+    );
     assert_eq!(store.wait_rooms().rooms(), 0);
 }
 
@@ -108,5 +112,9 @@ async fn a_fence_counter_outlives_its_lock_by_an_hour_and_readers_keep_it() {
     }
     tokio::time::advance(super::super::fence_counters::FENCE_LIFE + TTL).await;
     let read = DOCS.try_read(&store, "d").await.unwrap().unwrap();
-    assert_eq!(read.fence(), Some(0), "no acquisition for an hour: forgotten");
+    assert_eq!(
+        read.fence(),
+        Some(0),
+        "no acquisition for an hour: forgotten"
+    );
 }

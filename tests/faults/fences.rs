@@ -115,31 +115,67 @@ async fn fence_keys_of_distinct_names_expire_and_fences_still_grow_without_them(
         drop(SHORT.try_lock(&store, &name).await.unwrap().unwrap());
         let writer = DOCS.try_write(&store, &name).await.unwrap().unwrap();
         assert!(writer.release().await.unwrap());
-        let reader = DOCS.try_read(&store, &format!("unwritten-{i}")).await.unwrap();
+        let reader = DOCS
+            .try_read(&store, &format!("unwritten-{i}"))
+            .await
+            .unwrap();
         assert_eq!(reader.unwrap().fence(), Some(0));
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(&mut raw).await.unwrap();
-    assert_eq!(keys.len(), 2 * names, "one counter per fenced lock, nothing else");
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.len(),
+        2 * names,
+        "one counter per fenced lock, nothing else"
+    );
     for key in &keys {
         assert!(key.ends_with(b":fence"), "{}", String::from_utf8_lossy(key));
-        let pttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut raw).await.unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
         assert!(pttl > HOUR_MS - 60_000 && pttl <= HOUR_MS, "PTTL {pttl}");
     }
 
     // A reader renews the counter it reads: the write generation stays while the name is used.
     let counter = KeyLayout::default().key(KeyRole::RwLockFence, "docs", b"product-0");
-    let () = redis::cmd("PEXPIRE").arg(&counter).arg(5_000).query_async(&mut raw).await.unwrap();
+    let () = redis::cmd("PEXPIRE")
+        .arg(&counter)
+        .arg(5_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     let reader = DOCS.try_read(&store, "product-0").await.unwrap().unwrap();
-    let generation: u64 = redis::cmd("GET").arg(&counter).query_async(&mut raw).await.unwrap();
+    let generation: u64 = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     assert_eq!(reader.fence(), Some(generation));
-    let pttl: i64 = redis::cmd("PTTL").arg(&counter).query_async(&mut raw).await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     assert!(pttl > HOUR_MS - 60_000, "renewed by the read: PTTL {pttl}");
 
     // The counter gone (as it goes after its hour): the next fence is still above the last.
     let counter = KeyLayout::default().key(KeyRole::LockFence, "short", b"product-0");
-    let last: u64 = redis::cmd("GET").arg(&counter).query_async(&mut raw).await.unwrap();
-    let () = redis::cmd("DEL").arg(&counter).query_async(&mut raw).await.unwrap();
+    let last: u64 = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let () = redis::cmd("DEL")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     let next = SHORT.try_lock(&store, "product-0").await.unwrap().unwrap();
     assert!(next.fence().unwrap() > last);
 }
