@@ -266,6 +266,43 @@ async fn a_bounded_wait_with_redis_unreachable_ends_with_the_store_error_at_once
     }
 }
 
+/// The same over HTTP: a request under `LockLayer::wait(2 s)` with Redis blackholed is answered
+/// `503` after about the store's deadline, not after its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_with_redis_unreachable_is_answered_503_at_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use axum::Router;
+    use axum::routing::post;
+    use http::StatusCode;
+    use tower_lease::{LockLayer, extract};
+
+    use crate::support::http::{Http, count, serve};
+
+    let server = RedisServer::start();
+    let proxy = Proxy::to(&server).await;
+    let store = a_store_that_waited(&server, &proxy).await;
+    let layer = LockLayer::new(store, JOBS, extract::path_segment(1)).wait(Duration::from_secs(2));
+    let app = Router::new()
+        .route("/jobs/{id}", post(count))
+        .route_layer(layer)
+        .with_state(Arc::new(AtomicUsize::new(0)));
+    let addr = serve(app).await;
+    proxy.set(Fault::Blackhole);
+    let started = Instant::now();
+    let reply = tokio::time::timeout(Duration::from_secs(5), Http::new().post(addr, "/jobs/held"))
+        .await
+        .expect("answered");
+    let took = started.elapsed();
+    println!(
+        "a request waiting 2 s with Redis unreachable: {} after {took:?}",
+        reply.status
+    );
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(took < Duration::from_millis(1200), "{took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_one_name_with_redis_down_all_end_with_the_store_error_at_once() {
     let mut server = RedisServer::start();
