@@ -270,13 +270,18 @@ pub(crate) async fn acquire_within(
         });
         return (sent_at, attempt);
     };
-    // Subscribed only once an attempt was refused, and then tried again at once, so that a
-    // release published before the subscription is not missed: a subscription never holds up
+    // Subscribed only once an attempt was refused, and then, for a new subscription, tried
+    // again at once, so that a release published before the subscription is not missed: a subscription never holds up
     // the first attempt, and a store that fails (Redis down, a network cut, where subscribing
     // may hang) ends the wait with that attempt's error at once.
     let mut unwatched = store.notifications();
     let mut watch: Option<crate::store::Watch> = None;
     let mut held_here = turn.inherit_held();
+    if held_here && let Some(notifications) = unwatched.take() {
+        // The lock is this process's: there is no attempt to hold up, and the subscription
+        // made now sees the release, so the attempt after it is the only one.
+        watch = notifications.watch(mode, namespace, &name, deadline).await;
+    }
     loop {
         let released = turn.released();
         let mut published = watch.as_ref().map(|watch| watch.released());
@@ -315,10 +320,13 @@ pub(crate) async fn acquire_within(
         if let Some(notifications) = unwatched.take() {
             drop(published);
             watch = notifications.watch(mode, namespace, &name, deadline).await;
-            if watch.is_some() {
+            // A release published on a channel this process already watched wakes the watch
+            // even before it waits (the notification keeps a permit); only a subscription made
+            // just now may have missed one.
+            if watch.as_ref().is_some_and(|watch| watch.subscribed_now()) {
                 continue;
             }
-            published = None;
+            published = watch.as_ref().map(|watch| watch.released());
         }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));

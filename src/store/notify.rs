@@ -98,6 +98,7 @@ impl Notifier {
             notifier: self.clone(),
             channel,
             notify,
+            subscribed_now: !subscribed,
         };
         if subscribed {
             return Some(watch);
@@ -197,9 +198,17 @@ pub(crate) struct Watch {
     notifier: Arc<Notifier>,
     channel: Vec<u8>,
     notify: Arc<Notify>,
+    /// Whether this watch subscribed (rather than finding the channel watched in this process).
+    subscribed_now: bool,
 }
 
 impl Watch {
+    /// Whether this watch made the subscription, so that a release published just before it
+    /// was confirmed may have gone unseen.
+    pub(crate) fn subscribed_now(&self) -> bool {
+        self.subscribed_now
+    }
+
     /// Resolves at the next release published for the name (one already published since the
     /// last call counts), or when the subscriber connection was lost.
     pub(crate) fn released(&self) -> Notified<'_> {
