@@ -58,6 +58,9 @@ struct Room {
     turn: Semaphore,
     /// Told when this process releases a lease of the name.
     released: Notify,
+    /// Told when the waiter with the turn found the store failing: the others try at once
+    /// rather than queue behind one failing call after another until their deadlines.
+    store_failed: Notify,
     /// Set by a waiter that took the lock as it passes the turn on: the next one waits for this
     /// process's release instead of asking the store about a lock it knows is held.
     held_here: AtomicBool,
@@ -95,6 +98,7 @@ impl WaitRooms {
             Arc::new(Room {
                 turn: Semaphore::new(1),
                 released: Notify::new(),
+                store_failed: Notify::new(),
                 held_here: AtomicBool::new(false),
             })
         });
@@ -143,7 +147,8 @@ pub(crate) struct Seat {
 }
 
 impl Seat {
-    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first.
+    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first,
+    /// or when the waiter with the turn found the store failing.
     pub(crate) async fn turn(&self, deadline: Instant) -> Option<Turn<'_>> {
         if let Ok(_permit) = self.room.turn.try_acquire() {
             let queued = false;
@@ -159,6 +164,7 @@ impl Seat {
                 let queued = true;
                 Some(Turn { seat: self, _permit, queued })
             }
+            () = self.room.store_failed.notified() => None,
             () = sleep_until(deadline) => None,
         }
     }
@@ -193,6 +199,11 @@ impl Turn<'_> {
     /// Whether the waiter that had the turn before took the lock (and so this process holds it).
     fn inherit_held(&self) -> bool {
         self.seat.room.held_here.swap(false, Ordering::AcqRel)
+    }
+
+    /// Says the store failed this waiter's attempt, for the ones queued behind it.
+    fn pass_on_failure(&self) {
+        self.seat.room.store_failed.notify_waiters();
     }
 
     /// Says this waiter took the lock, for the next one.
@@ -260,15 +271,23 @@ pub(crate) async fn acquire_within(
     };
     // Only the first waiter of the name in this process contends; the others queue, and the
     // turn passes on when this one is done (served, out of time, or dropped).
-    let Some(turn) = seat.turn(deadline).await else {
+    let turn = loop {
+        if let Some(turn) = seat.turn(deadline).await {
+            break turn;
+        }
         // The wait ran out in the queue: one attempt still says who holds it, and for how
-        // long, so the answer is as exact as an immediate refusal. It leaves no write intent:
-        // the waiter whose turn it is keeps one, and this one gives up.
+        // long, so the answer is as exact as an immediate refusal; it leaves no write intent:
+        // the waiter whose turn it is keeps one, and this one gives up. Or the waiter with the
+        // turn found the store failing: this one's own attempt ends its wait with the store's
+        // error too, or if the store answers, queues it again.
         let probe = Spec {
             writer_preferred: false,
             ..spec
         };
         let (sent_at, attempt) = attempt(&store, probe, mode, &name, &secret).await;
+        if matches!(attempt, Ok(Attempt::Busy { .. })) && Instant::now() < deadline {
+            continue;
+        }
         let outcome = match &attempt {
             Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
             Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
@@ -277,16 +296,23 @@ pub(crate) async fn acquire_within(
         end(outcome, true);
         return (sent_at, attempt);
     };
-    let watch = match store.notifications() {
-        Some(notifications) => notifications.watch(mode, namespace, &name).await,
-        None => None,
-    };
+    // Subscribed only once an attempt was refused, and then, for a new subscription, tried
+    // again at once, so that a release published before the subscription is not missed: a subscription never holds up
+    // the first attempt, and a store that fails (Redis down, a network cut, where subscribing
+    // may hang) ends the wait with that attempt's error at once.
+    let mut unwatched = store.notifications();
+    let mut watch: Option<crate::store::Watch> = None;
     let mut held_here = turn.inherit_held();
     // Whether it waited before the attempt that answers: in the queue, or between attempts.
     let mut waited = turn.queued;
+    if held_here && let Some(notifications) = unwatched.take() {
+        // The lock is this process's: there is no attempt to hold up, and the subscription
+        // made now sees the release, so the attempt after it is the only one.
+        watch = notifications.watch(mode, namespace, &name, deadline).await;
+    }
     loop {
         let released = turn.released();
-        let published = watch.as_ref().map(|watch| watch.released());
+        let mut published = watch.as_ref().map(|watch| watch.released());
         let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
@@ -313,6 +339,7 @@ pub(crate) async fn acquire_within(
                     return (sent_at, attempt);
                 }
                 Err(_) => {
+                    turn.pass_on_failure();
                     end(on_store_error, waited);
                     return (sent_at, attempt);
                 }
@@ -327,6 +354,17 @@ pub(crate) async fn acquire_within(
                 Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
             }
         };
+        if let Some(notifications) = unwatched.take() {
+            drop(published);
+            watch = notifications.watch(mode, namespace, &name, deadline).await;
+            // A release published on a channel this process already watched wakes the watch
+            // even before it waits (the notification keeps a permit); only a subscription made
+            // just now may have missed one.
+            if watch.as_ref().is_some_and(|watch| watch.subscribed_now()) {
+                continue;
+            }
+            published = watch.as_ref().map(|watch| watch.released());
+        }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
         let pause = match (&published, until_lease_end) {

@@ -16,6 +16,13 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(100);
 /// The first wait before a reconnect attempt.
 const MIN_RECONNECT_DELAY: Duration = Duration::from_millis(10);
 
+/// How many times one reconnection tries again (after 10 and 20 ms) before the calls waiting
+/// for it fail: few, so a call with Redis down fails within tens of milliseconds rather than
+/// after a backoff, and a bounded wait ends with the error at once. The next call starts the
+/// next reconnection, and the store retries a call at once when it finds the connection lost,
+/// so the first call after Redis comes back succeeds.
+const RECONNECT_RETRIES: usize = 2;
+
 impl RedisStore<ConnectionManager> {
     /// Connects to the Redis at `url` (`redis://host:port/db`, `rediss://…` with TLS features)
     /// the way a lock store needs it; see [`from_client`](Self::from_client).
@@ -25,8 +32,11 @@ impl RedisStore<ConnectionManager> {
 
     /// Connects through `client` with a [`ConnectionManager`] set up for a lock store:
     ///
-    /// - reconnects after a failure with a backoff from 10 ms capped at 100 ms, so the store
-    ///   answers again within about that of Redis coming back, however long it was gone;
+    /// - reconnects after a failure with a backoff from 10 ms capped at 100 ms, trying a
+    ///   reconnection twice again before its calls fail, so with Redis down a call fails
+    ///   within tens of milliseconds, and the store answers again as soon as Redis is back,
+    ///   however long it was gone (the first call after the restart included: the store
+    ///   retries once, at once, a call whose connection it found lost);
     /// - a response timeout and a connection timeout equal to the store's deadline (1 s), so
     ///   redis-rs's own timeout neither fires first nor waits longer.
     ///
@@ -39,6 +49,7 @@ impl RedisStore<ConnectionManager> {
         let config = ConnectionManagerConfig::new()
             .set_min_delay(MIN_RECONNECT_DELAY)
             .set_max_delay(MAX_RECONNECT_DELAY)
+            .set_number_of_retries(RECONNECT_RETRIES)
             .set_response_timeout(Some(DEFAULT_TIMEOUT))
             .set_connection_timeout(Some(DEFAULT_TIMEOUT));
         let conn = ConnectionManager::new_with_config(client.clone(), config).await?;

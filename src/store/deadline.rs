@@ -78,6 +78,36 @@ where
         }
         Ok(())
     }
+
+    /// Whether a call should send its command once more, at once, after the first `reply`:
+    /// only when the connection was found lost ([`connection_lost`]), and only once, within
+    /// what is left of the deadline. Every command a call sends is idempotent or made so (an
+    /// acquisition recognises our own secret already in place), so a command that reached Redis
+    /// before its reply was lost does no harm sent again.
+    pub(super) fn retry<T>(
+        &self,
+        reply: &redis::RedisResult<T>,
+        conn: &mut C,
+        started: Option<Instant>,
+    ) -> Result<bool> {
+        match reply {
+            Err(e) if connection_lost(e) => {
+                tracing::debug!(error = %e, "the connection to Redis was lost; retrying once");
+                self.second_trip(conn, started)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Whether `error` says the connection was found dropped or could not be made (Redis restarted,
+/// a connection reset), rather than that Redis answered or took too long: the one failure worth
+/// a second try at once, on the connection the connection manager or cluster client makes anew.
+/// A timeout is not one: the call's deadline is spent.
+pub(super) fn connection_lost(error: &redis::RedisError) -> bool {
+    !error.is_timeout()
+        && (error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error())
 }
 
 /// A reply whose server errors are still to be turned into errors.

@@ -88,8 +88,16 @@ where
                 .arg(lease.lock.ttl.as_millis() as u64);
         }
         let mut conn = self.conn.clone();
-        self.bounded(async { self.reply(pipe.query_async(&mut conn).await) })
-            .await
+        self.bounded(async {
+            let started = self.started();
+            let mut reply = pipe.query_async(&mut conn).await;
+            // Extends are compare-and-act: a batch that reached Redis does no harm sent again.
+            if self.retry(&reply, &mut conn, started)? {
+                reply = pipe.query_async(&mut conn).await;
+            }
+            self.reply(reply)
+        })
+        .await
     }
 
     async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<Extended>> {

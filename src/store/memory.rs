@@ -5,6 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
+use super::fence_counters::FenceCounters;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
 use crate::Result;
 use crate::store::Mode;
@@ -13,9 +14,11 @@ use crate::store::Mode;
 /// [`Store::memory`](crate::Store::memory).
 ///
 /// Expired leases are dropped when their name is next touched, and a sweep every so many calls
-/// (as many as there are locks) drops the rest, so abandoned names do not pile up. Fence counters
-/// are kept for good, as in Redis. Time is [`tokio::time::Instant`]: under
-/// `tokio::time::pause` leases expire as the paused clock advances.
+/// (as many as there are entries) drops the rest, so abandoned names do not pile up. Fence
+/// counters expire an hour after their lock's last acquisition (or one TTL, if longer), as in
+/// Redis: a fence is `max(last + 1, wall-clock µs)`, so a forgotten counter costs nothing. Time
+/// is [`tokio::time::Instant`]: under `tokio::time::pause` leases and counters expire as the
+/// paused clock advances.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
@@ -25,14 +28,16 @@ pub struct MemoryStore {
 struct State {
     namespaces: HashMap<Box<str>, Namespace>,
     calls_since_sweep: usize,
+    /// How many entries the last sweep kept.
+    kept_at_sweep: usize,
 }
 
 #[derive(Debug, Default)]
 struct Namespace {
     locks: HashMap<Box<[u8]>, StoredLease>,
     rwlocks: HashMap<Box<[u8]>, RwEntry>,
-    lock_fences: HashMap<Box<[u8]>, u64>,
-    rwlock_fences: HashMap<Box<[u8]>, u64>,
+    lock_fences: FenceCounters,
+    rwlock_fences: FenceCounters,
     semaphores: HashMap<Box<[u8]>, Permits>,
 }
 
@@ -122,7 +127,7 @@ impl MemoryStore {
                 Acquisition::Acquired {
                     fence: lock
                         .fenced
-                        .then(|| next_fence(&mut ns.lock_fences, lock.name)),
+                        .then(|| ns.lock_fences.next(lock.name, now, lock.ttl)),
                 }
             }
             Mode::Permit => {
@@ -153,7 +158,7 @@ impl MemoryStore {
                 shared.readers.insert(lease.secret.clone(), ends);
                 let fence = lock
                     .fenced
-                    .then(|| ns.rwlock_fences.get(lock.name).copied().unwrap_or(0));
+                    .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
                 Acquisition::Acquired { fence }
             }
             Mode::Write => {
@@ -184,7 +189,7 @@ impl MemoryStore {
                 Acquisition::Acquired {
                     fence: lock
                         .fenced
-                        .then(|| next_fence(&mut ns.rwlock_fences, lock.name)),
+                        .then(|| ns.rwlock_fences.next(lock.name, now, lock.ttl)),
                 }
             }
         }
@@ -317,20 +322,6 @@ impl MemoryStore {
     }
 }
 
-/// The next fence of `name`: `max(last + 1, wall-clock time in µs)`, as the Redis scripts
-/// compute it, so memory and Redis hand out fences of the same shape.
-fn next_fence(fences: &mut HashMap<Box<[u8]>, u64>, name: &[u8]) -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_micros() as u64);
-    let counter = match fences.get_mut(name) {
-        Some(counter) => counter,
-        None => fences.entry(name.into()).or_insert(0),
-    };
-    *counter = (*counter + 1).max(now);
-    *counter
-}
-
 impl State {
     fn namespace(&mut self, namespace: &str) -> &mut Namespace {
         if !self.namespaces.contains_key(namespace) {
@@ -340,16 +331,15 @@ impl State {
         self.namespaces.get_mut(namespace).expect("inserted above")
     }
 
-    /// Drops expired leases once per as many calls as there are names, so the sweep costs O(1)
-    /// per call on average.
+    /// Drops expired leases and counters once per as many calls as the last sweep kept
+    /// entries, so the sweep costs O(1) per call on average and the entries never grow past
+    /// twice the live ones (plus the calls since).
     fn sweep_sometimes(&mut self, now: Instant) {
         self.calls_since_sweep += 1;
-        let names: usize = self
-            .namespaces
-            .values()
-            .map(|ns| ns.locks.len() + ns.rwlocks.len() + ns.semaphores.len())
-            .sum();
-        if self.calls_since_sweep < names.max(64) {
+        // Counted against what the last sweep kept, not what there is now: every call on a new
+        // name adds an entry, so a stream of new names would otherwise outrun the count for
+        // good, and the map would grow without bound.
+        if self.calls_since_sweep < self.kept_at_sweep.max(64) {
             return;
         }
         self.calls_since_sweep = 0;
@@ -363,7 +353,31 @@ impl State {
                 permits.retain(|_, ends| *ends > now);
                 !permits.is_empty()
             });
+            ns.lock_fences.forget_expired(now);
+            ns.rwlock_fences.forget_expired(now);
         }
+        self.namespaces.retain(|_, ns| ns.len() > 0);
+        self.kept_at_sweep = self.namespaces.values().map(Namespace::len).sum();
+    }
+}
+
+impl Namespace {
+    /// How many entries the namespace keeps: names with leases (live or not yet swept) and
+    /// fence counters.
+    fn len(&self) -> usize {
+        self.locks.len()
+            + self.rwlocks.len()
+            + self.semaphores.len()
+            + self.lock_fences.len()
+            + self.rwlock_fences.len()
+    }
+}
+
+#[cfg(test)]
+impl MemoryStore {
+    /// How many entries the store keeps (names with leases not yet swept, fence counters).
+    pub(crate) fn entries(&self) -> usize {
+        self.lock().namespaces.values().map(Namespace::len).sum()
     }
 }
 
@@ -405,3 +419,7 @@ impl Backend for MemoryStore {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "memory_tests.rs"]
+mod tests;

@@ -20,6 +20,7 @@ mod connect;
 mod contended;
 mod deadline;
 mod extend_many;
+mod fence_counters;
 mod keys;
 mod memory;
 mod notify;
@@ -31,6 +32,7 @@ pub(crate) mod watchdog;
 pub use self::check::Warning;
 pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
+pub(crate) use self::notify::Watch;
 pub use self::redis::RedisStore;
 
 /// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
@@ -75,18 +77,28 @@ pub struct Store {
 pub(crate) struct Notifications {
     pub(crate) notifier: Arc<notify::Notifier>,
     pub(crate) layout: KeyLayout,
+    /// The store's deadline, which bounds a subscription too.
+    pub(crate) timeout: Duration,
 }
 
 impl Notifications {
-    /// Watches the releases of `name` in `namespace` (the lock of `mode`).
+    /// Watches the releases of `name` in `namespace` (the lock of `mode`); `None` when the
+    /// subscription failed, or was not confirmed within the store's deadline or by `deadline`
+    /// (redis-rs bounds neither a subscriber's connection nor its `SUBSCRIBE`).
     pub(crate) async fn watch(
         &self,
         mode: Mode,
         namespace: &str,
         name: &[u8],
+        deadline: tokio::time::Instant,
     ) -> Option<notify::Watch> {
         let channel = notify::channel(&self.layout, mode, namespace, name);
-        self.notifier.watch(channel).await
+        let deadline = deadline.min(tokio::time::Instant::now() + self.timeout);
+        let watch = tokio::time::timeout_at(deadline, self.notifier.watch(channel)).await;
+        watch.unwrap_or_else(|_| {
+            tracing::debug!("subscribing to release notifications timed out; polling");
+            None
+        })
     }
 }
 

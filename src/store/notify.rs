@@ -29,6 +29,8 @@ use tokio::sync::futures::Notified;
 
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);
 const MAX_RECONNECT: Duration = Duration::from_millis(100);
+/// How long resubscribing after a lost connection may take: a store's default deadline.
+const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A store's subscriber connection, and the names this process watches.
 pub(crate) struct Notifier {
@@ -96,6 +98,7 @@ impl Notifier {
             notifier: self.clone(),
             channel,
             notify,
+            subscribed_now: !subscribed,
         };
         if subscribed {
             return Some(watch);
@@ -173,13 +176,16 @@ async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_RECONNECT);
             let _commands = notifier.commands.lock().await;
-            let Ok(pubsub) = notifier.client.get_async_pubsub().await else {
+            // Bounded, since redis-rs bounds neither: a connection or a `SUBSCRIBE` that hangs
+            // (a network cut) would hold `commands`, and so every new watch, for good.
+            let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, async {
+                let (mut sink, stream) = notifier.client.get_async_pubsub().await?.split();
+                sink.subscribe(&watched).await?;
+                Ok::<_, redis::RedisError>((sink, stream))
+            });
+            let Ok(Ok((sink, stream))) = subscribed.await else {
                 continue;
             };
-            let (mut sink, stream) = pubsub.split();
-            if sink.subscribe(&watched).await.is_err() {
-                continue;
-            }
             notifier.state().sink = Some(sink);
             tracing::debug!(channels = watched.len(), "release notifications resumed");
             break stream;
@@ -192,9 +198,17 @@ pub(crate) struct Watch {
     notifier: Arc<Notifier>,
     channel: Vec<u8>,
     notify: Arc<Notify>,
+    /// Whether this watch subscribed (rather than finding the channel watched in this process).
+    subscribed_now: bool,
 }
 
 impl Watch {
+    /// Whether this watch made the subscription, so that a release published just before it
+    /// was confirmed may have gone unseen.
+    pub(crate) fn subscribed_now(&self) -> bool {
+        self.subscribed_now
+    }
+
     /// Resolves at the next release published for the name (one already published since the
     /// last call counts), or when the subscriber connection was lost.
     pub(crate) fn released(&self) -> Notified<'_> {

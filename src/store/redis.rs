@@ -38,7 +38,20 @@ pub(super) const ARGS_LEN: usize = 64;
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
 /// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a refused writer attempt's secret, `PX` 500 ms (at most the TTL) |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
-/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, never expires |
+/// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, `PX` an hour from the lock's last acquisition (or one TTL, if longer) |
+///
+/// A fence is `max(last + 1, server µs)`, so the counter only matters the few µs it may be ahead
+/// of the server clock: its expiry never lowers a fence, and a name nobody uses leaves no key.
+/// A read acquisition renews the counter's hour (it is the write generation readers see), but
+/// never creates it.
+///
+/// A call that finds its connection dropped or refused (a restart, a reset; not a timeout) is
+/// sent once more at once, within the same deadline, on the connection the connection manager
+/// or cluster client makes anew. Every command is safe to send twice: the acquire scripts
+/// answer "acquired" (with the fence we were given) when they find our own secret in place, an
+/// unfenced acquire's retry reads the key back with `GET` in the `SET NX`'s pipeline, and
+/// extend and release compare the secret before they act (a release retried after it went
+/// through answers `false`).
 ///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
 /// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a
@@ -195,7 +208,10 @@ where
         let started = self.started();
         let mut conn = self.conn.clone();
         let evalsha = command("EVALSHA", script.sha());
-        let reply = conn.req_packed_command(&evalsha).await;
+        let mut reply = conn.req_packed_command(&evalsha).await;
+        if self.retry(&reply, &mut conn, started)? {
+            reply = conn.req_packed_command(&evalsha).await;
+        }
         match reply.and_then(redis::Value::extract_error) {
             Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
                 self.second_trip(&mut conn, started)?;
@@ -237,8 +253,12 @@ where
 {
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
         self.bounded(async move {
-            let mut conn = self.conn.clone();
-            self.reply(super::check::redis(&mut conn).await)
+            let (started, mut conn) = (self.started(), self.conn.clone());
+            let mut reply = super::check::redis(&mut conn).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = super::check::redis(&mut conn).await;
+            }
+            self.reply(reply)
         })
     }
 
@@ -351,6 +371,7 @@ where
         let notifications = store.notifier.clone().map(|notifier| super::Notifications {
             notifier,
             layout: store.layout.clone(),
+            timeout: store.timeout,
         });
         crate::Store::from_backend(store).with_notifications(notifications)
     }

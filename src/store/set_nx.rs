@@ -41,18 +41,48 @@ where
         secret: &Secret,
     ) -> impl Future<Output = Result<Acquisition>> + Send + 'a {
         let mut command = self.set_nx_command(lock, secret);
+        // Sixteen bytes kept for a retry, rather than a retry's commands built for every call.
+        let secret = secret.clone();
         async move {
             let started = self.started();
             let mut conn = self.conn.clone();
+            let reply = conn.req_packed_command(&command).await;
+            if self.retry(&reply, &mut conn, started)? {
+                // The `SET` may have taken the key before its reply was lost: the retry asks
+                // who holds it too, so our own lease is recognised rather than called busy.
+                let again = self.set_nx_again(lock, &secret);
+                let replies = self.reply(conn.req_packed_commands(&again, 0, 3).await)?;
+                return self.set_nx_answer(lock, replies, Some(&secret));
+            }
             // The reply is not kept across the second round trip.
-            if set_nx_acquired(self.reply(conn.req_packed_command(&command).await)?)? {
+            if set_nx_acquired(self.reply(reply)?)? {
                 return Ok(Acquisition::Acquired { fence: None });
             }
             self.second_trip(&mut conn, started)?;
             // In the same place as the `SET`: one command's room in the state, not two.
             command = self.pttl_command(lock);
-            self.refused(lock, self.reply(conn.req_packed_command(&command).await)?)
+            let mut reply = conn.req_packed_command(&command).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = conn.req_packed_command(&command).await;
+            }
+            self.refused(lock, self.reply(reply)?)
         }
+    }
+
+    /// The retry of a `SET NX PX` whose connection was lost: the `SET` again, the key's value
+    /// and its `PTTL`, in one pipeline. The `GET` tells a key our first `SET` took (its reply
+    /// lost) from one someone else holds; `SET … NX GET` would say it in one command, but only
+    /// from Redis 7.0, and the crate supports 5.0.
+    fn set_nx_again(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Pipeline {
+        let key = self.key_arg(KeyRole::Lock, lock);
+        let mut get = redis::Cmd::with_capacity(2, key.len() + 8);
+        get.arg("GET").arg(key);
+        let mut again = redis::Pipeline::with_capacity(3);
+        again
+            .add_command(self.set_nx_command(lock, secret))
+            .add_command(get)
+            .add_command(self.pttl_command(lock));
+        again
     }
 
     /// [`set_nx`](Self::set_nx) for a name refused lately: the `SET NX PX` and its `PTTL` in
@@ -69,27 +99,49 @@ where
         let mut both = redis::Pipeline::with_capacity(2);
         both.add_command(self.set_nx_command(lock, secret))
             .add_command(self.pttl_command(lock));
+        let secret = secret.clone();
         async move {
+            let started = self.started();
             let mut conn = self.conn.clone();
-            let replies = self.reply(conn.req_packed_commands(&both, 0, 2).await)?;
-            self.set_nx_answer(lock, replies)
+            let reply = conn.req_packed_commands(&both, 0, 2).await;
+            if self.retry(&reply, &mut conn, started)? {
+                let again = self.set_nx_again(lock, &secret);
+                let replies = self.reply(conn.req_packed_commands(&again, 0, 3).await)?;
+                return self.set_nx_answer(lock, replies, Some(&secret));
+            }
+            self.set_nx_answer(lock, self.reply(reply)?, None)
         }
     }
 
-    /// The answers of a pipelined `SET NX PX` and `PTTL`, remembered for the name's next
+    /// The answers of a pipelined `SET NX PX` and `PTTL` (or, for a retry, `SET NX PX`, `GET`
+    /// and `PTTL`, with the `secret` the `GET` may find), remembered for the name's next
     /// acquisition.
-    fn set_nx_answer(&self, lock: LockRef<'_>, replies: Vec<redis::Value>) -> Result<Acquisition> {
-        let mut replies = replies.into_iter();
-        let (Some(set), Some(pttl)) = (replies.next(), replies.next()) else {
-            return Err(Error::UnexpectedReply(
-                "a pipeline of two answered less".into(),
-            ));
-        };
-        if set_nx_acquired(set.extract_error().map_err(Error::Redis)?)? {
+    fn set_nx_answer(
+        &self,
+        lock: LockRef<'_>,
+        replies: Vec<redis::Value>,
+        retried: Option<&Secret>,
+    ) -> Result<Acquisition> {
+        let expected = if retried.is_some() { 3 } else { 2 };
+        if replies.len() != expected {
+            return Err(Error::UnexpectedReply(format!(
+                "a pipeline of {expected} answered {}",
+                replies.len()
+            )));
+        }
+        let mut replies = replies.into_iter().map(redis::Value::extract_error);
+        let mut next = || replies.next().expect("counted above").map_err(Error::Redis);
+        let mut acquired = set_nx_acquired(next()?)?;
+        if let Some(secret) = retried {
+            // Our own secret in place: the first `SET` took the key, and only its reply was lost.
+            let ours = matches!(next()?, redis::Value::BulkString(held) if held == secret.as_bytes().as_slice());
+            acquired |= ours;
+        }
+        if acquired {
             self.contended.acquired(lock.namespace, lock.name);
             return Ok(Acquisition::Acquired { fence: None });
         }
-        self.refused(lock, pttl.extract_error().map_err(Error::Redis)?)
+        self.refused(lock, next()?)
     }
 
     /// A refused acquisition, from the holder's `PTTL`, remembered for the name's next one.

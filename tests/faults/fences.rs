@@ -95,3 +95,87 @@ async fn fences_grow_when_a_cluster_master_restarts_empty() {
     cluster.restart_node(1);
     fences_above_once_back(&store, &name, before).await;
 }
+
+/// Distinct names (as a client sending unknown product ids makes them) leave nothing behind
+/// that does not expire: once their leases ended, the only keys left are fence counters, each
+/// expiring within an hour of its lock's last acquisition; a read acquisition renews its
+/// lock's counter and creates none; and fences still grow when the counter has gone.
+#[tokio::test]
+async fn fence_keys_of_distinct_names_expire_and_fences_still_grow_without_them() {
+    const SHORT: Lock<str> = Lock::new("short", Duration::from_millis(100)).fenced();
+    const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(100)).fenced();
+    const HOUR_MS: i64 = 3_600_000;
+    let server = RedisServer::start();
+    let store = Store::redis(server.connection().await);
+    let mut raw = server.connection().await;
+    let names = 2_000;
+    for i in 0..names {
+        let name = format!("product-{i}");
+        // Abandoned, as a request cut short leaves its lease: it ends by expiry.
+        drop(SHORT.try_lock(&store, &name).await.unwrap().unwrap());
+        let writer = DOCS.try_write(&store, &name).await.unwrap().unwrap();
+        assert!(writer.release().await.unwrap());
+        let reader = DOCS
+            .try_read(&store, &format!("unwritten-{i}"))
+            .await
+            .unwrap();
+        assert_eq!(reader.unwrap().fence(), Some(0));
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.len(),
+        2 * names,
+        "one counter per fenced lock, nothing else"
+    );
+    for key in &keys {
+        assert!(key.ends_with(b":fence"), "{}", String::from_utf8_lossy(key));
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(pttl > HOUR_MS - 60_000 && pttl <= HOUR_MS, "PTTL {pttl}");
+    }
+
+    // A reader renews the counter it reads: the write generation stays while the name is used.
+    let counter = KeyLayout::default().key(KeyRole::RwLockFence, "docs", b"product-0");
+    let () = redis::cmd("PEXPIRE")
+        .arg(&counter)
+        .arg(5_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let reader = DOCS.try_read(&store, "product-0").await.unwrap().unwrap();
+    let generation: u64 = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(reader.fence(), Some(generation));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(pttl > HOUR_MS - 60_000, "renewed by the read: PTTL {pttl}");
+
+    // The counter gone (as it goes after its hour): the next fence is still above the last.
+    let counter = KeyLayout::default().key(KeyRole::LockFence, "short", b"product-0");
+    let last: u64 = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let () = redis::cmd("DEL")
+        .arg(&counter)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let next = SHORT.try_lock(&store, "product-0").await.unwrap().unwrap();
+    assert!(next.fence().unwrap() > last);
+}

@@ -13,6 +13,7 @@ mod layer;
 mod pools;
 mod recovery;
 mod replicas;
+mod restart;
 mod rw_replicas;
 mod store;
 mod waits;

@@ -312,3 +312,39 @@ async fn a_master_down_fails_calls_promptly_and_the_store_recovers_when_it_retur
         restarted.elapsed()
     );
 }
+
+/// A master restarting (and rejoining with its slots) costs no call: the first call on each of
+/// its names after it is back succeeds, through a store made by `connect_cluster`, the cluster
+/// connection's reconnection and the store's retry of a call whose connection was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_master_restarts_succeeds() {
+    let mut cluster = RedisCluster::start();
+    let store: Store = tower_lease::RedisStore::connect_cluster(cluster.urls())
+        .await
+        .unwrap()
+        .into();
+    let names = names();
+    let keys = KeyLayout::default();
+    let victim = cluster.nodes()[1].port();
+    let on_victim: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            let key = keys.key(KeyRole::Lock, "jobs", n.as_bytes());
+            cluster.node_for(&key).port() == victim
+        })
+        .collect();
+    // Connections to every node, in use before the restart.
+    for name in &names {
+        let token = JOBS.try_lock(&store, name).await.unwrap().unwrap();
+        assert!(token.release().await.unwrap());
+    }
+    cluster.restart_node(1);
+    for name in &on_victim {
+        let token = JOBS.try_lock(&store, name).await;
+        let token = token.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(token.expect("free").release().await.unwrap());
+        let read = FENCED_DOCS.try_read(&store, name).await;
+        let read = read.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(read.expect("free").release().await.unwrap());
+    }
+}

@@ -205,9 +205,10 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
 
 /// Two replicas, each with the connection `RedisStore::connect` makes (and so release
 /// notifications): a release in one wakes the other's waiter at once, and a waited acquisition
-/// costs the waiter four commands (the refused `SET` and its `PTTL`, then the `SET` that wins,
-/// with a `PTTL` in its round trip since the name was refused lately), where polling would have
-/// asked every few milliseconds.
+/// costs the waiter six commands (the refused `SET` and its `PTTL`; once subscribed, the same
+/// again in one round trip, since a release may have come before the subscription; then the
+/// `SET` that wins, with a `PTTL` in its round trip since the name was refused lately), where
+/// polling would have asked every few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
     use crate::support::server::{calls, commandstats};
@@ -240,15 +241,16 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
     let pttls = calls(&after, "pttl") - calls(&before, "pttl");
     assert_eq!(
         (sets, pttls),
-        (2, 2),
+        (3, 3),
         "the waiter's commands while waiting 700 ms"
     );
     assert!(token.unwrap().unwrap().release().await.unwrap());
 }
 
 /// The same for a semaphore: a permit released in one replica wakes a waiter for it in the other
-/// at once, through the semaphore's channel; the waiter's attempts are the one refused at first
-/// and the one that wins (by `evalsha` calls of the permit scripts: 2, with the release's 1).
+/// at once, through the semaphore's channel; the waiter's attempts are the one refused at first,
+/// the one once subscribed, and the one that wins (by `evalsha` calls of the permit scripts: 3,
+/// with the release's 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once() {
     use crate::support::server::{calls, commandstats};
@@ -284,8 +286,8 @@ async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once
     );
     let scripts = calls(&after, "evalsha") - calls(&before, "evalsha");
     assert_eq!(
-        scripts, 3,
-        "two attempts and one release in 700 ms of waiting"
+        scripts, 4,
+        "three attempts and one release in 700 ms of waiting"
     );
     assert!(permit.unwrap().unwrap().release().await.unwrap());
 }

@@ -43,6 +43,26 @@ impl RedisServer {
         panic!("redis-server did not start on any of 10 free ports");
     }
 
+    /// Like [`start`](Self::start), with persistence: every write appended and fsynced to an
+    /// append-only file in a directory of its own, so a [`restart`](Self::restart), even after
+    /// `SIGKILL`, finds the data again.
+    pub fn start_persistent() -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tower-lease-aof-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for the append-only file");
+        let dir = dir.to_string_lossy().into_owned();
+        Self::start_with(&[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            &dir,
+        ])
+    }
+
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -76,7 +96,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port, empty (no persistence).
+    /// Starts the server again on the same port: empty, unless it was started with
+    /// [`start_persistent`](Self::start_persistent).
     pub fn restart(&mut self) {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);

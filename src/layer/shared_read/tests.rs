@@ -151,6 +151,39 @@ async fn an_abandoned_leader_sends_its_waiters_back_and_a_waiter_can_be_the_last
     assert!(writer_gets_in(&store).await, "released in the background");
 }
 
+/// Shares of many distinct names, each led, joined and left: the registry keeps no entry for a
+/// name once its last request is out.
+#[tokio::test(start_paused = true)]
+async fn shares_of_many_names_leave_no_entry_behind() {
+    let (store, reads) = (Store::memory(), Arc::new(SharedReads::default()));
+    for i in 0..10_000u32 {
+        let name = i.to_string();
+        let Entry::Leading(leader) = reads.enter(name.as_bytes()) else {
+            panic!("no share yet: this request leads")
+        };
+        let attempt = Holding::acquire(
+            store.clone(),
+            DOCS.spec(),
+            Mode::Read,
+            Cow::Owned(name.as_bytes().to_vec()),
+        )
+        .await;
+        let Ok(Attempt::Acquired(first)) = leader.publish(attempt, Instant::now(), TIMING) else {
+            panic!("the lock is free")
+        };
+        let Entry::Joined(second) = reads.enter(name.as_bytes()) else {
+            panic!("a held share takes newcomers")
+        };
+        first.release().await;
+        second.release().await;
+    }
+    assert!(
+        reads.lock().is_empty(),
+        "{} shares left",
+        reads.lock().len()
+    );
+}
+
 /// Tasks on two threads join, wait, lead and leave one name as fast as they can: nobody ever
 /// holds a released lease, and at the end the registry is empty and the lock free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,11 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  -- A retry of an acquisition whose reply was lost finds our own permit in place: acquired.
+  -- (With room left, the ZADD below takes it again, unchanged but for its lease end.)
+  if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+    return {1, 0}
+  end
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   -- No member at all only with a limit of 0, which the callers never send.
   return {0, first[2] and (tonumber(first[2]) - now) or 0}

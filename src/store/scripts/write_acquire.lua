@@ -9,6 +9,11 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
 local writer = redis.call('PTTL', KEYS[1])
 if writer ~= -2 then
+  -- A retry of an acquisition whose reply was lost finds our own secret in place: acquired,
+  -- with the fence we were given (the counter's value as long as we hold the lock).
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return {1, KEYS[4] and tonumber(redis.call('GET', KEYS[4]) or '0') or 0}
+  end
   return {0, writer}
 end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
@@ -22,10 +27,12 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('DEL', KEYS[3])
 if KEYS[4] then
-  -- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter.
+  -- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter,
+  -- and the counter expires an hour after the last acquisition (or one TTL, if longer).
   local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
   local fence = math.max(tonumber(redis.call('GET', KEYS[4]) or '0') + 1, micros)
-  redis.call('SET', KEYS[4], string.format('%d', fence))
+  local life = math.max(3600000, tonumber(ARGV[2]))
+  redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', life)
   return {1, fence}
 end
 return {1, 0}
