@@ -2,8 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::redis::NO_SCRIPT;
-use super::scripts::{Holder, Lua, holder_script};
+use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
 use crate::{Error, Result};
 

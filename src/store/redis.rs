@@ -14,7 +14,7 @@ use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
-    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
+    ACQUIRE, Holder, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
     WRITE_ACQUIRE, holder_script,
 };
 use super::watchdog;
@@ -376,8 +376,6 @@ where
         crate::Store::from_backend(store).with_notifications(notifications)
     }
 }
-
-pub(super) const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
 
 #[cfg(test)]
 #[path = "redis_tests.rs"]

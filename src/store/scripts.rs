@@ -63,3 +63,7 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
         (Mode::Permit, Holder::Release) => (&PERMIT_RELEASE, KeyRole::Permits),
     }
 }
+
+/// The error Redis answers an `EVALSHA` whose script it does not have (after `SCRIPT FLUSH`, a
+/// restart, or on a new cluster node): the call is sent again as `EVAL`.
+pub(super) const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
