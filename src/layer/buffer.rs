@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
@@ -103,10 +103,7 @@ where
         // A declared length over the limit is refused before a byte is read.
         if body.size_hint().lower() > limit as u64 {
             let problem = Problem::BodyTooLarge { limit };
-            let state = BufferState::Refusing {
-                problem,
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-            };
+            let state = BufferState::Refusing { problem };
             return BufferFuture { state, config };
         }
         let read = async move {
@@ -152,7 +149,6 @@ pin_project! {
         // The layer answers by itself.
         Refusing {
             problem: Problem,
-            status: StatusCode,
         },
         Done,
     }
@@ -191,24 +187,21 @@ where
                             let limit = config.body_limit;
                             tracing::debug!(namespace, limit, "request body too large");
                             let problem = Problem::BodyTooLarge { limit };
-                            let status = StatusCode::PAYLOAD_TOO_LARGE;
-                            BufferState::Refusing { problem, status }
+                            BufferState::Refusing { problem }
                         }
                         // Reading → Refusing: the body broke off (the client went away, or
                         // sent a malformed chunk).
                         Ok(Err(error)) => {
                             tracing::debug!(namespace, %error, "request body unreadable");
                             let problem = Problem::BodyUnreadable;
-                            let status = StatusCode::BAD_REQUEST;
-                            BufferState::Refusing { problem, status }
+                            BufferState::Refusing { problem }
                         }
                         // Reading → Refusing: not in time.
                         Err(_elapsed) => {
                             let after = config.body_timeout;
                             tracing::debug!(namespace, ?after, "request body too slow");
                             let problem = Problem::BodyTimeout { after };
-                            let status = StatusCode::REQUEST_TIMEOUT;
-                            BufferState::Refusing { problem, status }
+                            BufferState::Refusing { problem }
                         }
                     };
                     this.state.set(next);
@@ -219,8 +212,8 @@ where
                     this.state.set(BufferState::Done);
                     return Poll::Ready(response);
                 }
-                BufferStateProj::Refusing { problem, status } => {
-                    let response = config.renderer.respond(*problem, *status, namespace);
+                BufferStateProj::Refusing { problem } => {
+                    let response = config.refuse(*problem);
                     // Refusing → Done.
                     this.state.set(BufferState::Done);
                     return Poll::Ready(Ok(response));

@@ -4,9 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Response, StatusCode};
 
+use super::body::LeaseBody;
 use super::lease_lost::LeaseLost;
+use super::problem::Problem;
 use super::rejection::Renderer;
 use super::shared_read::SharedReads;
 use crate::Store;
@@ -100,5 +102,14 @@ impl Config {
             first_beat_timer: Watchdog::new(every),
             shared_reads: None,
         }
+    }
+}
+
+impl Config {
+    /// The layer's answer to `problem`, with the status the problem has (see
+    /// [`Problem::status`]), rendered by the layer's hook if it has one.
+    pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
+        let status = problem.status(self.held_status);
+        self.renderer.respond(problem, status, self.spec.namespace)
     }
 }

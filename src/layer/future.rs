@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -88,12 +88,10 @@ pin_project! {
             release: FinishOnDrop<()>,
             wait: Overdue,
             problem: Problem,
-            status: StatusCode,
         },
         // The layer answers by itself.
         Refusing {
             problem: Problem,
-            status: StatusCode,
         },
         Done,
     }
@@ -127,13 +125,8 @@ where
     }
 
     /// Refuses the request without asking the store.
-    pub(crate) fn refused(
-        problem: Problem,
-        status: StatusCode,
-        config: Arc<Config>,
-        span: tracing::Span,
-    ) -> Self {
-        let state = State::Refusing { problem, status };
+    pub(crate) fn refused(problem: Problem, config: Arc<Config>, span: tracing::Span) -> Self {
+        let state = State::Refusing { problem };
         Self {
             state,
             config,
@@ -204,10 +197,7 @@ where
                                 Some(limit) => Problem::Full { retry_after, limit },
                                 None => Problem::Busy { retry_after },
                             };
-                            State::Refusing {
-                                problem,
-                                status: config.held_status,
-                            }
+                            State::Refusing { problem }
                         }
                         // Acquiring → Unlocked: the store failed and the layer fails open.
                         Err(error) if config.fail_open => {
@@ -219,10 +209,8 @@ where
                         // Acquiring → Refusing: the store failed and the layer fails closed.
                         Err(error) => {
                             tracing::warn!(namespace, %error, "lock store failed, request refused");
-                            let problem = Problem::Unavailable;
                             State::Refusing {
-                                problem,
-                                status: StatusCode::SERVICE_UNAVAILABLE,
+                                problem: Problem::Unavailable,
                             }
                         }
                     };
@@ -285,9 +273,7 @@ where
                         // Locked → ReleasingToRefuse: the handler's answer to a body that never
                         // came whole is replaced by the layer's 408.
                         let problem = Problem::BodyTimeout { after };
-                        let status = StatusCode::REQUEST_TIMEOUT;
-                        this.state
-                            .set(releasing_to_refuse(guard, config, problem, status));
+                        this.state.set(releasing_to_refuse(guard, config, problem));
                     } else if config.hold_through_body {
                         // Locked → Done: the body owns the lease from here on, and nobody may
                         // poll it while the client reads slowly, so the heartbeat must run.
@@ -325,16 +311,15 @@ where
                     release,
                     wait,
                     problem,
-                    status,
                 } => {
                     ready!(poll_release(release, wait, cx, namespace));
-                    let response = config.renderer.respond(*problem, *status, namespace);
+                    let response = config.refuse(*problem);
                     // ReleasingToRefuse → Done.
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));
                 }
-                StateProj::Refusing { problem, status } => {
-                    let response = config.renderer.respond(*problem, *status, namespace);
+                StateProj::Refusing { problem } => {
+                    let response = config.refuse(*problem);
                     // Refusing → Done.
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));
@@ -345,13 +330,8 @@ where
     }
 }
 
-/// The state that gives `guard`'s lease back, then answers `problem` with `status`.
-fn releasing_to_refuse<S, B>(
-    guard: LeaseGuard,
-    config: &Config,
-    problem: Problem,
-    status: StatusCode,
-) -> State<S, B>
+/// The state that gives `guard`'s lease back, then answers `problem`.
+fn releasing_to_refuse<S, B>(guard: LeaseGuard, config: &Config, problem: Problem) -> State<S, B>
 where
     S: Service<Request<TimeoutBody<B>>>,
 {
@@ -361,7 +341,6 @@ where
         release,
         wait,
         problem,
-        status,
     }
 }
 
@@ -370,8 +349,7 @@ fn releasing_lost<S, B>(guard: LeaseGuard, config: &Config) -> State<S, B>
 where
     S: Service<Request<TimeoutBody<B>>>,
 {
-    let status = StatusCode::SERVICE_UNAVAILABLE;
-    releasing_to_refuse(guard, config, Problem::Lost, status)
+    releasing_to_refuse(guard, config, Problem::Lost)
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

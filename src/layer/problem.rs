@@ -37,6 +37,22 @@ pub(crate) enum Problem {
 }
 
 impl Problem {
+    /// The status the layer answers this problem with: `refused` (the layer's `held_status`, or
+    /// a semaphore's `full_status`) when the lock is taken, and for the rest the one status
+    /// each problem has.
+    pub(crate) fn status(self, refused: StatusCode) -> StatusCode {
+        match self {
+            Problem::Busy { .. } | Problem::Full { .. } => refused,
+            Problem::InvalidLimit
+            | Problem::InvalidName(_)
+            | Problem::MissingName
+            | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Problem::Unavailable | Problem::Lost => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
     /// The problem `type` URI: stable identifiers clients can match on. They are not meant to
     /// be dereferenced, so they name no host.
     fn type_uri(self) -> &'static str {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -106,9 +106,8 @@ where
                 let span = request_span(namespace, mode);
                 span.in_scope(|| tracing::debug!("no lock name, request refused"));
                 telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
-                let status = StatusCode::BAD_REQUEST;
                 let config = self.config.clone();
-                return ResponseFuture::refused(Problem::MissingName, status, config, span);
+                return ResponseFuture::refused(Problem::MissingName, config, span);
             }
             let req = req.map(TimeoutBody::new);
             return ResponseFuture::unlocked(inner.call(req), self.config.clone());
@@ -121,14 +120,13 @@ where
             span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
             let problem = Problem::InvalidName(defect);
-            let status = StatusCode::BAD_REQUEST;
-            return ResponseFuture::refused(problem, status, self.config.clone(), span);
+            return ResponseFuture::refused(problem, self.config.clone(), span);
         }
         let Some(spec) = self.access.spec(&req, self.config.spec) else {
             span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
-            let (problem, status) = (Problem::InvalidLimit, StatusCode::BAD_REQUEST);
-            return ResponseFuture::refused(problem, status, self.config.clone(), span);
+            let problem = Problem::InvalidLimit;
+            return ResponseFuture::refused(problem, self.config.clone(), span);
         };
         // A refusal of a permit says the semaphore is full, at this request's limit.
         let full_at = (mode == Mode::Permit).then_some(spec.permits);
