@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::boxed::{BoxError, RejectionBody};
 use super::guard::LeaseGuard;
+use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::{Overdue, Watchdog};
@@ -66,7 +67,8 @@ pin_project! {
 enum BodyLease<D> {
     Held {
         guard: LeaseGuard,
-        abort_on_loss: bool,
+        /// What a loss while the body streams does to it.
+        on_loss: LeaseLost,
         /// The layer's timer of its `release_wait`.
         release_timer: Arc<Watchdog>,
     },
@@ -89,17 +91,17 @@ impl<B: Body> LeaseBody<B> {
         }
     }
 
-    /// `body`, holding the lease of `guard` until it ends; `abort_on_loss` is set under
-    /// [`LeaseLost::Abort`](crate::LeaseLost::Abort).
+    /// `body`, holding the lease of `guard` until it ends; under [`LeaseLost::Abort`] a loss
+    /// ends the body with an error.
     pub(crate) fn holding(
         body: B,
         guard: LeaseGuard,
-        abort_on_loss: bool,
+        on_loss: LeaseLost,
         release_timer: Arc<Watchdog>,
     ) -> Self {
         let lease = BodyLease::Held {
             guard,
-            abort_on_loss,
+            on_loss,
             release_timer,
         };
         Self {
@@ -143,14 +145,10 @@ where
                 .map(|frame| frame.map(|frame| frame.map(|f| f.map_data(Into::into)))),
             KindProj::Holding { mut body, lease } => loop {
                 match lease {
-                    BodyLease::Held {
-                        guard,
-                        abort_on_loss,
-                        ..
-                    } => {
+                    BodyLease::Held { guard, on_loss, .. } => {
                         // The deadline first, as before every poll of the inner future: a
                         // process frozen past its lease sends no further frame.
-                        if *abort_on_loss
+                        if *on_loss == LeaseLost::Abort
                             && (guard.over_at(Instant::now()) || guard.poll_lost(cx).is_ready())
                         {
                             // Held → Ended: truncate rather than finish a response whose lease

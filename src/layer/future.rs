@@ -67,8 +67,6 @@ pin_project! {
             inner: S::Future,
             // `Some` until the state is left.
             guard: Option<LeaseGuard>,
-            // Under `LeaseLost::Abort`.
-            abort_on_loss: bool,
             // Set when the request body did not arrive within the layer's `body_timeout`; `None`
             // when the body was complete from the start.
             body_late: Option<Arc<AtomicBool>>,
@@ -176,7 +174,6 @@ where
                         // Acquiring → Locked.
                         Ok(Attempt::Acquired(guard)) => {
                             req.extensions_mut().insert(guard.lease());
-                            let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
                             // The body is read under the lock from here on: it gets its
                             // deadline now, so a trickling client cannot hold the lock.
                             let (parts, body) = req.into_parts();
@@ -186,7 +183,6 @@ where
                             State::Locked {
                                 inner,
                                 guard: Some(guard),
-                                abort_on_loss,
                                 body_late,
                             }
                         }
@@ -225,15 +221,15 @@ where
                 StateProj::Locked {
                     inner,
                     guard,
-                    abort_on_loss,
                     body_late,
                 } => {
                     let in_state = "taken once, on leaving the Locked state";
+                    let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
                     let held = guard.as_mut().expect(in_state);
                     // Before every poll of the work: a process frozen past its lease (SIGSTOP,
                     // a pause, a starved executor) must not take the work's next step when it
                     // wakes, whether or not the heartbeat has run since.
-                    if *abort_on_loss && held.over_at(Instant::now()) {
+                    if abort_on_loss && held.over_at(Instant::now()) {
                         tracing::warn!(namespace, "lease lost, inner service cancelled");
                         // Locked → ReleasingToRefuse: replacing the state drops the inner future,
                         // which cancels the handler before the release is sent (when first
@@ -246,15 +242,14 @@ where
                         Poll::Ready(response) => response,
                         Poll::Pending => {
                             held.poll_first_beat(cx, &config.heartbeat, &config.first_beat_timer);
-                            if *abort_on_loss && held.poll_lost(cx).is_ready() {
+                            if abort_on_loss && held.poll_lost(cx).is_ready() {
                                 // Locked → ReleasingToRefuse, on the next turn of the loop.
                                 continue;
                             }
                             return Poll::Pending;
                         }
                     };
-                    let (mut guard, abort_on_loss) =
-                        (guard.take().expect(in_state), *abort_on_loss);
+                    let mut guard = guard.take().expect(in_state);
                     let body_late = body_late
                         .as_ref()
                         .is_some_and(|late| late.load(Ordering::Relaxed));
@@ -282,7 +277,7 @@ where
                         return Poll::Ready(response.map(|res| {
                             res.map(|body| {
                                 let timer = config.release_timer.clone();
-                                LeaseBody::holding(body, guard, abort_on_loss, timer)
+                                LeaseBody::holding(body, guard, config.on_lease_lost, timer)
                             })
                         }));
                     } else {
