@@ -234,14 +234,24 @@ impl<'a> LockRef<'a> {
     ///
     /// The caller is responsible for what the definitions check: a valid namespace, a name of 1
     /// to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes and a TTL of at least 1 ms.
-    pub fn new(namespace: &'a str, name: &'a [u8], ttl: Duration, fenced: bool) -> Self {
+    /// It is unfenced, not writer-preferred and no semaphore until the builders below say so.
+    pub fn new(namespace: &'a str, name: &'a [u8], ttl: Duration) -> Self {
         Self {
             namespace,
             name,
             ttl,
-            fenced,
+            fenced: false,
             writer_preferred: false,
             permits: 0,
+        }
+    }
+
+    /// The same lock, [fenced](crate::Lock::fenced): exclusive and write acquisitions issue a
+    /// fence.
+    pub fn fenced(self) -> Self {
+        Self {
+            fenced: true,
+            ..self
         }
     }
 

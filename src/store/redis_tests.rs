@@ -48,7 +48,7 @@ fn the_deadline_holds_in_every_runtime_a_store_is_used_from() {
             .unwrap();
         runtime.block_on(async {
             for _ in 0..2 {
-                let lock = LockRef::new("ns", b"name", Duration::from_secs(1), false);
+                let lock = LockRef::new("ns", b"name", Duration::from_secs(1));
                 let started = Instant::now();
                 let calls = futures_util::future::join(
                     store.acquire(LeaseRef::new(lock, Mode::Exclusive, &secret)),

@@ -19,7 +19,14 @@ async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
     let names: Vec<Vec<u8>> = (0..40).map(|i| format!("n{i}").into_bytes()).collect();
     let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
     let tokens: Vec<Secret> = names.iter().map(|_| Secret::random()).collect();
-    let lock = |i: usize| LockRef::new("batch", &names[i], TTL, i.is_multiple_of(7));
+    let lock = |i: usize| {
+        let lock = LockRef::new("batch", &names[i], TTL);
+        if i.is_multiple_of(7) {
+            lock.fenced()
+        } else {
+            lock
+        }
+    };
     let lease = |i: usize, secret| LeaseRef::new(lock(i), modes[i % 3], secret);
     for (i, secret) in tokens.iter().enumerate() {
         let acquired = backend.acquire(lease(i, secret)).await;
@@ -32,7 +39,7 @@ async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
     let nobody = b"nobody".to_vec();
     let mut leases: Vec<LeaseRef<'_>> = (0..names.len()).map(|i| lease(i, &tokens[i])).collect();
     leases.insert(5, lease(5, &stranger));
-    let nobody = LockRef::new("batch", &nobody, TTL, false);
+    let nobody = LockRef::new("batch", &nobody, TTL);
     leases.push(LeaseRef::new(nobody, Mode::Exclusive, &stranger));
 
     tokio::time::sleep(Duration::from_millis(300)).await;

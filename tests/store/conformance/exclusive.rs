@@ -91,7 +91,7 @@ async fn only_the_holder_releases_or_extends(env: Env) {
     );
 
     // Anyone without the token is refused, whatever they ask for.
-    let lock = LockRef::new(LONG.namespace(), b"holder-only", LONG.ttl(), false);
+    let lock = LockRef::new(LONG.namespace(), b"holder-only", LONG.ttl());
     assert_strangers_refused(&env.store, lock, Mode::Exclusive).await;
     assert!(
         LONG.try_lock(&env.store, "holder-only")

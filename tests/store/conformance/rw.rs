@@ -122,7 +122,7 @@ async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
 
 async fn reader_and_writer_tokens_are_holder_only(env: Env) {
     let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
-    let lock = LockRef::new(short.namespace(), b"tokens", short.ttl(), false);
+    let lock = LockRef::new(short.namespace(), b"tokens", short.ttl());
 
     let reader = short.try_read(&env.store, "tokens").await.unwrap().unwrap();
     assert_strangers_refused(&env.store, lock, Mode::Read).await;

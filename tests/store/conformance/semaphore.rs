@@ -134,7 +134,7 @@ async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
 async fn permits_are_holder_only(env: Env) {
     let store = &env.store;
     let _held = EXPORTS.try_acquire(store, "t").await.unwrap().unwrap();
-    let lock = LockRef::new("export", b"t", EXPORTS.ttl(), false).permits(3);
+    let lock = LockRef::new("export", b"t", EXPORTS.ttl()).permits(3);
     assert_strangers_refused(store, lock, Mode::Permit).await;
     assert_eq!(EXPORTS.in_use(store, "t").await.unwrap(), 1);
 }

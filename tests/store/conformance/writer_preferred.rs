@@ -123,7 +123,7 @@ async fn without_the_preference_readers_keep_coming_in(env: Env) {
 async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let backend = env.store.backend();
     let (mine, other) = (Secret::random(), Secret::random());
-    let lock = LockRef::new("extend-intent", b"doc", TTL, false).writer_preferred();
+    let lock = LockRef::new("extend-intent", b"doc", TTL).writer_preferred();
     let reader = LeaseRef::new(lock, Mode::Read, &mine);
     let acquired = backend.acquire(reader).await.unwrap();
     assert!(matches!(
