@@ -74,17 +74,14 @@ pub(crate) struct Config {
 
 impl Config {
     pub(crate) fn new(store: Store, spec: Spec) -> Self {
-        let every = spec.ttl / 3;
+        let timing = HeartbeatTiming::for_ttl(spec.ttl);
         let heartbeat = store.heartbeat().clone();
         Self {
             store,
             spec,
             held_status: StatusCode::CONFLICT,
             fail_open: false,
-            timing: HeartbeatTiming {
-                every,
-                max_hold: None,
-            },
+            timing,
             heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
@@ -99,7 +96,7 @@ impl Config {
             renderer: Renderer::default(),
             release_wait: DEFAULT_RELEASE_WAIT,
             release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
-            first_beat_timer: Watchdog::new(every),
+            first_beat_timer: Watchdog::new(timing.every),
             shared_reads: None,
         }
     }

@@ -66,10 +66,7 @@ impl<T> Held<T> {
     /// Keeps `holding` alive in its store's heartbeat, from its last confirmed acquire or
     /// extend on.
     pub(crate) fn new(holding: Holding) -> Self {
-        let timing = HeartbeatTiming {
-            every: holding.ttl() / 3,
-            max_hold: None,
-        };
+        let timing = HeartbeatTiming::for_ttl(holding.ttl());
         let (sent_at, heartbeat) = (holding.confirmed_at(), holding.store().heartbeat().clone());
         let mut own = OwnLease::new(holding, sent_at, timing);
         own.enrol_now(&heartbeat);

@@ -32,6 +32,17 @@ pub(crate) struct HeartbeatTiming {
     pub(crate) max_hold: Option<Duration>,
 }
 
+impl HeartbeatTiming {
+    /// The default for a lease of `ttl`: extended every third of it, so two extensions can
+    /// fail before it runs out; no `max_hold`.
+    pub(crate) fn for_ttl(ttl: Duration) -> Self {
+        Self {
+            every: ttl / 3,
+            max_hold: None,
+        }
+    }
+}
+
 /// A layer's handle on its heartbeat driver, shared by every service and guard it makes.
 #[derive(Clone, Default)]
 pub(crate) struct Heartbeat {
