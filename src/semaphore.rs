@@ -4,10 +4,11 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::lock::Spec;
+use crate::attempt::Attempt;
 use crate::name::{LockName, check_name};
+use crate::spec::Spec;
 use crate::store::{Mode, Store};
-use crate::token::{Attempt, Permit};
+use crate::token::Permit;
 use crate::{Error, Result};
 
 /// A counting lock: per name, at most `permits` holders at once across every process that

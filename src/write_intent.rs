@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::finish_on_drop::FinishOnDrop;
-use crate::lock::Spec;
+use crate::spec::Spec;
 use crate::store::{LeaseRef, Mode, Secret, Store};
 
 /// A waiting writer's part in the write intent of a

@@ -13,7 +13,7 @@ use super::rejection::Renderer;
 use super::shared_read::SharedReads;
 use crate::Store;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lock::Spec;
+use crate::spec::Spec;
 use crate::store::watchdog::Watchdog;
 
 /// How long a response waits for its release by default: a healthy store answers in a round

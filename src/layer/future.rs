@@ -19,9 +19,9 @@ use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
+use crate::attempt::Attempt;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::Overdue;
-use crate::token::Attempt;
 
 pin_project! {
     /// The response future of [`LockService`](super::LockService).

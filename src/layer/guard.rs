@@ -12,13 +12,14 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::shared_read::SharedRead;
 use crate::Result;
+use crate::attempt::Attempt;
 use crate::finish_on_drop::FinishOnDrop;
+use crate::holding::Holding;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
 use crate::store::BoxFuture;
 use crate::store::watchdog::Watchdog;
-use crate::token::{Attempt, Holding};
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;

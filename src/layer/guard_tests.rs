@@ -4,9 +4,9 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use super::*;
-use crate::lock::Spec;
+use crate::attempt::Attempt;
+use crate::spec::Spec;
 use crate::store::Mode;
-use crate::token::Attempt;
 use crate::{Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));

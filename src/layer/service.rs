@@ -21,12 +21,13 @@ use super::problem::Problem;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
+use crate::attempt::Attempt;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
-use crate::lock::Spec;
+use crate::holding::Holding;
 use crate::owned_name::OwnedName;
+use crate::spec::Spec;
 use crate::store::Mode;
 use crate::telemetry;
-use crate::token::{Attempt, Holding};
 use crate::wait;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.

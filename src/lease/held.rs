@@ -17,7 +17,7 @@ use super::heartbeat::HeartbeatTiming;
 use super::own::OwnLease;
 use super::state::LeaseState;
 use crate::Result;
-use crate::token::Holding;
+use crate::holding::Holding;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
 /// ([`LockToken::keep_alive`](crate::LockToken::keep_alive),

@@ -10,8 +10,8 @@ use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::holding::Holding;
 use crate::telemetry::{self, LossReason};
-use crate::token::Holding;
 
 /// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held
 /// lease.

@@ -8,12 +8,9 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
-use crate::lease::heartbeat::Heartbeat;
-use crate::wait::WaitRooms;
 
 mod check;
 mod connect;
@@ -21,6 +18,7 @@ mod contended;
 mod deadline;
 mod extend_many;
 mod fence_counters;
+mod handle;
 mod keys;
 mod memory;
 mod notify;
@@ -30,6 +28,8 @@ mod set_nx;
 pub(crate) mod watchdog;
 
 pub use self::check::Warning;
+pub(crate) use self::handle::Notifications;
+pub use self::handle::Store;
 pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
 pub(crate) use self::notify::Watch;
@@ -43,144 +43,6 @@ pub(crate) const WRITE_INTENT_WINDOW: Duration = Duration::from_millis(500);
 
 /// A boxed, `Send` future, as [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A cheap, cloneable handle on a lease store.
-///
-/// ```
-/// # async fn connect(client: redis::Client) -> redis::RedisResult<()> {
-/// use tower_lease::{RedisStore, Store};
-///
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// let store = Store::redis(conn.clone());
-///
-/// // With options:
-/// let store: Store = RedisStore::new(conn)
-///     .prefix("billing-locks")
-///     .timeout(std::time::Duration::from_millis(250))
-///     .into();
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct Store {
-    backend: Arc<dyn Backend>,
-    /// This process's waiters for locks in this store.
-    waits: Arc<WaitRooms>,
-    /// Release notifications from the store, when it publishes them.
-    notifications: Option<Notifications>,
-    /// The one heartbeat of the leases held in this store, shared by every layer and every
-    /// [`Held`](crate::Held) of the process.
-    heartbeat: Heartbeat,
-}
-
-/// A store's release notifications, and how it names their channels.
-#[derive(Clone, Debug)]
-pub(crate) struct Notifications {
-    pub(crate) notifier: Arc<notify::Notifier>,
-    pub(crate) layout: KeyLayout,
-    /// The store's deadline, which bounds a subscription too.
-    pub(crate) timeout: Duration,
-}
-
-impl Notifications {
-    /// Watches the releases of `name` in `namespace` (the lock of `mode`); `None` when the
-    /// subscription failed, or was not confirmed within the store's deadline or by `deadline`
-    /// (redis-rs bounds neither a subscriber's connection nor its `SUBSCRIBE`).
-    pub(crate) async fn watch(
-        &self,
-        mode: Mode,
-        namespace: &str,
-        name: &[u8],
-        deadline: tokio::time::Instant,
-    ) -> Option<notify::Watch> {
-        let channel = notify::channel(&self.layout, mode, namespace, name);
-        let deadline = deadline.min(tokio::time::Instant::now() + self.timeout);
-        let watch = tokio::time::timeout_at(deadline, self.notifier.watch(channel)).await;
-        watch.unwrap_or_else(|_| {
-            tracing::debug!("subscribing to release notifications timed out; polling");
-            None
-        })
-    }
-}
-
-impl Store {
-    /// A store on Redis with the default options (prefix `tower-lease`, 1 s deadline per call).
-    ///
-    /// Any redis-rs async connection works: `ConnectionManager` (reconnects by itself),
-    /// `MultiplexedConnection`, or with the `cluster` feature the cluster's async connection.
-    pub fn redis<C>(conn: C) -> Self
-    where
-        C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        RedisStore::new(conn).into()
-    }
-
-    /// A store in this process's memory, with the same semantics as Redis.
-    ///
-    /// It only coordinates tasks of one process: use it for tests, for single-replica
-    /// deployments, and to run the examples without Redis. It keeps time with
-    /// [`tokio::time::Instant`], so tests can pause and advance time.
-    pub fn memory() -> Self {
-        Self::from_backend(MemoryStore::new())
-    }
-
-    /// A store on any [`Backend`].
-    pub fn from_backend(backend: impl Backend) -> Self {
-        Self {
-            backend: Arc::new(backend),
-            waits: Arc::default(),
-            notifications: None,
-            heartbeat: Heartbeat::default(),
-        }
-    }
-
-    /// This store, with release notifications for its waiters.
-    pub(crate) fn with_notifications(mut self, notifications: Option<Notifications>) -> Self {
-        self.notifications = notifications;
-        self
-    }
-
-    /// The store's release notifications, if it has them.
-    pub(crate) fn notifications(&self) -> Option<&Notifications> {
-        self.notifications.as_ref()
-    }
-
-    /// This process's waiters for locks in this store.
-    pub(crate) fn wait_rooms(&self) -> &Arc<WaitRooms> {
-        &self.waits
-    }
-
-    /// The heartbeat of the leases held in this store.
-    pub(crate) fn heartbeat(&self) -> &Heartbeat {
-        &self.heartbeat
-    }
-
-    /// The backend behind this handle.
-    pub fn backend(&self) -> &dyn Backend {
-        &*self.backend
-    }
-
-    /// Checks the store's setup for what can break the locks' guarantees: for Redis, a server
-    /// older than 5.0 or a `maxmemory-policy` that can evict lock keys (on every primary of a
-    /// cluster). Call it once at startup and report what it finds; it logs nothing itself.
-    ///
-    /// ```
-    /// # async fn startup(store: tower_lease::Store) -> Result<(), tower_lease::Error> {
-    /// for warning in store.check().await? {
-    ///     eprintln!("lock store: {warning}");
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn check(&self) -> Result<Vec<Warning>> {
-        self.backend.check().await
-    }
-}
-
-impl fmt::Debug for Store {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").finish_non_exhaustive()
-    }
-}
 
 /// Which lease a [`Backend`] call is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

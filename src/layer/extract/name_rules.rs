@@ -1,6 +1,8 @@
 //! The rules a lock name taken from a request must meet, checked in one place: by the service,
 //! before the store is asked.
 
+use crate::name::check_name;
+
 /// What is wrong with a name taken from a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NameDefect {
@@ -15,7 +17,7 @@ impl NameDefect {
     /// The defect of `name`, if any. Every name must fit the store; unless `binary` is set, it
     /// must also be text (see [`binary_names`](crate::LockLayer::binary_names)).
     pub(crate) fn of(name: &[u8], binary: bool) -> Option<NameDefect> {
-        if name.is_empty() || name.len() > crate::MAX_NAME_LEN {
+        if check_name(name).is_err() {
             return Some(NameDefect::Length(name.len()));
         }
         if binary {

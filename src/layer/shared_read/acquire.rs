@@ -6,9 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
+use crate::attempt::Attempt;
+use crate::holding::Holding;
 use crate::lease::heartbeat::HeartbeatTiming;
 use crate::lease::own::OwnLease;
-use crate::token::{Attempt, Holding};
 use crate::{Error, Result};
 
 /// A request waiting for the acquisition another request of its share sent.

@@ -41,12 +41,12 @@ mod acquire;
 pub(crate) use self::acquire::{Leader, Waiter};
 
 use crate::Error;
+use crate::holding::Holding;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
 use crate::store::BoxFuture;
 use crate::store::watchdog::{Overdue, Watchdog};
-use crate::token::Holding;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.

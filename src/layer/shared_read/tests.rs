@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::Result;
+use crate::attempt::Attempt;
 use crate::store::Mode;
 use crate::telemetry::LossReason;
-use crate::token::Attempt;
 use crate::{RwLock, Store};
 
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(300));

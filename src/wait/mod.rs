@@ -6,21 +6,19 @@
 //! herd. The turn is a one-permit [`tokio::sync::Semaphore`], whose queue is FIFO.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore};
 use tokio::time::{Instant, sleep_until};
 
+use crate::attempt::Attempt;
 use crate::finish_on_drop::{Acquired, FinishOnDrop};
-use crate::lock::Spec;
+use crate::holding::Holding;
+use crate::spec::Spec;
 use crate::store::{Mode, Secret, Store};
 use crate::telemetry::{self, AcquireOutcome};
-use crate::token::{Attempt, Holding};
 use crate::write_intent::KeptIntent;
+
+pub(crate) mod rooms;
 
 /// The first wait between polls for a release in another process; it doubles up to
 /// [`MAX_POLL`], never past the holder's remaining lease.
@@ -31,186 +29,6 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 /// a slow poll remains, in case a notification is lost (a subscription that raced its own
 /// removal, a publish on a node that failed over).
 const WATCHED_POLL: Duration = Duration::from_secs(1);
-
-/// Which lease a waiter waits for. Readers and writers of an `RwLock` wait in rooms of their
-/// own: a waiting writer must not hold back readers that would be let in at once, nor the
-/// other way round.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Name {
-    mode: Mode,
-    namespace: &'static str,
-    name: Box<[u8]>,
-}
-
-impl Name {
-    fn new(mode: Mode, namespace: &'static str, name: &[u8]) -> Self {
-        Name {
-            mode,
-            namespace,
-            name: name.into(),
-        }
-    }
-}
-
-/// The waiters of one name in this process.
-struct Room {
-    /// One permit: whoever holds it contends on the store.
-    turn: Semaphore,
-    /// Told when this process releases a lease of the name.
-    released: Notify,
-    /// Told when the waiter with the turn found the store failing: the others try at once
-    /// rather than queue behind one failing call after another until their deadlines.
-    store_failed: Notify,
-    /// Set by a waiter that took the lock as it passes the turn on: the next one waits for this
-    /// process's release instead of asking the store about a lock it knows is held.
-    held_here: AtomicBool,
-}
-
-/// A store's waiting rooms, one per name that has waiters.
-#[derive(Default)]
-pub(crate) struct WaitRooms {
-    rooms: Mutex<HashMap<Name, Arc<Room>>>,
-    /// How many rooms there are, read without the lock: every release asks, and almost always
-    /// nobody waits.
-    open: AtomicUsize,
-}
-
-impl fmt::Debug for WaitRooms {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner()).len();
-        f.debug_struct("WaitRooms").field("rooms", &rooms).finish()
-    }
-}
-
-impl WaitRooms {
-    /// Enters the room of `name`; leaving is dropping the [`Seat`].
-    pub(crate) fn enter(
-        self: &Arc<Self>,
-        mode: Mode,
-        namespace: &'static str,
-        name: &[u8],
-    ) -> Seat {
-        let name = Name::new(mode, namespace, name);
-        let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        // Cloned under the map's lock, as seats are dropped, so a room's count of references
-        // says how many are seated.
-        let room = rooms.entry(name.clone()).or_insert_with(|| {
-            Arc::new(Room {
-                turn: Semaphore::new(1),
-                released: Notify::new(),
-                store_failed: Notify::new(),
-                held_here: AtomicBool::new(false),
-            })
-        });
-        let room = room.clone();
-        self.open.store(rooms.len(), Ordering::Release);
-        Seat {
-            rooms: self.clone(),
-            name,
-            room,
-        }
-    }
-
-    /// Says this process released a lease of `name`: the waiter whose turn it is tries now.
-    pub(crate) fn released(&self, mode: Mode, namespace: &'static str, name: &[u8]) {
-        if self.open.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        // Any release of an `RwLock` may let readers or writers in.
-        let freed: &[Mode] = match mode {
-            Mode::Exclusive => &[Mode::Exclusive],
-            Mode::Permit => &[Mode::Permit],
-            Mode::Read | Mode::Write => &[Mode::Read, Mode::Write],
-        };
-        let mut name = Name::new(mode, namespace, name);
-        for &mode in freed {
-            name.mode = mode;
-            if let Some(room) = rooms.get(&name) {
-                room.released.notify_one();
-            }
-        }
-    }
-
-    /// How many names have waiters in this process (for tests: 0 once every waiter is gone).
-    #[cfg(test)]
-    pub(crate) fn rooms(&self) -> usize {
-        self.rooms.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-}
-
-/// A waiter's place in the room of a name; the room goes with its last seat.
-pub(crate) struct Seat {
-    rooms: Arc<WaitRooms>,
-    name: Name,
-    room: Arc<Room>,
-}
-
-impl Seat {
-    /// Waits for this waiter's turn to contend, until `deadline`; `None` when it passed first,
-    /// or when the waiter with the turn found the store failing.
-    pub(crate) async fn turn(&self, deadline: Instant) -> Option<Turn<'_>> {
-        if let Ok(_permit) = self.room.turn.try_acquire() {
-            let queued = false;
-            return Some(Turn {
-                seat: self,
-                _permit,
-                queued,
-            });
-        }
-        tokio::select! {
-            permit = self.room.turn.acquire() => {
-                let _permit = permit.expect("the turn semaphore is never closed");
-                let queued = true;
-                Some(Turn { seat: self, _permit, queued })
-            }
-            () = self.room.store_failed.notified() => None,
-            () = sleep_until(deadline) => None,
-        }
-    }
-}
-
-impl Drop for Seat {
-    fn drop(&mut self) {
-        let mut rooms = self.rooms.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's copy and ours: nobody else is seated.
-        if Arc::strong_count(&self.room) == 2 {
-            rooms.remove(&self.name);
-            self.rooms.open.store(rooms.len(), Ordering::Release);
-        }
-    }
-}
-
-/// The right to contend on the store for a name, until dropped.
-pub(crate) struct Turn<'a> {
-    seat: &'a Seat,
-    _permit: tokio::sync::SemaphorePermit<'a>,
-    /// Whether the waiter queued for it behind others of this process.
-    queued: bool,
-}
-
-impl Turn<'_> {
-    /// A wake-up registered now, before the attempt it follows, so a release that lands between
-    /// the attempt and the wait is not missed.
-    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
-        self.seat.room.released.notified()
-    }
-
-    /// Whether the waiter that had the turn before took the lock (and so this process holds it).
-    fn inherit_held(&self) -> bool {
-        self.seat.room.held_here.swap(false, Ordering::AcqRel)
-    }
-
-    /// Says the store failed this waiter's attempt, for the ones queued behind it.
-    fn pass_on_failure(&self) {
-        self.seat.room.store_failed.notify_waiters();
-    }
-
-    /// Says this waiter took the lock, for the next one.
-    fn pass_on_held(&self) {
-        self.seat.room.held_here.store(true, Ordering::Release);
-    }
-}
 
 /// The waits between attempts of one waiter: the holder's remaining lease bounds each, and
 /// polls for releases in other processes back off from 5 ms to 100 ms, with jitter so that
@@ -427,7 +245,3 @@ impl Drop for Waiting {
         telemetry::waiters(self.namespace, self.mode, -1.0);
     }
 }
-
-#[cfg(test)]
-#[path = "wait_tests.rs"]
-mod tests;

@@ -1,5 +1,7 @@
 //! The rooms of bounded waits: their lifetime, their turn, and wake-ups that land early.
 
+use std::time::Duration;
+
 use super::*;
 
 #[tokio::test]

@@ -1,0 +1,210 @@
+//! [`Holding`]: a lease we hold, of any mode, and how it is taken, extended and released.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::Result;
+use crate::attempt::Attempt;
+use crate::name::check_name;
+use crate::owned_name::OwnedName;
+use crate::spec::Spec;
+use crate::store::{Acquisition, Extended, LeaseRef, Mode, Secret, Store};
+use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
+
+/// A lease we hold, of any mode: what both token types and the layer are built on.
+pub(crate) struct Holding {
+    store: Store,
+    spec: Spec,
+    mode: Mode,
+    name: OwnedName,
+    secret: Secret,
+    fence: Option<u64>,
+    /// When the last confirmed acquire or extend of this lease was sent: a [`Held`] made from
+    /// the token counts the lease's validity from there.
+    confirmed_at: Mutex<Instant>,
+    /// When the store confirmed the lease, for `tower_lease_hold_seconds`.
+    #[cfg(feature = "metrics")]
+    taken: Moment,
+}
+
+impl Holding {
+    /// Takes the lease on `name` if it is free; a store failure counts as `store_error`.
+    pub(crate) fn acquire(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: Cow<'_, [u8]>,
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send + '_ {
+        Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError))
+    }
+
+    /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as (the layer
+    /// runs the request unlocked under `fail_open`), or `None` when the caller counts the
+    /// outcome itself (a bounded wait counts once, at its end).
+    ///
+    /// A function returning a block rather than an `async fn`: an `async fn` keeps each of its
+    /// arguments twice across an await (as it was passed, and as the local it is moved into),
+    /// and this future is alive for every acquisition in flight, inside the layer's.
+    ///
+    /// The name is any form that can be kept ([`OwnedName`]: a borrowed one is copied once the
+    /// lease is taken, a short one into the lease itself).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
+    pub(crate) fn acquire_as<N>(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: N,
+        on_store_error: Option<AcquireOutcome>,
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    where
+        N: AsRef<[u8]> + Into<OwnedName> + Send,
+    {
+        Self::acquire_with(store, spec, mode, name, on_store_error, Secret::random())
+    }
+
+    /// Like [`acquire_as`](Self::acquire_as), with the lease's `secret`: a waiting writer's
+    /// attempts all carry one, so that the write intent they leave can be told from another
+    /// writer's when it withdraws it.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would keep its arguments twice"
+    )]
+    pub(crate) fn acquire_with<N>(
+        store: Store,
+        spec: Spec,
+        mode: Mode,
+        name: N,
+        on_store_error: Option<AcquireOutcome>,
+        secret: Secret,
+    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    where
+        N: AsRef<[u8]> + Into<OwnedName> + Send,
+    {
+        async move {
+            if let Err(invalid) = check_name(name.as_ref()) {
+                if on_store_error.is_some() {
+                    telemetry::refused(spec.namespace, mode, AcquireOutcome::InvalidName);
+                }
+                return Err(invalid);
+            }
+            // Taken before the command leaves, so the lease's end is never overestimated.
+            let sent_at = Instant::now();
+            let sent = Moment::now();
+            let acquisition = store
+                .backend()
+                .acquire(LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret))
+                .await;
+            let answered = Moment::now();
+            let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
+            let outcome = on_store_error.map(|on_store_error| match &acquisition {
+                Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
+                Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
+                Err(_) => on_store_error,
+            });
+            let namespace = spec.namespace;
+            telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
+            match acquisition? {
+                Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
+                    store,
+                    spec,
+                    mode,
+                    name: name.into(),
+                    secret,
+                    fence,
+                    confirmed_at: Mutex::new(sent_at),
+                    #[cfg(feature = "metrics")]
+                    taken: answered,
+                })),
+                Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
+            }
+        }
+    }
+
+    /// This lease, as [`Backend`](crate::store::Backend) calls take it.
+    pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
+        LeaseRef::new(
+            self.spec.lock_ref(self.name.as_bytes()),
+            self.mode,
+            &self.secret,
+        )
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub(crate) async fn extend(&self) -> Result<bool> {
+        let sent_at = Instant::now();
+        let extended = self.store.backend().extend(self.lease_ref()).await;
+        if matches!(extended, Ok(Extended::Held | Extended::HeldWriterWaiting)) {
+            *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner()) = sent_at;
+        }
+        let outcome = match extended {
+            Ok(Extended::Gone) => ExtendOutcome::Lost,
+            Ok(_) => ExtendOutcome::Ok,
+            Err(_) => ExtendOutcome::Error,
+        };
+        telemetry::extend(self.spec.namespace, self.mode, outcome);
+        extended.map(Extended::is_held)
+    }
+
+    pub(crate) async fn release(&self) -> Result<bool> {
+        let released = self.store.backend().release(self.lease_ref()).await;
+        // Whatever the answer, the lease is not ours any more: a waiter here may try now.
+        let rooms = self.store.wait_rooms();
+        rooms.released(self.mode, self.spec.namespace, self.name.as_bytes());
+        released
+    }
+
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// When the last confirmed acquire or extend of this lease was sent.
+    pub(crate) fn confirmed_at(&self) -> Instant {
+        *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn name(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.spec.ttl
+    }
+
+    pub(crate) fn namespace(&self) -> &'static str {
+        self.spec.namespace
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Holding {
+    fn drop(&mut self) {
+        telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
+    }
+}
+
+impl fmt::Debug for Holding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The secret stays out: whoever has it can release the lock.
+        f.debug_struct("Lease")
+            .field("namespace", &self.spec.namespace)
+            .field("name", &self.name)
+            .field("mode", &self.mode)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
