@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use crate::Result;
+use crate::telemetry::AcquireOutcome;
+
 /// The answer to an acquisition that says how long to wait when the lock is held.
 #[derive(Debug)]
 #[must_use]
@@ -38,5 +41,23 @@ impl<T> Attempt<T> {
             Attempt::Acquired(token) => Attempt::Acquired(f(token)),
             Attempt::Busy { retry_after } => Attempt::Busy { retry_after },
         }
+    }
+}
+
+/// What `answer` counts as in `tower_lease_acquire_total`: a lease taken is `acquired`, or
+/// `waited` when the caller waited for it; a refusal is `held`, or `timed_out_waiting` after a
+/// wait; a store failure counts as `on_store_error` (the layer's `fail_open` runs the request
+/// unlocked and counts it so).
+pub(crate) fn outcome<T>(
+    answer: &Result<Attempt<T>>,
+    waited: bool,
+    on_store_error: AcquireOutcome,
+) -> AcquireOutcome {
+    match (answer, waited) {
+        (Ok(Attempt::Acquired(_)), false) => AcquireOutcome::Acquired,
+        (Ok(Attempt::Acquired(_)), true) => AcquireOutcome::Waited,
+        (Ok(Attempt::Busy { .. }), false) => AcquireOutcome::Busy,
+        (Ok(Attempt::Busy { .. }), true) => AcquireOutcome::TimedOutWaiting,
+        (Err(_), _) => on_store_error,
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::attempt::Attempt;
+use crate::attempt::{Attempt, outcome};
 use crate::name::check_name;
 use crate::owned_name::OwnedName;
 use crate::spec::Spec;
@@ -103,28 +103,26 @@ impl Holding {
                 .acquire(LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret))
                 .await;
             let answered = Moment::now();
-            let acquired = matches!(acquisition, Ok(Acquisition::Acquired { .. }));
-            let outcome = on_store_error.map(|on_store_error| match &acquisition {
-                Ok(Acquisition::Acquired { .. }) => AcquireOutcome::Acquired,
-                Ok(Acquisition::Busy { .. }) => AcquireOutcome::Held,
-                Err(_) => on_store_error,
+            let answer = acquisition.map(|acquisition| match acquisition {
+                Acquisition::Acquired { fence } => Attempt::Acquired(fence),
+                Acquisition::Busy { retry_after } => Attempt::Busy { retry_after },
             });
+            let acquired = matches!(answer, Ok(Attempt::Acquired(_)));
+            let outcome =
+                on_store_error.map(|on_store_error| outcome(&answer, false, on_store_error));
             let namespace = spec.namespace;
             telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
-            match acquisition? {
-                Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
-                    store,
-                    spec,
-                    mode,
-                    name: name.into(),
-                    secret,
-                    fence,
-                    confirmed_at: Mutex::new(sent_at),
-                    #[cfg(feature = "metrics")]
-                    taken: answered,
-                })),
-                Acquisition::Busy { retry_after } => Ok(Attempt::Busy { retry_after }),
-            }
+            Ok(answer?.map(|fence| Holding {
+                store,
+                spec,
+                mode,
+                name: name.into(),
+                secret,
+                fence,
+                confirmed_at: Mutex::new(sent_at),
+                #[cfg(feature = "metrics")]
+                taken: answered,
+            }))
         }
     }
 

@@ -13,8 +13,9 @@ use crate::store::Mode;
 pub(crate) enum AcquireOutcome {
     /// The lease was taken.
     Acquired,
-    /// Someone else holds the lock.
-    Held,
+    /// Someone else holds the lock (the label says `held`, the word the public
+    /// `held_status` uses for it).
+    Busy,
     /// The name was refused before the store was asked.
     InvalidName,
     /// The store failed or missed its deadline, and the caller was refused.
@@ -123,7 +124,7 @@ mod handles {
         /// In declaration order, so `outcome as usize` indexes it.
         const ALL: [AcquireOutcome; 7] = [
             AcquireOutcome::Acquired,
-            AcquireOutcome::Held,
+            AcquireOutcome::Busy,
             AcquireOutcome::InvalidName,
             AcquireOutcome::StoreError,
             AcquireOutcome::Unlocked,
@@ -134,7 +135,7 @@ mod handles {
         fn as_str(self) -> &'static str {
             match self {
                 AcquireOutcome::Acquired => "acquired",
-                AcquireOutcome::Held => "held",
+                AcquireOutcome::Busy => "held",
                 AcquireOutcome::InvalidName => "invalid_name",
                 AcquireOutcome::StoreError => "store_error",
                 AcquireOutcome::Unlocked => "unlocked",

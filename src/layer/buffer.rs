@@ -19,7 +19,7 @@ use tower_service::Service;
 use super::body::LeaseBody;
 use super::boxed::BoxError;
 use super::config::Config;
-use super::problem::Problem;
+use super::problem::{Problem, Reason};
 use crate::store::BoxFuture;
 
 /// The body policy of a layer that hands the request body to the inner service as it streams
@@ -102,7 +102,7 @@ where
         let (parts, body) = req.into_parts();
         // A declared length over the limit is refused before a byte is read.
         if body.size_hint().lower() > limit as u64 {
-            let problem = Problem::BodyTooLarge { limit };
+            let problem = Problem::from(Reason::BodyTooLarge { limit });
             let state = BufferState::Refusing { problem };
             return BufferFuture { state, config };
         }
@@ -186,21 +186,21 @@ where
                         Ok(Err(error)) if error.is::<LengthLimitError>() => {
                             let limit = config.body_limit;
                             tracing::debug!(namespace, limit, "request body too large");
-                            let problem = Problem::BodyTooLarge { limit };
+                            let problem = Problem::from(Reason::BodyTooLarge { limit });
                             BufferState::Refusing { problem }
                         }
                         // Reading → Refusing: the body broke off (the client went away, or
                         // sent a malformed chunk).
                         Ok(Err(error)) => {
                             tracing::debug!(namespace, %error, "request body unreadable");
-                            let problem = Problem::BodyUnreadable;
+                            let problem = Problem::from(Reason::BodyUnreadable);
                             BufferState::Refusing { problem }
                         }
                         // Reading → Refusing: not in time.
                         Err(_elapsed) => {
                             let after = config.body_timeout;
                             tracing::debug!(namespace, ?after, "request body too slow");
-                            let problem = Problem::BodyTimeout { after };
+                            let problem = Problem::from(Reason::BodyTimeout { after });
                             BufferState::Refusing { problem }
                         }
                     };

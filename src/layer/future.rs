@@ -16,7 +16,7 @@ use super::body::LeaseBody;
 use super::config::Config;
 use super::guard::{Guarded, LeaseGuard};
 use super::lease_lost::LeaseLost;
-use super::problem::Problem;
+use super::problem::{Problem, Reason};
 use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
 use crate::attempt::Attempt;
@@ -190,8 +190,8 @@ where
                         Ok(Attempt::Busy { retry_after }) => {
                             tracing::debug!(namespace, ?retry_after, "lock held, request refused");
                             let problem = match full_at {
-                                Some(limit) => Problem::Full { retry_after, limit },
-                                None => Problem::Busy { retry_after },
+                                Some(limit) => Problem::from(Reason::Full { retry_after, limit }),
+                                None => Problem::from(Reason::Busy { retry_after }),
                             };
                             State::Refusing { problem }
                         }
@@ -206,7 +206,7 @@ where
                         Err(error) => {
                             tracing::warn!(namespace, %error, "lock store failed, request refused");
                             State::Refusing {
-                                problem: Problem::Unavailable,
+                                problem: Problem::from(Reason::StoreUnavailable),
                             }
                         }
                     };
@@ -267,7 +267,7 @@ where
                         tracing::debug!(namespace, ?after, "request body too slow under the lock");
                         // Locked → ReleasingToRefuse: the handler's answer to a body that never
                         // came whole is replaced by the layer's 408.
-                        let problem = Problem::BodyTimeout { after };
+                        let problem = Problem::from(Reason::BodyTimeout { after });
                         this.state.set(releasing_to_refuse(guard, config, problem));
                     } else if config.hold_through_body {
                         // Locked → Done: the body owns the lease from here on, and nobody may
@@ -344,7 +344,7 @@ fn releasing_lost<S, B>(guard: LeaseGuard, config: &Config) -> State<S, B>
 where
     S: Service<Request<TimeoutBody<B>>>,
 {
-    releasing_to_refuse(guard, config, Problem::Lost)
+    releasing_to_refuse(guard, config, Problem::from(Reason::LeaseLost))
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

@@ -11,124 +11,176 @@ use super::extract::NameDefect;
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
-/// Why the layer answered instead of the inner service.
+/// Why the layer refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Problem {
-    /// Someone else holds the lock; their lease has `retry_after` left.
-    Busy { retry_after: Duration },
-    /// Every permit of the semaphore is taken; the earliest ends in `retry_after`.
-    Full { retry_after: Duration, limit: u32 },
-    /// The layer's per-request permits gave a limit of 0.
+#[non_exhaustive]
+pub enum Reason {
+    /// Someone else holds the lock.
+    Busy {
+        /// How long the holder's lease has left. Under the layer's heartbeat a holder keeps
+        /// extending, so this is about a TTL for as long as the holder works: a hint, not a
+        /// promise that the lock is free then.
+        retry_after: Duration,
+    },
+    /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
+    Full {
+        /// How long until the earliest live permit's lease ends (a hint under the holders'
+        /// heartbeats, as for [`Busy`](Self::Busy)).
+        retry_after: Duration,
+        /// The limit this request was refused at.
+        limit: u32,
+    },
+    /// The [`SemaphoreLayer`](crate::SemaphoreLayer)'s per-request
+    /// [`permits`](crate::SemaphoreLayer::permits) gave this request a limit of 0.
     InvalidLimit,
-    /// The extractor produced a name the layer refuses to lock.
-    InvalidName(NameDefect),
-    /// The extractor found no name, and the layer requires one.
+    /// The request names a lock the layer refuses to take: empty, too long, or (without
+    /// [`binary_names`](crate::LockLayer::binary_names)) not text.
+    InvalidName,
+    /// The request names no lock, and the layer [requires](crate::LockLayer::require_name) one.
     MissingName,
     /// The store failed or did not answer in time, and the layer fails closed.
-    Unavailable,
-    /// The lease ran out (or was taken away) while the request was being served.
-    Lost,
-    /// The request body is longer than the layer buffers.
-    BodyTooLarge { limit: usize },
-    /// The request body did not arrive in time to be buffered.
-    BodyTimeout { after: Duration },
-    /// The request body broke off or was malformed while being buffered.
+    StoreUnavailable,
+    /// The lease was lost while the inner service ran; its outcome is unknown.
+    LeaseLost,
+    /// The request body is longer than the layer
+    /// [buffers](crate::LockLayer::buffer_body).
+    BodyTooLarge {
+        /// The most bytes the layer reads.
+        limit: usize,
+    },
+    /// The request body did not arrive within the layer's
+    /// [`body_timeout`](crate::LockLayer::body_timeout).
+    BodyTimeout {
+        /// How long the layer waited.
+        after: Duration,
+    },
+    /// The request body broke off or was malformed while the layer
+    /// [buffered](crate::LockLayer::buffer_body) it.
     BodyUnreadable,
 }
 
+/// A refusal as the layer renders it: its [`Reason`], and for a bad name what is wrong with
+/// it (the detail the public reason leaves out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Problem {
+    pub(crate) reason: Reason,
+    name_defect: Option<NameDefect>,
+}
+
+impl From<Reason> for Problem {
+    fn from(reason: Reason) -> Self {
+        Self {
+            reason,
+            name_defect: None,
+        }
+    }
+}
+
 impl Problem {
+    /// A name the layer refuses to lock, and why.
+    pub(crate) fn invalid_name(defect: NameDefect) -> Self {
+        Self {
+            reason: Reason::InvalidName,
+            name_defect: Some(defect),
+        }
+    }
+
     /// The status the layer answers this problem with: `refused` (the layer's `held_status`, or
     /// a semaphore's `full_status`) when the lock is taken, and for the rest the one status
     /// each problem has.
     pub(crate) fn status(self, refused: StatusCode) -> StatusCode {
-        match self {
-            Problem::Busy { .. } | Problem::Full { .. } => refused,
-            Problem::InvalidLimit
-            | Problem::InvalidName(_)
-            | Problem::MissingName
-            | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::Unavailable | Problem::Lost => StatusCode::SERVICE_UNAVAILABLE,
-            Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+        match self.reason {
+            Reason::Busy { .. } | Reason::Full { .. } => refused,
+            Reason::InvalidLimit
+            | Reason::InvalidName
+            | Reason::MissingName
+            | Reason::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Reason::StoreUnavailable | Reason::LeaseLost => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Reason::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
     /// The problem `type` URI: stable identifiers clients can match on. They are not meant to
     /// be dereferenced, so they name no host.
     fn type_uri(self) -> &'static str {
-        match self {
-            Problem::Busy { .. } => "urn:tower-lease:lock-held",
-            Problem::Full { .. } => "urn:tower-lease:concurrency-limit",
-            Problem::InvalidLimit => "urn:tower-lease:invalid-concurrency-limit",
-            Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
-            Problem::MissingName => "urn:tower-lease:missing-lock-name",
-            Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
-            Problem::Lost => "urn:tower-lease:lease-lost",
-            Problem::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
-            Problem::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
-            Problem::BodyUnreadable => "urn:tower-lease:body-unreadable",
+        match self.reason {
+            Reason::Busy { .. } => "urn:tower-lease:lock-held",
+            Reason::Full { .. } => "urn:tower-lease:concurrency-limit",
+            Reason::InvalidLimit => "urn:tower-lease:invalid-concurrency-limit",
+            Reason::InvalidName => "urn:tower-lease:invalid-lock-name",
+            Reason::MissingName => "urn:tower-lease:missing-lock-name",
+            Reason::StoreUnavailable => "urn:tower-lease:lock-store-unavailable",
+            Reason::LeaseLost => "urn:tower-lease:lease-lost",
+            Reason::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
+            Reason::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
+            Reason::BodyUnreadable => "urn:tower-lease:body-unreadable",
         }
     }
 
     fn title(self) -> &'static str {
-        match self {
-            Problem::Busy { .. } => "The resource is locked by another request",
-            Problem::Full { .. } => "Too many requests for this resource are running",
-            Problem::InvalidLimit => "The request is allowed no concurrent requests",
-            Problem::InvalidName(_) => "The request names a resource that cannot be locked",
-            Problem::MissingName => "The request does not name the resource to lock",
-            Problem::Unavailable => "The lock service is unavailable",
-            Problem::Lost => "The lock was lost while the request was being served",
-            Problem::BodyTooLarge { .. } => "The request body is too large",
-            Problem::BodyTimeout { .. } => "The request body did not arrive in time",
-            Problem::BodyUnreadable => "The request body could not be read",
+        match self.reason {
+            Reason::Busy { .. } => "The resource is locked by another request",
+            Reason::Full { .. } => "Too many requests for this resource are running",
+            Reason::InvalidLimit => "The request is allowed no concurrent requests",
+            Reason::InvalidName => "The request names a resource that cannot be locked",
+            Reason::MissingName => "The request does not name the resource to lock",
+            Reason::StoreUnavailable => "The lock service is unavailable",
+            Reason::LeaseLost => "The lock was lost while the request was being served",
+            Reason::BodyTooLarge { .. } => "The request body is too large",
+            Reason::BodyTimeout { .. } => "The request body did not arrive in time",
+            Reason::BodyUnreadable => "The request body could not be read",
         }
     }
 
     fn detail(self, namespace: &str) -> String {
-        match self {
-            Problem::Busy { retry_after } => format!(
+        match self.reason {
+            Reason::Busy { retry_after } => format!(
                 "Another request holds the {namespace} lock for this resource; \
                  retry in {} s.",
                 retry_after_secs(retry_after)
             ),
-            Problem::Full { retry_after, limit } => format!(
+            Reason::Full { retry_after, limit } => format!(
                 "All {limit} permits of {namespace} for this resource are in use; retry in {} s.",
                 retry_after_secs(retry_after)
             ),
-            Problem::InvalidLimit => format!(
+            Reason::InvalidLimit => format!(
                 "The {namespace} limit for this request is 0 concurrent requests, so it can \
                  never run."
             ),
-            Problem::InvalidName(NameDefect::Length(len)) => format!(
-                "Lock names in {namespace} must be 1 to {} bytes long, this one is {len} bytes.",
-                crate::MAX_NAME_LEN
-            ),
-            Problem::InvalidName(defect) => format!(
-                "Lock names in {namespace} must be UTF-8 text without control characters or \
-                 braces; this one {}.",
-                defect.what()
-            ),
-            Problem::MissingName => format!(
+            Reason::InvalidName => match self.name_defect {
+                Some(NameDefect::Length(len)) => format!(
+                    "Lock names in {namespace} must be 1 to {} bytes long, this one is {len} \
+                     bytes.",
+                    crate::MAX_NAME_LEN
+                ),
+                Some(defect) => format!(
+                    "Lock names in {namespace} must be UTF-8 text without control characters \
+                     or braces; this one {}.",
+                    defect.what()
+                ),
+                None => format!("The request names a {namespace} lock that cannot be taken."),
+            },
+            Reason::MissingName => format!(
                 "Requests here must name the {namespace} resource they act on, and this one \
                  does not."
             ),
-            Problem::Unavailable => format!(
+            Reason::StoreUnavailable => format!(
                 "The {namespace} lock could not be taken because the lock store failed or \
                  did not answer in time; retry shortly."
             ),
-            Problem::Lost => format!(
+            Reason::LeaseLost => format!(
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
             ),
-            Problem::BodyTooLarge { limit } => format!(
+            Reason::BodyTooLarge { limit } => format!(
                 "Requests that take the {namespace} lock may carry at most {limit} bytes of body."
             ),
-            Problem::BodyTimeout { after } => format!(
+            Reason::BodyTimeout { after } => format!(
                 "The body of a request that takes the {namespace} lock must arrive within {} ms.",
                 after.as_millis()
             ),
-            Problem::BodyUnreadable => format!(
+            Reason::BodyUnreadable => format!(
                 "The body of this request to the {namespace} lock broke off or was malformed."
             ),
         }
@@ -136,11 +188,11 @@ impl Problem {
 
     /// How long a client should wait before trying again, when the layer can tell.
     pub(crate) fn retry_after(self) -> Option<Duration> {
-        match self {
-            Problem::Busy { retry_after } | Problem::Full { retry_after, .. } => Some(retry_after),
+        match self.reason {
+            Reason::Busy { retry_after } | Reason::Full { retry_after, .. } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
-            Problem::Unavailable => Some(Duration::from_secs(1)),
+            Reason::StoreUnavailable => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::body::LeaseBody;
 use super::boxed::{BoxError, RejectionBody};
-use super::problem::Problem;
+use super::problem::{Problem, Reason};
 
 /// A request the layer answered itself instead of running the inner service.
 ///
@@ -28,54 +28,6 @@ pub struct Rejection {
     namespace: &'static str,
 }
 
-/// Why the layer refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Reason {
-    /// Someone else holds the lock.
-    Busy {
-        /// How long the holder's lease has left. Under the layer's heartbeat a holder keeps
-        /// extending, so this is about a TTL for as long as the holder works: a hint, not a
-        /// promise that the lock is free then.
-        retry_after: Duration,
-    },
-    /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
-    Full {
-        /// How long until the earliest live permit's lease ends (a hint under the holders'
-        /// heartbeats, as for [`Busy`](Self::Busy)).
-        retry_after: Duration,
-        /// The limit this request was refused at.
-        limit: u32,
-    },
-    /// The [`SemaphoreLayer`](crate::SemaphoreLayer)'s per-request
-    /// [`permits`](crate::SemaphoreLayer::permits) gave this request a limit of 0.
-    InvalidLimit,
-    /// The request names a lock the layer refuses to take: empty, too long, or (without
-    /// [`binary_names`](crate::LockLayer::binary_names)) not text.
-    InvalidName,
-    /// The request names no lock, and the layer [requires](crate::LockLayer::require_name) one.
-    MissingName,
-    /// The store failed or did not answer in time, and the layer fails closed.
-    StoreUnavailable,
-    /// The lease was lost while the inner service ran; its outcome is unknown.
-    LeaseLost,
-    /// The request body is longer than the layer
-    /// [buffers](crate::LockLayer::buffer_body).
-    BodyTooLarge {
-        /// The most bytes the layer reads.
-        limit: usize,
-    },
-    /// The request body did not arrive within the layer's
-    /// [`body_timeout`](crate::LockLayer::body_timeout).
-    BodyTimeout {
-        /// How long the layer waited.
-        after: Duration,
-    },
-    /// The request body broke off or was malformed while the layer
-    /// [buffered](crate::LockLayer::buffer_body) it.
-    BodyUnreadable,
-}
-
 impl Rejection {
     pub(crate) fn new(problem: Problem, status: StatusCode, namespace: &'static str) -> Self {
         Self {
@@ -87,18 +39,7 @@ impl Rejection {
 
     /// Why the request was refused.
     pub fn reason(&self) -> Reason {
-        match self.problem {
-            Problem::Busy { retry_after } => Reason::Busy { retry_after },
-            Problem::Full { retry_after, limit } => Reason::Full { retry_after, limit },
-            Problem::InvalidLimit => Reason::InvalidLimit,
-            Problem::InvalidName(_) => Reason::InvalidName,
-            Problem::MissingName => Reason::MissingName,
-            Problem::Unavailable => Reason::StoreUnavailable,
-            Problem::Lost => Reason::LeaseLost,
-            Problem::BodyTooLarge { limit } => Reason::BodyTooLarge { limit },
-            Problem::BodyTimeout { after } => Reason::BodyTimeout { after },
-            Problem::BodyUnreadable => Reason::BodyUnreadable,
-        }
+        self.problem.reason
     }
 
     /// The status the layer answers with by default: the layer's

@@ -17,11 +17,11 @@ use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
-use super::problem::Problem;
+use super::problem::{Problem, Reason};
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
-use crate::attempt::Attempt;
+use crate::attempt::{Attempt, outcome};
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::holding::Holding;
 use crate::owned_name::OwnedName;
@@ -108,7 +108,7 @@ where
                 span.in_scope(|| tracing::debug!("no lock name, request refused"));
                 telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
                 let config = self.config.clone();
-                return ResponseFuture::refused(Problem::MissingName, config, span);
+                return ResponseFuture::refused(Problem::from(Reason::MissingName), config, span);
             }
             let req = req.map(TimeoutBody::new);
             return ResponseFuture::unlocked(inner.call(req), self.config.clone());
@@ -120,13 +120,13 @@ where
         if let Some(defect) = NameDefect::of(name.as_bytes(), self.config.binary_names) {
             span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
-            let problem = Problem::InvalidName(defect);
+            let problem = Problem::invalid_name(defect);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         }
         let Some(spec) = self.access.spec(&req, self.config.spec) else {
             span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
-            let problem = Problem::InvalidLimit;
+            let problem = Problem::from(Reason::InvalidLimit);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         };
         // A refusal of a permit says the semaphore is full, at this request's limit.
@@ -221,12 +221,7 @@ async fn shared_read(
             entry = reads.enter(name.as_bytes());
             continue;
         };
-        let outcome = match &answer {
-            Ok(Attempt::Acquired(_)) => telemetry::AcquireOutcome::Acquired,
-            Ok(Attempt::Busy { .. }) => telemetry::AcquireOutcome::Held,
-            Err(_) => on_store_error,
-        };
-        telemetry::shared(namespace, mode, outcome);
+        telemetry::shared(namespace, mode, outcome(&answer, false, on_store_error));
         return answer.map(|attempt| attempt.map(LeaseGuard::shared));
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 
-use crate::attempt::Attempt;
+use crate::attempt::{Attempt, outcome};
 use crate::finish_on_drop::{Acquired, FinishOnDrop};
 use crate::holding::Holding;
 use crate::spec::Spec;
@@ -106,12 +106,7 @@ pub(crate) async fn acquire_within(
         if matches!(attempt, Ok(Attempt::Busy { .. })) && Instant::now() < deadline {
             continue;
         }
-        let outcome = match &attempt {
-            Ok(Attempt::Acquired(_)) => AcquireOutcome::Waited,
-            Ok(Attempt::Busy { .. }) => AcquireOutcome::TimedOutWaiting,
-            Err(_) => on_store_error,
-        };
-        end(outcome, true);
+        end(outcome(&attempt, true, on_store_error), true);
         return (sent_at, attempt);
     };
     // Subscribed only once an attempt was refused, and then, for a new subscription, tried
@@ -149,20 +144,16 @@ pub(crate) async fn acquire_within(
                     if matches!(mode, Mode::Exclusive | Mode::Write) {
                         turn.pass_on_held();
                     }
-                    if waited {
-                        end(AcquireOutcome::Waited, true);
-                    } else {
-                        end(AcquireOutcome::Acquired, false);
-                    }
+                    end(outcome(&attempt, waited, on_store_error), waited);
                     return (sent_at, attempt);
                 }
                 Err(_) => {
                     turn.pass_on_failure();
-                    end(on_store_error, waited);
+                    end(outcome(&attempt, waited, on_store_error), waited);
                     return (sent_at, attempt);
                 }
                 Ok(Attempt::Busy { .. }) if Instant::now() >= deadline => {
-                    end(AcquireOutcome::TimedOutWaiting, true);
+                    end(outcome(&attempt, true, on_store_error), true);
                     // Readers need not wait for a writer that is gone.
                     if let Some(intent) = intent.take() {
                         intent.withdraw().await;
