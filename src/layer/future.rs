@@ -49,9 +49,8 @@ pin_project! {
         // Waiting for the store; the readied inner service and the request wait with it.
         Acquiring {
             acquire: FinishOnDrop<Guarded>,
-            // Both `Some` until the acquisition answers.
-            inner: Option<S>,
-            req: Option<Request<B>>,
+            // The readied service and its request; `Some` until the acquisition answers.
+            call: Option<(S, Request<B>)>,
             // For a permit: refused means the semaphore is full at this limit.
             full_at: Option<u32>,
         },
@@ -111,8 +110,7 @@ where
     ) -> Self {
         let state = State::Acquiring {
             acquire,
-            inner: Some(inner),
-            req: Some(req),
+            call: Some((inner, req)),
             full_at,
         };
         Self {
@@ -161,14 +159,12 @@ where
             match this.state.as_mut().project() {
                 StateProj::Acquiring {
                     acquire,
-                    inner,
-                    req,
+                    call,
                     full_at,
                 } => {
                     let attempt = ready!(Pin::new(acquire).poll(cx));
                     let in_state = "taken once, on leaving the Acquiring state";
-                    let (mut inner, mut req) =
-                        (inner.take().expect(in_state), req.take().expect(in_state));
+                    let (mut inner, mut req) = call.take().expect(in_state);
                     let full_at = *full_at;
                     let next = match attempt {
                         // Acquiring → Locked.
