@@ -1,0 +1,80 @@
+//! What a history is made of: one JSON line per completed operation or injected fault, with
+//! times on the machine's one monotonic clock (`CLOCK_MONOTONIC`, in µs), shared by every process.
+
+use serde_json::{Value, json};
+
+/// Now on the monotonic clock every process of the run shares, in µs.
+pub fn now_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
+/// One holding of a lock by one process, from the acquisition's answer to its release.
+#[derive(Clone, Debug)]
+pub struct Hold {
+    pub process: u64,
+    pub name: String,
+    pub fence: u64,
+    /// When the acquisition was sent, and when it answered "acquired".
+    pub invoked: u64,
+    pub acquired: u64,
+    /// The last moment the process saw its lease as held (`Held::is_held`), before a write or
+    /// its release.
+    pub confirmed: u64,
+    /// The release: when it was sent, and whether the store acknowledged it (`Some(true)`),
+    /// found the lease gone (`Some(false)`) or failed (`None`).
+    pub release_invoked: u64,
+    pub released: Option<bool>,
+}
+
+impl Hold {
+    /// Until when the process certainly held the lease: the release's sending when the store
+    /// acknowledged it (the store still had our secret then), else the last confirmation.
+    pub fn end(&self) -> u64 {
+        match self.released {
+            Some(true) => self.release_invoked.max(self.confirmed),
+            _ => self.confirmed,
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "op": "hold", "process": self.process, "name": self.name, "fence": self.fence,
+            "invoked": self.invoked, "acquired": self.acquired, "confirmed": self.confirmed,
+            "release_invoked": self.release_invoked, "released": self.released,
+        })
+    }
+
+    pub fn from_json(v: &Value) -> Option<Self> {
+        Some(Self {
+            process: v["process"].as_u64()?,
+            name: v["name"].as_str()?.to_owned(),
+            fence: v["fence"].as_u64()?,
+            invoked: v["invoked"].as_u64()?,
+            acquired: v["acquired"].as_u64()?,
+            confirmed: v["confirmed"].as_u64()?,
+            release_invoked: v["release_invoked"].as_u64()?,
+            released: v["released"].as_bool(),
+        })
+    }
+}
+
+/// An operation whose only interest is its count and outcome: an acquisition refused or failed,
+/// a write to the fenced register.
+pub fn op(process: u64, op: &str, name: &str, outcome: &str, invoked: u64, completed: u64) -> Value {
+    json!({
+        "op": op, "process": process, "name": name, "outcome": outcome,
+        "invoked": invoked, "completed": completed,
+    })
+}
+
+/// A fault the nemesis injected; `loses_data` when the store came back without its leases.
+pub fn fault(kind: &str, at: u64, until: u64, loses_data: bool) -> Value {
+    json!({ "op": "fault", "kind": kind, "invoked": at, "completed": until, "loses_data": loses_data })
+}
