@@ -58,36 +58,32 @@ pub fn check(history: &[Value], logs: &BTreeMap<String, Vec<(u64, u64)>>) -> Ver
     }
     for (name, holds) in &mut holds {
         holds.sort_by_key(|h| h.acquired);
-        for (i, a) in holds.iter().enumerate() {
-            for b in &holds[i + 1..] {
-                if b.acquired >= a.end() {
-                    // Sorted by acquisition: a later `b` may still overlap `a`, keep looking
-                    // only while `b` starts before `a` ends.
+        let held: Vec<(&Hold, (u64, u64))> = holds
+            .iter()
+            .filter_map(|h| Some((h, h.interval()?)))
+            .collect();
+        for (i, &(a, (a_from, a_to))) in held.iter().enumerate() {
+            for &(b, (b_from, b_to)) in &held[i + 1..] {
+                // Sorted by start: no later holding overlaps `a` once one starts after its end.
+                if b_from >= a_to {
                     break;
-                }
-                if a.fence == b.fence {
-                    continue;
                 }
                 let lost_between = data_lost
                     .iter()
-                    .any(|&(at, until)| at <= b.acquired && until >= a.acquired);
+                    .any(|&(at, until)| at <= b_from && until >= a_from);
                 if lost_between {
                     verdict.excused += 1;
                     continue;
                 }
                 verdict.violations.push(format!(
-                    "mutual exclusion, name {name}: process {} held fence {} over [{}, {}] µs and \
-                     process {} held fence {} over [{}, {}] µs; both held for {} µs from {}",
+                    "mutual exclusion, name {name}: process {} held fence {} over [{a_from}, \
+                     {a_to}] µs and process {} held fence {} over [{b_from}, {b_to}] µs; both \
+                     held for {} µs from {b_from}",
                     a.process,
                     a.fence,
-                    a.acquired,
-                    a.end(),
                     b.process,
                     b.fence,
-                    b.acquired,
-                    b.end(),
-                    a.end().min(b.end()) - b.acquired,
-                    b.acquired,
+                    a_to.min(b_to) - b_from,
                 ));
             }
         }

@@ -69,7 +69,7 @@ fn main() {
             let control = flag("--control");
             let seed = value("--seed")
                 .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| now_us());
+                .unwrap_or_else(now_us);
             let (histories, secs) = match (quick, control) {
                 (_, true) => (1, 15),
                 (true, false) => (3, 40),
@@ -102,7 +102,8 @@ fn main() {
 
 /// One history: the servers, the clients and the nemesis for `secs`, then the check.
 fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
-    let dir = std::env::temp_dir().join(format!("tower-lease-history-{}-{seed}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("tower-lease-history-{}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a directory for the history");
     let aof = dir.join("aof");
@@ -240,4 +241,3 @@ fn write_history(path: &Path, history: &[serde_json::Value]) {
         writeln!(out, "{value}").expect("the history file");
     }
 }
-

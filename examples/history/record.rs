@@ -25,7 +25,8 @@ pub struct Hold {
     pub invoked: u64,
     pub acquired: u64,
     /// The last moment the process saw its lease as held (`Held::is_held`), before a write or
-    /// its release.
+    /// its release; 0 when it never did (an answer that came after the lease had run out, to a
+    /// process frozen while it was on its way).
     pub confirmed: u64,
     /// The release: when it was sent, and whether the store acknowledged it (`Some(true)`),
     /// found the lease gone (`Some(false)`) or failed (`None`).
@@ -34,13 +35,16 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// Until when the process certainly held the lease: the release's sending when the store
-    /// acknowledged it (the store still had our secret then), else the last confirmation.
-    pub fn end(&self) -> u64 {
-        match self.released {
+    /// When the process held the lease, by its own account or the store's: from the
+    /// acquisition's answer to the last confirmation, or to the release's sending when the store
+    /// acknowledged the release (it still had our secret then); `None` when neither says it
+    /// held at all after the answer.
+    pub fn interval(&self) -> Option<(u64, u64)> {
+        let end = match self.released {
             Some(true) => self.release_invoked.max(self.confirmed),
             _ => self.confirmed,
-        }
+        };
+        (end > self.acquired).then_some((self.acquired, end))
     }
 
     pub fn to_json(&self) -> Value {
@@ -67,7 +71,14 @@ impl Hold {
 
 /// An operation whose only interest is its count and outcome: an acquisition refused or failed,
 /// a write to the fenced register.
-pub fn op(process: u64, op: &str, name: &str, outcome: &str, invoked: u64, completed: u64) -> Value {
+pub fn op(
+    process: u64,
+    op: &str,
+    name: &str,
+    outcome: &str,
+    invoked: u64,
+    completed: u64,
+) -> Value {
     json!({
         "op": op, "process": process, "name": name, "outcome": outcome,
         "invoked": invoked, "completed": completed,

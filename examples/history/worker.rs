@@ -74,7 +74,7 @@ impl Worker {
                 fence,
                 invoked,
                 acquired,
-                confirmed: acquired,
+                confirmed: 0,
                 release_invoked: 0,
                 released: None,
             };
