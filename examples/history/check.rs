@@ -6,7 +6,10 @@
 //!   nothing its process acts on, so it adds no holding. A restart that lost the store's data
 //!   (no persistence) may let a second holder in before the first hears of it: such overlaps are
 //!   counted apart, not as violations, as the README says of a store without persistence.
-//! - Fences: an acquisition that began after another of the same name ended has a larger fence.
+//! - Readers of an `RwLock` share, its writer excludes them and other writers; at most
+//!   `PERMITS` permits of the semaphore are held at once.
+//! - Fences: an exclusive acquisition sent after another's answer has a larger fence; a reader
+//!   sent after a writer's answer sees at least the writer's fence.
 //! - The resource: in the order the fenced register accepted writes, fences never go back.
 //! - Releases: a release the store acknowledged is inside a holding that overlaps no other
 //!   (the first check, with the holding stretched to the release).
@@ -16,6 +19,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::record::Hold;
+use crate::worker::PERMITS;
 
 /// What the checker found in one history.
 #[derive(Debug, Default)]
@@ -27,8 +31,9 @@ pub struct Verdict {
     pub stale_writes_refused: usize,
 }
 
-pub fn check(history: &[Value], logs: &BTreeMap<String, Vec<(u64, u64)>>) -> Verdict {
+pub fn check(history: &[Value]) -> Verdict {
     let mut verdict = Verdict::default();
+    let mut logs: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     let mut holds: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
     let mut data_lost = Vec::new();
     for v in history {
@@ -39,6 +44,17 @@ pub fn check(history: &[Value], logs: &BTreeMap<String, Vec<(u64, u64)>>) -> Ver
                     let at = v["invoked"].as_u64().unwrap_or(0);
                     let until = v["completed"].as_u64().unwrap_or(at);
                     data_lost.push((at, until));
+                }
+            }
+            Some("accepted") => {
+                if let (Some(name), Some(fence), Some(process)) = (
+                    v["name"].as_str(),
+                    v["fence"].as_u64(),
+                    v["process"].as_u64(),
+                ) {
+                    logs.entry(name.to_owned())
+                        .or_default()
+                        .push((fence, process));
                 }
             }
             Some("hold") => {
@@ -62,44 +78,90 @@ pub fn check(history: &[Value], logs: &BTreeMap<String, Vec<(u64, u64)>>) -> Ver
             .iter()
             .filter_map(|h| Some((h, h.interval()?)))
             .collect();
+        let excused = |from: u64, to: u64| {
+            data_lost
+                .iter()
+                .any(|&(at, until)| at <= to && until >= from)
+        };
         for (i, &(a, (a_from, a_to))) in held.iter().enumerate() {
             for &(b, (b_from, b_to)) in &held[i + 1..] {
                 // Sorted by start: no later holding overlaps `a` once one starts after its end.
                 if b_from >= a_to {
                     break;
                 }
-                let lost_between = data_lost
-                    .iter()
-                    .any(|&(at, until)| at <= b_from && until >= a_from);
-                if lost_between {
+                // Readers share, and permits are counted below.
+                let shared = |h: &Hold| h.kind == "read" || h.kind == "permit";
+                if shared(a) && shared(b) {
+                    continue;
+                }
+                if excused(a_from, b_from) {
                     verdict.excused += 1;
                     continue;
                 }
                 verdict.violations.push(format!(
-                    "mutual exclusion, name {name}: process {} held fence {} over [{a_from}, \
-                     {a_to}] µs and process {} held fence {} over [{b_from}, {b_to}] µs; both \
-                     held for {} µs from {b_from}",
+                    "exclusion, name {name}: process {} held {} (fence {}) over [{a_from}, \
+                     {a_to}] µs and process {} held {} (fence {}) over [{b_from}, {b_to}] µs; \
+                     both held for {} µs from {b_from}",
                     a.process,
+                    a.kind,
                     a.fence,
                     b.process,
+                    b.kind,
                     b.fence,
                     a_to.min(b_to) - b_from,
                 ));
             }
         }
+        // At most PERMITS permits at once: sweep the holdings' starts and ends.
+        let mut edges: Vec<(u64, i32, &Hold)> = Vec::new();
+        for &(h, (from, to)) in held.iter().filter(|(h, _)| h.kind == "permit") {
+            edges.push((from, 1, h));
+            edges.push((to, -1, h));
+        }
+        edges.sort_by_key(|&(at, delta, _)| (at, delta));
+        let mut inside = 0;
+        for &(at, delta, h) in &edges {
+            inside += delta;
+            if inside > PERMITS as i32 && !excused(at, at) {
+                verdict.violations.push(format!(
+                    "permits, name {name}: {inside} permits held at {at} µs, when process {} \
+                     took one, with {PERMITS} permits",
+                    h.process
+                ));
+            }
+        }
+        // Fences: an acquisition sent after another's answer sees a larger fence, or for a
+        // reader after a writer, the writer's.
         for (i, a) in holds.iter().enumerate() {
             for b in &holds[i + 1..] {
-                if b.invoked > a.acquired && b.fence <= a.fence {
+                if b.invoked <= a.acquired || a.kind == "permit" || b.kind == "permit" {
+                    continue;
+                }
+                let ordered = match (a.kind.as_str(), b.kind.as_str()) {
+                    ("read", "read") => true,
+                    // A store that lost its data lost the last writer's fence with it (the
+                    // next writer's is still larger: fences follow the store's clock).
+                    (_, "read") => b.fence >= a.fence || excused(a.acquired, b.acquired),
+                    _ => b.fence > a.fence,
+                };
+                if !ordered {
                     verdict.violations.push(format!(
-                        "fences, name {name}: process {} acquired fence {} at {} µs, and process \
-                         {} acquired fence {} after it, at {} µs",
-                        a.process, a.fence, a.acquired, b.process, b.fence, b.acquired
+                        "fences, name {name}: process {} took {} with fence {} (answered at {} \
+                         µs), and process {} took {} with fence {} after it, sent at {} µs",
+                        a.process,
+                        a.kind,
+                        a.fence,
+                        a.acquired,
+                        b.process,
+                        b.kind,
+                        b.fence,
+                        b.invoked
                     ));
                 }
             }
         }
     }
-    for (name, log) in logs {
+    for (name, log) in &logs {
         let mut highest = (0, 0);
         for &(fence, process) in log {
             if fence < highest.0 {

@@ -15,10 +15,12 @@ pub fn now_us() -> u64 {
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
-/// One holding of a lock by one process, from the acquisition's answer to its release.
+/// One holding of a lease by one process, from the acquisition's answer to its release.
 #[derive(Clone, Debug)]
 pub struct Hold {
     pub process: u64,
+    /// `lock`, `read`, `write` or `permit`.
+    pub kind: String,
     pub name: String,
     pub fence: u64,
     /// When the acquisition was sent, and when it answered "acquired".
@@ -49,7 +51,7 @@ impl Hold {
 
     pub fn to_json(&self) -> Value {
         json!({
-            "op": "hold", "process": self.process, "name": self.name, "fence": self.fence,
+            "op": "hold", "process": self.process, "kind": self.kind, "name": self.name, "fence": self.fence,
             "invoked": self.invoked, "acquired": self.acquired, "confirmed": self.confirmed,
             "release_invoked": self.release_invoked, "released": self.released,
         })
@@ -58,6 +60,7 @@ impl Hold {
     pub fn from_json(v: &Value) -> Option<Self> {
         Some(Self {
             process: v["process"].as_u64()?,
+            kind: v["kind"].as_str()?.to_owned(),
             name: v["name"].as_str()?.to_owned(),
             fence: v["fence"].as_u64()?,
             invoked: v["invoked"].as_u64()?,
@@ -69,8 +72,7 @@ impl Hold {
     }
 }
 
-/// An operation whose only interest is its count and outcome: an acquisition refused or failed,
-/// a write to the fenced register.
+/// A write to the fenced register, with its outcome.
 pub fn op(
     process: u64,
     op: &str,
@@ -88,4 +90,19 @@ pub fn op(
 /// A fault the nemesis injected; `loses_data` when the store came back without its leases.
 pub fn fault(kind: &str, at: u64, until: u64, loses_data: bool) -> Value {
     json!({ "op": "fault", "kind": kind, "invoked": at, "completed": until, "loses_data": loses_data })
+}
+
+/// An acquisition that took nothing: refused (`busy`), or failed with its outcome unknown.
+pub fn acquire(
+    process: u64,
+    kind: &str,
+    name: &str,
+    outcome: &str,
+    invoked: u64,
+    completed: u64,
+) -> Value {
+    json!({
+        "op": "acquire", "process": process, "kind": kind, "name": name, "outcome": outcome,
+        "invoked": invoked, "completed": completed,
+    })
 }

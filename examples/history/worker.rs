@@ -1,22 +1,54 @@
-//! One client process: takes a fenced `Lock` on one of a few names, keeps it alive with
-//! `keep_alive` while it writes to the fenced register a few times (longer, in all, than the
-//! lease's TTL), and releases it; records every operation.
+//! One client process: takes a lease (a fenced `Lock`, a fenced `RwLock`'s read or write
+//! lease, or a `Semaphore` permit, by its kind), keeps it alive with `keep_alive` while it works
+//! a few steps (longer, in all, than the lease's TTL) and, holding an exclusive lease, writes to
+//! the fenced register at each step; then releases it. Records every operation.
 //!
 //! Under `--control` it is the broken client the checker must catch: no heartbeat, no deadline
 //! check before its next step, and unconditional writes, for work that often outlasts the TTL.
 
+use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tower_lease::{Lock, RedisStore, Store};
+use tower_lease::{Held, Lock, LockToken, Permit, RedisStore, RwLock, Semaphore, Store};
 
-use crate::record::{Hold, now_us, op};
+use crate::record::{Hold, acquire, now_us, op};
 
 pub const TTL: Duration = Duration::from_millis(300);
-pub const NAMES: [&str; 2] = ["a", "b"];
+/// The names each kind of client takes.
+pub const LOCK_NAMES: [&str; 2] = ["a", "b"];
+pub const RW_NAME: &str = "doc";
+pub const POOL_NAME: &str = "pool";
+/// How many permits the semaphore has.
+pub const PERMITS: u32 = 2;
+
 const LOCK: Lock<str> = Lock::new("history", TTL).fenced();
+const DOCS: RwLock<str> = RwLock::new("history-docs", TTL).fenced();
+const POOL: Semaphore<str> = Semaphore::new("history-pool", PERMITS, TTL);
+const WAIT: Duration = Duration::from_millis(200);
 const REGISTER: &str = include_str!("register.lua");
+
+/// Which lease a client takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Lock,
+    RwLock,
+    Semaphore,
+}
+
+impl Kind {
+    /// The kind of client `process` is: two of each lock, three readers-or-writers, three permit
+    /// holders (one more than the permits).
+    pub fn of(process: u64) -> Self {
+        match process % 8 {
+            0 | 1 => Kind::Lock,
+            2..=4 => Kind::RwLock,
+            _ => Kind::Semaphore,
+        }
+    }
+}
 
 pub struct Worker {
     pub process: u64,
@@ -25,6 +57,14 @@ pub struct Worker {
     pub secs: u64,
     pub control: bool,
     pub seed: u64,
+}
+
+/// A lease taken: an exclusive one with its fence, a reader's, or a permit.
+enum Taken {
+    Exclusive(LockToken<Lock<str>>, u64),
+    Write(LockToken<RwLock<str>>, u64),
+    Read(tower_lease::ReadToken<RwLock<str>>),
+    Permit(Permit<Semaphore<str>>),
 }
 
 impl Worker {
@@ -36,97 +76,237 @@ impl Worker {
             }
         };
         let client = redis::Client::open(self.register_url.as_str()).expect("register URL");
-        let mut register = redis::aio::ConnectionManager::new(client)
+        let register = redis::aio::ConnectionManager::new(client)
             .await
             .expect("the register's Redis");
-        let script = redis::Script::new(REGISTER);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed);
+        let mut rng = StdRng::seed_from_u64(self.seed);
         let end = now_us() + self.secs * 1_000_000;
-        let p = self.process;
-        let mut line = |value: serde_json::Value| {
-            writeln!(out, "{value}").expect("history file");
-        };
+        let kind = Kind::of(self.process);
         while now_us() < end {
-            let name = NAMES[rng.random_range(0..NAMES.len())];
+            let (name, op_name) = match kind {
+                Kind::Lock => (LOCK_NAMES[rng.random_range(0..LOCK_NAMES.len())], "lock"),
+                Kind::RwLock if rng.random_range(0..3) == 0 => (RW_NAME, "write"),
+                Kind::RwLock => (RW_NAME, "read"),
+                Kind::Semaphore => (POOL_NAME, "permit"),
+            };
             let invoked = now_us();
-            let taken = LOCK
-                .try_lock_for(&store, name, Duration::from_millis(200))
-                .await;
+            let taken = match op_name {
+                "lock" => LOCK.try_lock_for(&store, name, WAIT).await.map(|t| {
+                    t.map(|t| {
+                        let fence = t.fence().expect("fenced");
+                        Taken::Exclusive(t, fence)
+                    })
+                }),
+                "write" => DOCS.try_write_for(&store, name, WAIT).await.map(|t| {
+                    t.map(|t| {
+                        let fence = t.fence().expect("fenced");
+                        Taken::Write(t, fence)
+                    })
+                }),
+                "read" => (DOCS.try_read_for(&store, name, WAIT).await).map(|t| t.map(Taken::Read)),
+                _ => (POOL.try_acquire_for(&store, name, WAIT).await).map(|t| t.map(Taken::Permit)),
+            };
             let acquired = now_us();
-            let token = match taken {
-                Ok(Some(token)) => token,
+            let taken = match taken {
+                Ok(Some(taken)) => taken,
                 Ok(None) => {
-                    line(op(p, "acquire", name, "busy", invoked, acquired));
+                    writeln!(
+                        out,
+                        "{}",
+                        op(self.process, op_name, name, "busy", invoked, acquired)
+                    )
+                    .expect("history file");
                     continue;
                 }
                 // The outcome is unknown: the store may have taken the lease and lost the answer.
                 Err(_) => {
-                    line(op(p, "acquire", name, "unknown", invoked, acquired));
+                    let line = acquire(self.process, op_name, name, "unknown", invoked, acquired);
+                    writeln!(out, "{line}").expect("history file");
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             };
-            let fence = token.fence().expect("the lock is fenced");
-            let steps = rng.random_range(1..=4);
             let mut hold = Hold {
-                process: p,
+                process: self.process,
+                kind: op_name.to_owned(),
                 name: name.to_owned(),
-                fence,
+                fence: 0,
                 invoked,
                 acquired,
                 confirmed: 0,
                 release_invoked: 0,
                 released: None,
             };
-            let write = |register: &mut redis::aio::ConnectionManager, conditional: bool| {
-                let mut call = script.prepare_invoke();
-                call.key(format!("reg:{name}"))
-                    .key(format!("reg:{name}:log"))
-                    .arg(fence)
-                    .arg(p)
-                    .arg(if conditional { "1" } else { "0" });
-                let mut register = register.clone();
-                async move { call.invoke_async::<i64>(&mut register).await }
+            let mut work = Work {
+                process: self.process,
+                name,
+                register: register.clone(),
+                rng: &mut rng,
+                out: &mut *out,
+                control: self.control,
             };
-            if self.control {
-                // Broken on purpose: works past the TTL without a heartbeat, believes it holds
-                // the lock throughout, and writes without the fence's condition.
-                for _ in 0..steps {
-                    let at = now_us();
-                    let accepted = write(&mut register, false).await;
-                    line(op(p, "write", name, outcome(&accepted), at, now_us()));
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..250))).await;
+            match taken {
+                Taken::Exclusive(token, fence) => {
+                    hold.fence = fence;
+                    work.hold(
+                        token,
+                        Some(fence),
+                        &mut hold,
+                        LockToken::keep_alive,
+                        LockToken::release,
+                    )
+                    .await
                 }
-                hold.confirmed = now_us();
-                hold.release_invoked = now_us();
-                hold.released = token.release().await.ok();
-            } else {
-                let held = token.keep_alive();
-                for _ in 0..steps {
-                    let at = now_us();
-                    if !held.is_held() {
-                        break;
-                    }
-                    hold.confirmed = at;
-                    // `run` checks the lease's deadline before it polls the write.
-                    let Some(accepted) = held.run(write(&mut register, true)).await else {
-                        line(op(p, "write", name, "not_sent", at, now_us()));
-                        break;
-                    };
-                    line(op(p, "write", name, outcome(&accepted), at, now_us()));
-                    let pause = Duration::from_millis(rng.random_range(20..200));
-                    tokio::time::sleep(pause).await;
+                Taken::Write(token, fence) => {
+                    hold.fence = fence;
+                    work.hold(
+                        token,
+                        Some(fence),
+                        &mut hold,
+                        LockToken::keep_alive,
+                        LockToken::release,
+                    )
+                    .await
                 }
-                let at = now_us();
-                if held.is_held() {
-                    hold.confirmed = at;
+                Taken::Read(token) => {
+                    hold.fence = token.fence().unwrap_or(0);
+                    let (keep, release) = (
+                        tower_lease::ReadToken::keep_alive,
+                        tower_lease::ReadToken::release,
+                    );
+                    work.hold(token, None, &mut hold, keep, release).await
                 }
-                hold.release_invoked = now_us();
-                hold.released = held.release().await.ok();
+                Taken::Permit(token) => {
+                    work.hold(token, None, &mut hold, Permit::keep_alive, Permit::release)
+                        .await
+                }
             }
-            line(hold.to_json());
+            writeln!(out, "{}", hold.to_json()).expect("history file");
         }
     }
+}
+
+/// The work done under one lease.
+struct Work<'a, W> {
+    process: u64,
+    name: &'static str,
+    register: redis::aio::ConnectionManager,
+    rng: &'a mut StdRng,
+    out: &'a mut W,
+    control: bool,
+}
+
+impl<W: Write> Work<'_, W> {
+    /// Works one to four steps under `token`'s lease (writing to the register with `fence`, for
+    /// an exclusive lease), then releases it; fills in `hold`.
+    async fn hold<T, R>(
+        &mut self,
+        token: T,
+        fence: Option<u64>,
+        hold: &mut Hold,
+        keep_alive: fn(T) -> Held<T>,
+        release: fn(T) -> R,
+    ) where
+        R: Future<Output = tower_lease::Result<bool>>,
+    {
+        let steps = self.rng.random_range(1..=4);
+        if self.control {
+            // Broken on purpose: works past the TTL without a heartbeat, believes it holds the
+            // lease throughout, and writes without the fence's condition.
+            for _ in 0..steps {
+                if let Some(fence) = fence {
+                    let at = now_us();
+                    let accepted =
+                        write(&self.register, self.name, fence, self.process, false).await;
+                    self.line(op(
+                        self.process,
+                        "write",
+                        self.name,
+                        outcome(&accepted),
+                        at,
+                        now_us(),
+                    ));
+                }
+                let pause = Duration::from_millis(self.rng.random_range(50..250));
+                tokio::time::sleep(pause).await;
+            }
+            hold.confirmed = now_us();
+            hold.release_invoked = now_us();
+            hold.released = release(token).await.ok();
+            return;
+        }
+        let held = keep_alive(token);
+        for _ in 0..steps {
+            let at = now_us();
+            if !held.is_held() {
+                break;
+            }
+            hold.confirmed = at;
+            let step = async {
+                match fence {
+                    Some(fence) => {
+                        Some(write(&self.register, self.name, fence, self.process, true).await)
+                    }
+                    None => None,
+                }
+            };
+            // `run` checks the lease's deadline before it polls the step.
+            match held.run(step).await {
+                None => {
+                    self.line(op(
+                        self.process,
+                        "write",
+                        self.name,
+                        "not_sent",
+                        at,
+                        now_us(),
+                    ));
+                    break;
+                }
+                Some(Some(accepted)) => self.line(op(
+                    self.process,
+                    "write",
+                    self.name,
+                    outcome(&accepted),
+                    at,
+                    now_us(),
+                )),
+                Some(None) => {}
+            }
+            let pause = Duration::from_millis(self.rng.random_range(20..200));
+            tokio::time::sleep(pause).await;
+        }
+        let at = now_us();
+        if held.is_held() {
+            hold.confirmed = at;
+        }
+        hold.release_invoked = now_us();
+        hold.released = held.release().await.ok();
+    }
+
+    fn line(&mut self, value: serde_json::Value) {
+        writeln!(self.out, "{value}").expect("history file");
+    }
+}
+
+/// Writes `fence` to the register of `name`: only if no later fence was accepted, when
+/// `conditional`.
+async fn write(
+    register: &redis::aio::ConnectionManager,
+    name: &str,
+    fence: u64,
+    process: u64,
+    conditional: bool,
+) -> redis::RedisResult<i64> {
+    let mut register = register.clone();
+    redis::Script::new(REGISTER)
+        .key(format!("reg:{name}"))
+        .key(format!("reg:{name}:log"))
+        .arg(fence)
+        .arg(process)
+        .arg(if conditional { "1" } else { "0" })
+        .invoke_async(&mut register)
+        .await
 }
 
 fn outcome(accepted: &redis::RedisResult<i64>) -> &'static str {
