@@ -11,6 +11,7 @@ use redis::aio::ConnectionLike;
 use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
+use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
@@ -303,9 +304,26 @@ where
                     };
                     self.run(script, lock, &roles, fence, secret, last).await?
                 }
+                Mode::Reservation => return Err(unsupported()),
             };
             acquisition(reply, lock.fenced)
         })
+    }
+
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin(lease, fingerprint))
+    }
+
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_complete(lease, completion))
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
