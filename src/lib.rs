@@ -4,6 +4,7 @@
 
 mod error;
 mod finish_on_drop;
+pub mod idempotency;
 pub mod layer;
 mod lease;
 mod lock;
@@ -17,6 +18,7 @@ mod wait;
 mod write_intent;
 
 pub use crate::error::{Error, Result};
+pub use crate::idempotency::{Idempotency, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
 pub use crate::lock::{Lock, MAX_NAMESPACE_LEN, RwLock};

@@ -303,6 +303,8 @@ pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease_lost::LeaseLost;
+pub(crate) use self::problem::Problem;
+pub(crate) use self::rejection::Renderer;
 pub use self::rejection::{AnyBody, BytesBody, OnRejection, Reason, Rejection};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LockService;

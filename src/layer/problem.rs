@@ -34,6 +34,17 @@ pub(crate) enum Problem {
     BodyTimeout { after: Duration },
     /// The request body broke off or was malformed while being buffered.
     BodyUnreadable,
+    /// The `Idempotency-Key` header is not a valid key.
+    IdempotencyKeyInvalid,
+    /// The request carries no `Idempotency-Key`, and the layer requires one.
+    IdempotencyKeyMissing,
+    /// A request with this key is running; its reservation has `retry_after` left.
+    IdempotencyInFlight { retry_after: Duration },
+    /// The key was used before for another request (method, path or body).
+    IdempotencyKeyReused,
+    /// The first request with this key completed with `status`, but its response could not be
+    /// stored, so it cannot be replayed.
+    IdempotencyNotStored { status: u16 },
 }
 
 impl Problem {
@@ -50,6 +61,12 @@ impl Problem {
             Problem::Unavailable | Problem::Lost => StatusCode::SERVICE_UNAVAILABLE,
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Problem::IdempotencyKeyInvalid | Problem::IdempotencyKeyMissing => {
+                StatusCode::BAD_REQUEST
+            }
+            Problem::IdempotencyInFlight { .. } => StatusCode::CONFLICT,
+            Problem::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::IdempotencyNotStored { .. } => StatusCode::GONE,
         }
     }
 
@@ -67,6 +84,11 @@ impl Problem {
             Problem::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
             Problem::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
             Problem::BodyUnreadable => "urn:tower-lease:body-unreadable",
+            Problem::IdempotencyKeyInvalid => "urn:tower-lease:idempotency-key-invalid",
+            Problem::IdempotencyKeyMissing => "urn:tower-lease:idempotency-key-missing",
+            Problem::IdempotencyInFlight { .. } => "urn:tower-lease:idempotency-in-flight",
+            Problem::IdempotencyKeyReused => "urn:tower-lease:idempotency-key-reused",
+            Problem::IdempotencyNotStored { .. } => "urn:tower-lease:idempotency-not-stored",
         }
     }
 
@@ -82,6 +104,13 @@ impl Problem {
             Problem::BodyTooLarge { .. } => "The request body is too large",
             Problem::BodyTimeout { .. } => "The request body did not arrive in time",
             Problem::BodyUnreadable => "The request body could not be read",
+            Problem::IdempotencyKeyInvalid => "The Idempotency-Key header is invalid",
+            Problem::IdempotencyKeyMissing => "The request needs an Idempotency-Key header",
+            Problem::IdempotencyInFlight { .. } => "A request with this idempotency key is running",
+            Problem::IdempotencyKeyReused => "The idempotency key was used for another request",
+            Problem::IdempotencyNotStored { .. } => {
+                "The request with this idempotency key completed, but its response was not kept"
+            }
         }
     }
 
@@ -131,13 +160,36 @@ impl Problem {
             Problem::BodyUnreadable => format!(
                 "The body of this request to the {namespace} lock broke off or was malformed."
             ),
+            Problem::IdempotencyKeyInvalid => format!(
+                "Idempotency keys in {namespace} are a structured-field string or token of 1 to \
+                 255 printable ASCII characters."
+            ),
+            Problem::IdempotencyKeyMissing => {
+                format!("Requests to {namespace} must carry an Idempotency-Key header.")
+            }
+            Problem::IdempotencyInFlight { retry_after } => format!(
+                "The first {namespace} request with this key is still running; retry in {} s \
+                 for its response.",
+                retry_after_secs(retry_after)
+            ),
+            Problem::IdempotencyKeyReused => format!(
+                "This {namespace} idempotency key belongs to a request with another method, \
+                 path or body; use a new key for a new request."
+            ),
+            Problem::IdempotencyNotStored { status } => format!(
+                "The first {namespace} request with this key completed with status {status}, \
+                 but its response was too large or streamed, so it is not replayed and the \
+                 request is not run again."
+            ),
         }
     }
 
     /// How long a client should wait before trying again, when the layer can tell.
     pub(crate) fn retry_after(self) -> Option<Duration> {
         match self {
-            Problem::Busy { retry_after } | Problem::Full { retry_after, .. } => Some(retry_after),
+            Problem::Busy { retry_after }
+            | Problem::Full { retry_after, .. }
+            | Problem::IdempotencyInFlight { retry_after } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
             Problem::Unavailable => Some(Duration::from_secs(1)),

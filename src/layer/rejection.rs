@@ -74,6 +74,26 @@ pub enum Reason {
     /// The request body broke off or was malformed while the layer
     /// [buffered](crate::LockLayer::buffer_body) it.
     BodyUnreadable,
+    /// The `Idempotency-Key` header of a request to an
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) is not a valid key.
+    IdempotencyKeyInvalid,
+    /// The request carries no `Idempotency-Key`, and the
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) [requires](crate::IdempotencyLayer::require_key) one.
+    IdempotencyKeyMissing,
+    /// A request with the same idempotency key is running.
+    IdempotencyInFlight {
+        /// How long its reservation has left (a hint: its heartbeat keeps extending it).
+        retry_after: Duration,
+    },
+    /// The idempotency key was used before for a request with another method, path or body.
+    IdempotencyKeyReused,
+    /// The first request with this idempotency key completed, but its response was not
+    /// stored (over [`max_response`](crate::IdempotencyLayer::max_response), or broken off),
+    /// so it is neither replayed nor run again.
+    IdempotencyNotStored {
+        /// The status the first request completed with.
+        status: StatusCode,
+    },
 }
 
 impl Rejection {
@@ -98,6 +118,15 @@ impl Rejection {
             Problem::BodyTooLarge { limit } => Reason::BodyTooLarge { limit },
             Problem::BodyTimeout { after } => Reason::BodyTimeout { after },
             Problem::BodyUnreadable => Reason::BodyUnreadable,
+            Problem::IdempotencyKeyInvalid => Reason::IdempotencyKeyInvalid,
+            Problem::IdempotencyKeyMissing => Reason::IdempotencyKeyMissing,
+            Problem::IdempotencyInFlight { retry_after } => {
+                Reason::IdempotencyInFlight { retry_after }
+            }
+            Problem::IdempotencyKeyReused => Reason::IdempotencyKeyReused,
+            Problem::IdempotencyNotStored { status } => Reason::IdempotencyNotStored {
+                status: StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+            },
         }
     }
 
@@ -246,6 +275,27 @@ impl Renderer {
         match &self.0 {
             Some(hook) => hook.render(&rejection).map(LeaseBody::rendered),
             None => rejection.problem_response().map(LeaseBody::problem),
+        }
+    }
+}
+
+impl Renderer {
+    /// The response to `problem` with `status` as one boxed body, for layers whose bodies are
+    /// not [`LeaseBody`].
+    pub(crate) fn respond_boxed(
+        &self,
+        problem: Problem,
+        status: StatusCode,
+        namespace: &'static str,
+    ) -> Response<RejectionBody> {
+        let rejection = Rejection::new(problem, status, namespace);
+        match &self.0 {
+            Some(hook) => hook.render(&rejection),
+            None => rejection.problem_response().map(|bytes| {
+                Full::new(bytes)
+                    .map_err(|never| match never {})
+                    .boxed_unsync()
+            }),
         }
     }
 }
