@@ -5,4 +5,5 @@
 mod support;
 
 mod layer;
+mod restart;
 mod store;
