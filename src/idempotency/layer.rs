@@ -8,6 +8,7 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 
 use super::Idempotency;
+use super::cache::Replays;
 use super::service::IdempotencyService;
 use crate::Store;
 use crate::layer::extract::ExtractName;
@@ -41,6 +42,8 @@ pub(crate) struct Config {
     pub(crate) timing: HeartbeatTiming,
     /// The coarse timer of a reservation's first beat.
     pub(crate) first_beat_timer: Arc<Watchdog>,
+    /// Completed records seen lately, replayed without a store round trip.
+    pub(crate) replays: Arc<Replays>,
 }
 
 impl Config {
@@ -104,6 +107,7 @@ impl IdempotencyLayer {
             renderer: Renderer::default(),
             timing,
             first_beat_timer: Watchdog::new(timing.every),
+            replays: Arc::default(),
         };
         Self {
             config,

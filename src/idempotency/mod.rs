@@ -112,6 +112,7 @@ use std::time::Duration;
 use crate::lock::Spec;
 
 mod body;
+mod cache;
 mod fingerprint;
 mod future;
 mod key;

@@ -155,12 +155,20 @@ where
     let state = own.stop();
     let completion = Completion::new(&fingerprint, &stored, config.idempotency.retention);
     let lease = state.holding.lease_ref();
-    let outcome = match config
+    let sent_at = Instant::now();
+    let completed = config
         .store
         .backend()
         .idempotency_complete(lease, completion)
-        .await
-    {
+        .await;
+    if let Ok(true) = completed {
+        let (name, retention) = (state.holding.name(), config.idempotency.retention);
+        let record = Bytes::from(stored);
+        config
+            .replays
+            .put(name, fingerprint, record, sent_at, retention);
+    }
+    let outcome = match completed {
         Ok(true) if matches!(ending, Read::Whole) => IdempotencyOutcome::Stored,
         Ok(true) => IdempotencyOutcome::NotStored,
         Ok(false) => {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
+use super::cache::Cached;
 use super::fingerprint::fingerprint;
 use super::future::ResponseFuture;
 use super::key;
@@ -162,6 +163,14 @@ where
     let fingerprint = fingerprint(&parts, &body);
     let spec = config.idempotency.spec;
     let namespace = spec.namespace;
+    match config.replays.get(&name, &fingerprint) {
+        Some(Cached::Replay(record)) => return Ok(replay(&config, record)),
+        Some(Cached::Mismatch) => {
+            telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
+            return Ok(config.refuse(Problem::IdempotencyKeyReused));
+        }
+        None => {}
+    }
     let lock = LockRef::new(namespace, &name, spec.ttl);
     let lock = if spec.fenced { lock.fenced() } else { lock };
     let secret = Secret::random();
@@ -199,7 +208,14 @@ where
                 tokio::time::sleep_until((now + pause).min(deadline)).await;
                 pause = (pause * 2).min(LAST_LOOK);
             }
-            Begin::Completed { response } => return Ok(replay(&config, response)),
+            Begin::Completed {
+                response,
+                expires_in,
+            } => {
+                let cache = &config.replays;
+                cache.put(&name, fingerprint, response.clone(), sent_at, expires_in);
+                return Ok(replay(&config, response));
+            }
             Begin::Mismatch => {
                 telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
                 return Ok(config.refuse(Problem::IdempotencyKeyReused));

@@ -37,6 +37,8 @@ pub enum Begin {
     Completed {
         /// The stored response, opaque to the backend.
         response: Bytes,
+        /// How long the record has left.
+        expires_in: Duration,
     },
     /// A request with another fingerprint completed under this key.
     Mismatch,

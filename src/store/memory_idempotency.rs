@@ -83,6 +83,7 @@ impl Records {
             return match record.fingerprint == *fingerprint {
                 true => Begin::Completed {
                     response: record.response.clone(),
+                    expires_in: record.until - now,
                 },
                 false => Begin::Mismatch,
             };

@@ -37,8 +37,19 @@ where
         fn unexpected(e: impl std::fmt::Display) -> Error {
             Error::UnexpectedReply(e.to_string())
         }
-        let (kind, value): (i64, redis::Value) =
-            redis::from_redis_value(reply).map_err(unexpected)?;
+        let mut reply: Vec<redis::Value> = redis::from_redis_value(reply).map_err(unexpected)?;
+        let pttl = match reply.len() {
+            3 => redis::from_redis_value::<i64>(reply.pop().expect("3 values")).ok(),
+            2 => None,
+            n => {
+                return Err(Error::UnexpectedReply(format!(
+                    "idem_begin answered {n} values"
+                )));
+            }
+        };
+        let value = reply.pop().expect("2 values");
+        let kind: i64 =
+            redis::from_redis_value(reply.pop().expect("1 value")).map_err(unexpected)?;
         let number = || redis::from_redis_value::<i64>(value.clone()).map_err(unexpected);
         Ok(match kind {
             1 => Begin::Reserved {
@@ -49,8 +60,11 @@ where
             },
             2 => {
                 let response: Vec<u8> = redis::from_redis_value(value).map_err(unexpected)?;
+                // A record without expiry (set by hand) is kept from the cache.
+                let left = pttl.unwrap_or(0).max(0) as u64;
                 Begin::Completed {
                     response: Bytes::from(response),
+                    expires_in: Duration::from_millis(left),
                 }
             }
             3 => Begin::Mismatch,

@@ -38,6 +38,7 @@ crate::store_tests!(
         a_client_cut_mid_request_completes_and_its_retry_on_another_replica_replays,
         a_hundred_concurrent_retries_run_the_handler_once,
         a_crashed_replicas_reservation_ends_with_its_lease,
+        a_key_runs_again_once_its_retention_ended,
     ]
 );
 
@@ -453,4 +454,29 @@ async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
         "ran before the lease ended"
     );
     assert_eq!(ran.text(), "receipt 1 for 0 bytes");
+}
+
+async fn a_key_runs_again_once_its_retention_ended(env: Env) {
+    const BRIEF: Idempotency = Idempotency::new("brief", Duration::from_millis(300));
+    let (_opener, app) = app();
+    let one = replica(IdempotencyLayer::new(env.store.clone(), BRIEF), &app).await;
+    let two = replica(IdempotencyLayer::new(env.store.clone(), BRIEF), &app).await;
+    let http = Http::new();
+    assert_eq!(
+        post_key(&http, one, "/pay", "k").await.text(),
+        "receipt 1 for 0 bytes"
+    );
+    // Replayed by the replica that stored it and by one that reads it from the store.
+    for addr in [one, two, one, two] {
+        let retry = post_key(&http, addr, "/pay", "k").await;
+        assert_eq!(retry.text(), "receipt 1 for 0 bytes");
+        assert!(replayed(&retry));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Neither replica keeps a copy past the record's retention.
+    let again = post_key(&http, one, "/pay", "k").await;
+    assert_eq!(again.text(), "receipt 2 for 0 bytes");
+    assert!(!replayed(&again));
+    let replayed_again = post_key(&http, two, "/pay", "k").await;
+    assert_eq!(replayed_again.text(), "receipt 2 for 0 bytes");
 }

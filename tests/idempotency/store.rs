@@ -64,10 +64,17 @@ async fn the_first_look_reserves_then_answers_in_flight_completed_or_mismatch(en
         other => panic!("expected in flight, got {other:?}"),
     }
     assert!(complete(&env, b"k1", &first, b"receipt 1").await);
-    let completed = Begin::Completed {
-        response: "receipt 1".into(),
-    };
-    assert_eq!(begin(&env, b"k1", &retry, &FP).await, completed);
+    match begin(&env, b"k1", &retry, &FP).await {
+        Begin::Completed {
+            response,
+            expires_in,
+        } => {
+            assert_eq!(response, "receipt 1");
+            let retention = Duration::from_secs(60);
+            assert!(retention - Duration::from_secs(5) < expires_in && expires_in <= retention);
+        }
+        other => panic!("expected completed, got {other:?}"),
+    }
     assert_eq!(begin(&env, b"k1", &retry, &OTHER_FP).await, Begin::Mismatch);
     // Another key is untouched.
     let fresh = begin(&env, b"k2", &retry, &FP).await;
@@ -93,10 +100,8 @@ async fn only_the_holder_completes_and_a_stale_holder_stores_nothing(env: Env) {
         Begin::InFlight { .. }
     ));
     assert!(complete(&env, b"k", &second, b"fresh").await);
-    let completed = Begin::Completed {
-        response: "fresh".into(),
-    };
-    assert_eq!(begin(&env, b"k", &first, &FP).await, completed);
+    let stored = begin(&env, b"k", &first, &FP).await;
+    assert!(matches!(stored, Begin::Completed { response, .. } if response == "fresh"));
 }
 
 async fn a_release_frees_the_key_for_the_next_request(env: Env) {

@@ -4,11 +4,12 @@
 -- KEYS[1] record (hash: fp, response, by), KEYS[2] reservation, KEYS[3] fence counter (only
 -- when fenced)
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] request fingerprint
--- Returns {1, fence} reserved, {0, pttl} in flight, {2, response} completed, {3, 0} mismatch.
+-- Returns {1, fence} reserved, {0, pttl} in flight, {2, response, pttl} completed, {3, 0}
+-- mismatch.
 local fp = redis.call('HGET', KEYS[1], 'fp')
 if fp then
   if fp == ARGV[3] then
-    return {2, redis.call('HGET', KEYS[1], 'response')}
+    return {2, redis.call('HGET', KEYS[1], 'response'), redis.call('PTTL', KEYS[1])}
   end
   return {3, 0}
 end
