@@ -16,7 +16,6 @@ use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -56,8 +55,8 @@ enum Read<B> {
 
 type Answer<B, E> = Result<Response<IdempotentBody<B>>, E>;
 
-/// Runs `req` through `inner` under the reservation `reserved`, in a spawned task, and answers
-/// what the task answers.
+/// Runs `req` through `inner` under the reservation `reserved`; called in the request's own
+/// task, which the client's connection does not cancel.
 pub(crate) async fn run<S, ReqBody, B>(
     mut inner: S,
     config: Arc<Config>,
@@ -83,21 +82,10 @@ where
     let own = OwnLease::new(holding, reserved.sent_at, config.timing);
     req.extensions_mut().insert(own.lease());
     let call = inner.call(req);
-    let (tx, rx) = oneshot::channel();
-    let task_config = config.clone();
-    tokio::spawn(async move {
-        let answer = finish(task_config, own, call, reserved.fingerprint).await;
-        // The client may have gone: the work is done and stored all the same.
-        let _ = tx.send(answer);
-    });
-    match rx.await {
-        Ok(answer) => answer,
-        // The task panicked (the handler did): the lease was dropped with it, freeing the key.
-        Err(_) => Ok(config.refuse(Problem::Unavailable)),
-    }
+    finish(config, own, call, reserved.fingerprint).await
 }
 
-/// The spawned part: the work under the lease, then storing or freeing the key.
+/// The work under the lease, then storing or freeing the key.
 async fn finish<F, B, E>(
     config: Arc<Config>,
     own: OwnLease,

@@ -11,6 +11,7 @@ use http::header::HeaderName;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -25,7 +26,7 @@ use super::run::{Reserved, run};
 use crate::layer::extract::ExtractName;
 use crate::layer::{BoxError, Problem};
 use crate::name::LockName;
-use crate::store::{Begin, LeaseRef, LockRef, Mode, Secret};
+use crate::store::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
 use crate::telemetry::{self, IdempotencyOutcome};
 
 /// The request header that carries the key.
@@ -171,6 +172,41 @@ where
         }
         None => {}
     }
+    // From the first store call on, the request is the task's, not the connection's: a client
+    // that goes away mid-call leaves no reservation that nobody runs or frees.
+    let (tx, rx) = oneshot::channel();
+    let task_config = config.clone();
+    tokio::spawn(async move {
+        let answer = look_up(inner, task_config, parts, body, name, fingerprint).await;
+        let _ = tx.send(answer);
+    });
+    match rx.await {
+        Ok(answer) => answer,
+        // The task panicked (the handler did): the lease was dropped with it, freeing the key.
+        Err(_) => Ok(config.refuse(Problem::Unavailable)),
+    }
+}
+
+/// Looks `name` up (and again while it is in flight, under `.wait`), then replays, refuses or
+/// runs the request.
+async fn look_up<S, B, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    parts: http::request::Parts,
+    body: Bytes,
+    name: Vec<u8>,
+    fingerprint: [u8; FINGERPRINT_LEN],
+) -> Result<Response<IdempotentBody<ResBody>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let spec = config.idempotency.spec;
+    let namespace = spec.namespace;
     let lock = LockRef::new(namespace, &name, spec.ttl);
     let lock = if spec.fenced { lock.fenced() } else { lock };
     let secret = Secret::random();
