@@ -113,6 +113,7 @@ use crate::lock::Spec;
 
 mod body;
 mod cache;
+mod config;
 mod fingerprint;
 mod future;
 mod key;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
-use super::layer::Config;
+use super::config::Config;
 use super::record;
 use crate::layer::{BoxError, Problem};
 use crate::lease::heartbeat::Heartbeat;

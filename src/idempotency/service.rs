@@ -17,10 +17,10 @@ use tower_service::Service;
 
 use super::body::IdempotentBody;
 use super::cache::Cached;
+use super::config::Config;
 use super::fingerprint::fingerprint;
 use super::future::ResponseFuture;
 use super::key;
-use super::layer::Config;
 use super::record::{self, Record};
 use super::run::{Reserved, run};
 use crate::layer::extract::ExtractName;

@@ -228,14 +228,14 @@ async fn keys_share_one_tag_and_expire(env: Env) {
 async fn scripts_survive_a_flush(env: Env) {
     for i in 0..5 {
         env.raw()
-            .query::<()>(&redis::cmd("SCRIPT").arg("FLUSH"))
+            .query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
             .await;
         let secret = Secret::random();
         let name = format!("flushed-{i}");
         let begun = begin(&env, name.as_bytes(), &secret, &FP).await;
         assert!(matches!(begun, Begin::Reserved { .. }));
         env.raw()
-            .query::<()>(&redis::cmd("SCRIPT").arg("FLUSH"))
+            .query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
             .await;
         assert!(complete(&env, name.as_bytes(), &secret, b"r").await);
     }
