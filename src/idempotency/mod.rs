@@ -90,6 +90,18 @@
 //! secret), in the same step that ends it; when storing fails, the reservation is left to run
 //! out rather than freed, so a retry within the lease is told `409` rather than run twice.
 //!
+//! Once the body is read, the rest of the request (the look-up included) runs in that task:
+//! a client cut while the key is being reserved leaves no reservation that nobody runs.
+//!
+//! # Replays on this replica
+//!
+//! A completed record never changes while it lives, so each layer keeps a copy of the records
+//! it stored or read (at most 4096 of them and 16 MiB, started over when full), each until
+//! the record's own expiry, counted from before the store call. A retry on a replica that saw
+//! the record is answered without a store round trip; one on another replica reads it from the
+//! store once. A record the store lost (a restart without persistence) is still replayed from
+//! a copy, which is what its retries want.
+//!
 //! # Keys in Redis
 //!
 //! `P:idem:{ns:scope:key}` holds the completed record (a hash: fingerprint, response, and the
