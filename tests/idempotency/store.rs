@@ -240,3 +240,57 @@ async fn scripts_survive_a_flush(env: Env) {
         assert!(complete(&env, name.as_bytes(), &secret, b"r").await);
     }
 }
+
+/// A backend written before idempotency keys: only the required methods.
+struct Older(tower_lease::store::MemoryStore);
+
+impl tower_lease::store::Backend for Older {
+    fn acquire<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<tower_lease::store::Acquisition>>
+    {
+        self.0.acquire(lease)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
+        self.0.extend(lease)
+    }
+
+    fn release<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<bool>> {
+        self.0.release(lease)
+    }
+
+    fn in_use<'a>(
+        &'a self,
+        lock: LockRef<'a>,
+    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<u32>> {
+        self.0.in_use(lock)
+    }
+}
+
+#[tokio::test]
+async fn a_backend_without_idempotency_answers_a_clear_error() {
+    use tower_lease::store::Backend;
+    let older = Older(tower_lease::store::MemoryStore::new());
+    let secret = Secret::random();
+    let error = older
+        .idempotency_begin(lease(lock(b"k"), &secret), &FP)
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("does not support idempotency"),
+        "{error}"
+    );
+    let completion = Completion::new(&FP, b"r", Duration::from_secs(1));
+    let error = older
+        .idempotency_complete(lease(lock(b"k"), &secret), completion)
+        .await;
+    assert!(error.is_err());
+}
