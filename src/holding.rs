@@ -126,6 +126,39 @@ impl Holding {
         }
     }
 
+    /// The reservation of an idempotency key that
+    /// [`idempotency_begin`](crate::store::Backend::idempotency_begin), sent at `sent_at`,
+    /// answered `Reserved` for `secret`.
+    pub(crate) fn reserved(
+        store: Store,
+        spec: Spec,
+        name: OwnedName,
+        secret: Secret,
+        fence: Option<u64>,
+        sent_at: Instant,
+    ) -> Holding {
+        let answered = Moment::now();
+        telemetry::store_answered(
+            spec.namespace,
+            Mode::Reservation,
+            None,
+            true,
+            answered,
+            answered,
+        );
+        Holding {
+            store,
+            spec,
+            mode: Mode::Reservation,
+            name,
+            secret,
+            fence,
+            confirmed_at: Mutex::new(sent_at),
+            #[cfg(feature = "metrics")]
+            taken: answered,
+        }
+    }
+
     /// This lease, as [`Backend`](crate::store::Backend) calls take it.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
         LeaseRef::new(

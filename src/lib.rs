@@ -6,6 +6,7 @@ mod attempt;
 mod error;
 mod finish_on_drop;
 mod holding;
+pub mod idempotency;
 pub mod layer;
 mod lease;
 mod lock;
@@ -21,6 +22,7 @@ mod write_intent;
 
 pub use crate::attempt::Attempt;
 pub use crate::error::{Error, Result};
+pub use crate::idempotency::{Idempotency, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
 pub use crate::lock::{Lock, RwLock};

@@ -57,6 +57,52 @@ impl LossReason {
     }
 }
 
+/// What a request with an idempotency key came to, as the `outcome` label of
+/// `tower_lease_idempotency_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdempotencyOutcome {
+    /// The first request ran and its response was stored for its retries.
+    Stored,
+    /// A retry got the stored response; the inner service was not called.
+    Replayed,
+    /// A retry came while the first request ran, and was refused (or its wait ran out).
+    InFlight,
+    /// The key was used before for another request.
+    Mismatch,
+    /// The key was missing (where required) or malformed.
+    InvalidKey,
+    /// The request ran but nothing replayable was stored: a `5xx` (the key is freed), a lost
+    /// lease, a response over the limit or broken off, or a store failure.
+    NotStored,
+}
+
+impl IdempotencyOutcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn as_str(self) -> &'static str {
+        match self {
+            IdempotencyOutcome::Stored => "stored",
+            IdempotencyOutcome::Replayed => "replayed",
+            IdempotencyOutcome::InFlight => "in_flight",
+            IdempotencyOutcome::Mismatch => "mismatch",
+            IdempotencyOutcome::InvalidKey => "invalid_key",
+            IdempotencyOutcome::NotStored => "not_stored",
+        }
+    }
+}
+
+/// Counts a request with an idempotency key (or one missing where required). Once per request,
+/// next to a store round trip, so a plain registry look-up costs nothing that shows.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn idempotency(namespace: &'static str, outcome: IdempotencyOutcome) {
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        let labels = [("namespace", namespace), ("outcome", outcome.as_str())];
+        metrics::counter!("tower_lease_idempotency_total", &labels).increment(1);
+    }
+}
+
 /// Gives each metric its unit and help text, once per process, so exporters print them.
 #[cfg(feature = "metrics")]
 fn describe() {
@@ -87,6 +133,10 @@ fn describe() {
         metrics::describe_counter!(
             "tower_lease_extend_total",
             "Lease extensions by outcome: ok, lost, error"
+        );
+        metrics::describe_counter!(
+            "tower_lease_idempotency_total",
+            "Requests with an idempotency key by outcome: stored, replayed, in_flight, mismatch, invalid_key, not_stored"
         );
         metrics::describe_counter!(
             "tower_lease_lost_total",

@@ -57,6 +57,26 @@ pub enum Reason {
     /// The request body broke off or was malformed while the layer
     /// [buffered](crate::LockLayer::buffer_body) it.
     BodyUnreadable,
+    /// The `Idempotency-Key` header of a request to an
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) is not a valid key.
+    IdempotencyKeyInvalid,
+    /// The request carries no `Idempotency-Key`, and the
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) [requires](crate::IdempotencyLayer::require_key) one.
+    IdempotencyKeyMissing,
+    /// A request with the same idempotency key is running.
+    IdempotencyInFlight {
+        /// How long its reservation has left (a hint: its heartbeat keeps extending it).
+        retry_after: Duration,
+    },
+    /// The idempotency key was used before for a request with another method, path or body.
+    IdempotencyKeyReused,
+    /// The first request with this idempotency key completed, but its response was not
+    /// stored (over [`max_response`](crate::IdempotencyLayer::max_response), or broken off),
+    /// so it is neither replayed nor run again.
+    IdempotencyNotStored {
+        /// The status the first request completed with.
+        status: StatusCode,
+    },
 }
 
 /// A refusal as the layer renders it: its [`Reason`], and for a bad name what is wrong with
@@ -98,6 +118,12 @@ impl Problem {
             Reason::StoreUnavailable | Reason::LeaseLost => StatusCode::SERVICE_UNAVAILABLE,
             Reason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Reason::IdempotencyKeyInvalid | Reason::IdempotencyKeyMissing => {
+                StatusCode::BAD_REQUEST
+            }
+            Reason::IdempotencyInFlight { .. } => StatusCode::CONFLICT,
+            Reason::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Reason::IdempotencyNotStored { .. } => StatusCode::GONE,
         }
     }
 
@@ -115,6 +141,11 @@ impl Problem {
             Reason::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
             Reason::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
             Reason::BodyUnreadable => "urn:tower-lease:body-unreadable",
+            Reason::IdempotencyKeyInvalid => "urn:tower-lease:idempotency-key-invalid",
+            Reason::IdempotencyKeyMissing => "urn:tower-lease:idempotency-key-missing",
+            Reason::IdempotencyInFlight { .. } => "urn:tower-lease:idempotency-in-flight",
+            Reason::IdempotencyKeyReused => "urn:tower-lease:idempotency-key-reused",
+            Reason::IdempotencyNotStored { .. } => "urn:tower-lease:idempotency-not-stored",
         }
     }
 
@@ -130,6 +161,13 @@ impl Problem {
             Reason::BodyTooLarge { .. } => "The request body is too large",
             Reason::BodyTimeout { .. } => "The request body did not arrive in time",
             Reason::BodyUnreadable => "The request body could not be read",
+            Reason::IdempotencyKeyInvalid => "The Idempotency-Key header is invalid",
+            Reason::IdempotencyKeyMissing => "The request needs an Idempotency-Key header",
+            Reason::IdempotencyInFlight { .. } => "A request with this idempotency key is running",
+            Reason::IdempotencyKeyReused => "The idempotency key was used for another request",
+            Reason::IdempotencyNotStored { .. } => {
+                "The request with this idempotency key completed, but its response was not kept"
+            }
         }
     }
 
@@ -183,13 +221,37 @@ impl Problem {
             Reason::BodyUnreadable => format!(
                 "The body of this request to the {namespace} lock broke off or was malformed."
             ),
+            Reason::IdempotencyKeyInvalid => format!(
+                "Idempotency keys in {namespace} are a structured-field string or token of 1 to \
+                 255 printable ASCII characters."
+            ),
+            Reason::IdempotencyKeyMissing => {
+                format!("Requests to {namespace} must carry an Idempotency-Key header.")
+            }
+            Reason::IdempotencyInFlight { retry_after } => format!(
+                "The first {namespace} request with this key is still running; retry in {} s \
+                 for its response.",
+                retry_after_secs(retry_after)
+            ),
+            Reason::IdempotencyKeyReused => format!(
+                "This {namespace} idempotency key belongs to a request with another method, \
+                 path or body; use a new key for a new request."
+            ),
+            Reason::IdempotencyNotStored { status } => format!(
+                "The first {namespace} request with this key completed with status {}, \
+                 but its response was too large or streamed, so it is not replayed and the \
+                 request is not run again.",
+                status.as_u16()
+            ),
         }
     }
 
     /// How long a client should wait before trying again, when the layer can tell.
     pub(crate) fn retry_after(self) -> Option<Duration> {
         match self.reason {
-            Reason::Busy { retry_after } | Reason::Full { retry_after, .. } => Some(retry_after),
+            Reason::Busy { retry_after }
+            | Reason::Full { retry_after, .. }
+            | Reason::IdempotencyInFlight { retry_after } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
             Reason::StoreUnavailable => Some(Duration::from_secs(1)),

@@ -191,6 +191,27 @@ impl Renderer {
     }
 }
 
+impl Renderer {
+    /// The response to `problem` with `status` as one boxed body, for layers whose bodies are
+    /// not [`LeaseBody`].
+    pub(crate) fn respond_boxed(
+        &self,
+        problem: Problem,
+        status: StatusCode,
+        namespace: &'static str,
+    ) -> Response<RejectionBody> {
+        let rejection = Rejection::new(problem, status, namespace);
+        match &self.0 {
+            Some(hook) => hook.render(&rejection),
+            None => rejection.problem_response().map(|bytes| {
+                Full::new(bytes)
+                    .map_err(|never| match never {})
+                    .boxed_unsync()
+            }),
+        }
+    }
+}
+
 impl fmt::Debug for Renderer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hook = if self.0.is_some() {

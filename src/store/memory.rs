@@ -6,6 +6,8 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::fence_counters::FenceCounters;
+use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
+use super::memory_idempotency::Records;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
 use crate::Result;
 use crate::store::Mode;
@@ -22,6 +24,8 @@ use crate::store::Mode;
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// Idempotency keys, apart from the leases of locks.
+    idempotency: Records,
 }
 
 #[derive(Debug, Default)]
@@ -161,6 +165,7 @@ impl MemoryStore {
                     .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
                 Acquisition::Acquired { fence }
             }
+            Mode::Reservation => unreachable!("reservations are taken by idempotency_begin"),
             Mode::Write => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
@@ -197,6 +202,9 @@ impl MemoryStore {
 
     /// Extends (`extend`) or releases `lease`; `false` if it is not held with its secret.
     fn update_now(&self, lease: LeaseRef<'_>, extend: bool) -> bool {
+        if lease.mode == Mode::Reservation {
+            return self.idempotency.update(lease, extend);
+        }
         let LeaseRef { lock, mode, secret } = lease;
         let now = Instant::now();
         let new_end = now + lock.ttl;
@@ -274,6 +282,7 @@ impl MemoryStore {
                 }
                 done
             }
+            Mode::Reservation => unreachable!("handled above"),
         }
     }
 }
@@ -377,13 +386,33 @@ impl Namespace {
 impl MemoryStore {
     /// How many entries the store keeps (names with leases not yet swept, fence counters).
     pub(crate) fn entries(&self) -> usize {
-        self.lock().namespaces.values().map(Namespace::len).sum()
+        let leases: usize = self.lock().namespaces.values().map(Namespace::len).sum();
+        leases + self.idempotency.entries()
     }
 }
 
 impl Backend for MemoryStore {
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        if lease.mode == Mode::Reservation {
+            return Box::pin(async { Err(unsupported()) });
+        }
         Box::pin(async move { Ok(self.acquire_now(lease)) })
+    }
+
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint)) })
+    }
+
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.idempotency.complete(lease, completion)) })
     }
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {

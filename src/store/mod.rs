@@ -19,10 +19,13 @@ mod deadline;
 mod extend_many;
 mod fence_counters;
 mod handle;
+mod idempotency;
 mod keys;
 mod memory;
+mod memory_idempotency;
 mod notify;
 mod redis;
+mod redis_idempotency;
 mod scripts;
 mod set_nx;
 pub(crate) mod watchdog;
@@ -30,6 +33,7 @@ pub(crate) mod watchdog;
 pub use self::check::Warning;
 pub(crate) use self::handle::Notifications;
 pub use self::handle::Store;
+pub use self::idempotency::{Begin, Completion, FINGERPRINT_LEN};
 pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
 pub(crate) use self::notify::Watch;
@@ -56,10 +60,14 @@ pub enum Mode {
     Write,
     /// One of the permits of a [`Semaphore`](crate::Semaphore).
     Permit,
+    /// The in-flight reservation of an idempotency key under
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer): taken by
+    /// [`Backend::idempotency_begin`], extended and released like an exclusive lease.
+    Reservation,
 }
 
 impl Mode {
-    /// `"exclusive"`, `"read"`, `"write"` or `"permit"`: the mode as metrics and traces label
+    /// `"exclusive"`, `"read"`, `"write"`, `"permit"` or `"reservation"`: the mode as metrics and traces label
     /// it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -67,6 +75,7 @@ impl Mode {
             Mode::Read => "read",
             Mode::Write => "write",
             Mode::Permit => "permit",
+            Mode::Reservation => "reservation",
         }
     }
 }
@@ -289,6 +298,41 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         let calls = leases.iter().map(|&lease| self.extend(lease));
         Box::pin(futures_util::future::join_all(calls))
+    }
+
+    /// Looks at an idempotency key for [`IdempotencyLayer`](crate::IdempotencyLayer), in one
+    /// atomic step: a completed record answers [`Begin::Completed`] when its fingerprint is
+    /// `fingerprint` and [`Begin::Mismatch`] otherwise; else a live reservation answers
+    /// [`Begin::InFlight`]; else `lease` (a [`Mode::Reservation`] lease, whose name is the
+    /// encoded scope and key) is taken, [`Begin::Reserved`]. A reservation found held with
+    /// `lease`'s own secret (a retried call whose reply was lost) answers `Reserved` too.
+    ///
+    /// [`extend`](Self::extend) and [`release`](Self::release) act on the reservation as on
+    /// an exclusive lease; a release frees the key for the next request.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        let _ = (lease, fingerprint);
+        Box::pin(async { Err(idempotency::unsupported()) })
+    }
+
+    /// Stores `completion` under the key of the reservation `lease`, for
+    /// `completion.retention`, and ends the reservation, only while the reservation is still
+    /// held with `lease`'s secret; `false` (and nothing stored) otherwise. A call retried after
+    /// it went through finds its own record and answers `true`.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let _ = (lease, completion);
+        Box::pin(async { Err(idempotency::unsupported()) })
     }
 
     /// Looks for setup problems that can break the guarantees, for [`Store::check`]. The

@@ -11,6 +11,7 @@ use redis::aio::ConnectionLike;
 use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
+use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
@@ -39,6 +40,8 @@ pub(super) const ARGS_LEN: usize = 64;
 /// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a refused writer attempt's secret, `PX` 500 ms (at most the TTL) |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, `PX` an hour from the lock's last acquisition (or one TTL, if longer) |
+/// | [`IdempotencyLayer`](crate::IdempotencyLayer) record | `P:idem:{ns:scope:key}` | hash: fingerprint, stored response, completing secret, `PX` the retention |
+/// | idempotency reservation | `P:idem:{ns:scope:key}:lease` (and `:fence` when fenced) | string: the holder's secret, `PX` the reservation's lease |
 ///
 /// A fence is `max(last + 1, server µs)`, so the counter only matters the few µs it may be ahead
 /// of the server clock: its expiry never lowers a fence, and a name nobody uses leaves no key.
@@ -303,9 +306,26 @@ where
                     };
                     self.run(script, lock, &roles, fence, secret, last).await?
                 }
+                Mode::Reservation => return Err(unsupported()),
             };
             acquisition(reply, lock.fenced)
         })
+    }
+
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin(lease, fingerprint))
+    }
+
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_complete(lease, completion))
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {

@@ -17,6 +17,8 @@ pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acqu
 pub(super) static WITHDRAW_INTENT: Lua = Lua::new(include_str!("scripts/withdraw_intent.lua"));
 pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_acquire.lua"));
 pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
+pub(super) static IDEM_BEGIN: Lua = Lua::new(include_str!("scripts/idem_begin.lua"));
+pub(super) static IDEM_COMPLETE: Lua = Lua::new(include_str!("scripts/idem_complete.lua"));
 pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
@@ -61,6 +63,9 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
         // A permit is extended exactly as a reader is: one member of a set scored by lease end.
         (Mode::Permit, Holder::Extend) => (&READ_EXTEND, KeyRole::Permits),
         (Mode::Permit, Holder::Release) => (&PERMIT_RELEASE, KeyRole::Permits),
+        // A reservation's key holds its secret alone, as an exclusive lock's does.
+        (Mode::Reservation, Holder::Extend) => (&EXTEND, KeyRole::IdempotencyReservation),
+        (Mode::Reservation, Holder::Release) => (&RELEASE, KeyRole::IdempotencyReservation),
     }
 }
 

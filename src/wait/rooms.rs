@@ -100,6 +100,7 @@ impl WaitRooms {
         let freed: &[Mode] = match mode {
             Mode::Exclusive => &[Mode::Exclusive],
             Mode::Permit => &[Mode::Permit],
+            Mode::Reservation => &[Mode::Reservation],
             Mode::Read | Mode::Write => &[Mode::Read, Mode::Write],
         };
         let mut name = Name::new(mode, namespace, name);

@@ -23,6 +23,7 @@ use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer,
 use support::http::{Http, count, serve};
 use support::{Env, Setup};
 
+mod idempotency;
 mod shared_reads;
 
 /// A metric's name and labels, as `name{label=value,…}` with the labels sorted.

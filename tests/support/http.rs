@@ -179,6 +179,19 @@ impl Http {
         path: &str,
         headers: &[(&str, &[u8])],
     ) -> Reply {
+        self.send_body(addr, method, path, headers, Bytes::new())
+            .await
+    }
+
+    /// Like [`send`](Self::send), with a request body.
+    pub async fn send_body(
+        &self,
+        addr: SocketAddr,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        body: Bytes,
+    ) -> Reply {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("http://{addr}{path}"));
@@ -187,7 +200,7 @@ impl Http {
         }
         let res = self
             .client
-            .request(req.body(Full::default()).unwrap())
+            .request(req.body(Full::new(body)).unwrap())
             .await
             .unwrap();
         let (parts, body) = res.into_parts();

@@ -1,0 +1,193 @@
+//! `IdempotencyLayer` over real HTTP on one `redis-server`, paired with what it is measured
+//! against in alternating rounds: a replayed request against a bare one (goal ≥ 0.8×), and a
+//! first request with a fresh key against a `LockLayer` request on a fresh name (goal ≥ 0.9×).
+//!
+//! ```text
+//! cargo bench --all-features --bench idempotency
+//! BENCH_ROUNDS=15 BENCH_ROUND_MS=2000 cargo bench --all-features --bench idempotency
+//! ```
+//!
+//! 64 keep-alive HTTP/1.1 connections per app, each sending requests back to back. The replay
+//! app's connections each repeat one key stored before the rounds (every response must carry
+//! `Idempotent-Replayed: true`); the first-request app sends a new random key each time; the
+//! `LockLayer` app a new random name. Any other answer stops the benchmark.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use tower_lease::{Idempotency, IdempotencyLayer, Lock, LockLayer, RedisStore, Store, extract};
+
+use support::http::{Sender, connect, serve};
+use support::{Redis, Settings, median};
+
+const CONNECTIONS: usize = 64;
+const ORDERS: Idempotency = Idempotency::new("bench-orders", Duration::from_secs(120));
+const JOBS: Lock<str> = Lock::new("bench-jobs", Duration::from_secs(10));
+
+fn main() {
+    let settings = Settings::from_env(7, 700);
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(bench(&redis, settings));
+}
+
+async fn work() -> &'static str {
+    "done"
+}
+
+fn app() -> Router {
+    Router::new().route("/orders/{name}", post(work))
+}
+
+/// What each request of an app carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    /// A random name, no key.
+    Plain,
+    /// Connection `i`'s own stored key, `replay-i`.
+    Replay,
+    /// A fresh random key.
+    First,
+}
+
+/// Drives `senders` for `length`; answers requests per second.
+async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, load: Load) -> f64 {
+    let start = Instant::now();
+    let deadline = start + length;
+    let mut workers = Vec::with_capacity(senders.len());
+    for (i, mut sender) in senders.drain(..).enumerate() {
+        let host = host.to_owned();
+        workers.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let (path, key) = match load {
+                    Load::Plain => (format!("/orders/{:x}", rand::random::<u64>()), None),
+                    Load::Replay => ("/orders/o".to_owned(), Some(format!("replay-{i}"))),
+                    Load::First => {
+                        let key = format!("first-{:x}", rand::random::<u64>());
+                        ("/orders/o".to_owned(), Some(key))
+                    }
+                };
+                let mut req = http::Request::post(path).header(http::header::HOST, &host);
+                if let Some(key) = key {
+                    req = req.header("idempotency-key", key);
+                }
+                sender.ready().await.expect("connection closed");
+                let res = sender
+                    .send_request(req.body(Empty::new()).unwrap())
+                    .await
+                    .expect("request failed");
+                assert_eq!(res.status(), StatusCode::OK, "unexpected status");
+                let replayed = res.headers().contains_key("idempotent-replayed");
+                assert_eq!(
+                    replayed,
+                    load == Load::Replay,
+                    "replayed or not as expected"
+                );
+                res.into_body().collect().await.expect("body failed");
+                done += 1;
+            }
+            (sender, done)
+        }));
+    }
+    let mut total = 0;
+    for worker in workers {
+        let (sender, done) = worker.await.expect("a load task panicked");
+        senders.push(sender);
+        total += done;
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn bench(redis: &Redis, settings: Settings) {
+    let store: Store = RedisStore::new(redis.connection().await)
+        .prefix("bench-idem")
+        .into();
+    let idempotent = || IdempotencyLayer::new(store.clone(), ORDERS);
+    let apps = [
+        ("bare", Load::Plain, app()),
+        (
+            "IdempotencyLayer, replayed",
+            Load::Replay,
+            app().route_layer(idempotent()),
+        ),
+        (
+            "LockLayer",
+            Load::Plain,
+            app().route_layer(LockLayer::new(
+                store.clone(),
+                JOBS,
+                extract::path_segment(1),
+            )),
+        ),
+        (
+            "IdempotencyLayer, first request",
+            Load::First,
+            app().route_layer(idempotent()),
+        ),
+    ];
+    let mut targets = Vec::new();
+    for (name, load, app) in apps {
+        let addr = serve(app).await;
+        let senders = connect(addr, CONNECTIONS).await;
+        targets.push((name, load, addr.to_string(), senders, Vec::new()));
+    }
+    // Store each replaying connection's key once, then warm every app up.
+    let (_, _, host, senders, _) = &mut targets[3];
+    for (i, sender) in senders.iter_mut().enumerate() {
+        let req = http::Request::post("/orders/o")
+            .header(http::header::HOST, host.as_str())
+            .header("idempotency-key", format!("replay-{i}"))
+            .body(Empty::new())
+            .unwrap();
+        sender.ready().await.unwrap();
+        let res = sender.send_request(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        res.into_body().collect().await.unwrap();
+    }
+    for (_, load, host, senders, _) in &mut targets {
+        drive(senders, host, Duration::from_millis(200), *load).await;
+    }
+    for round in 0..settings.rounds {
+        for k in 0..targets.len() {
+            let n = targets.len();
+            let (_, load, host, senders, rates) = &mut targets[(k + round) % n];
+            rates.push(drive(senders, host, settings.round, *load).await);
+        }
+    }
+
+    println!(
+        "\nHTTP/1.1, {CONNECTIONS} connections, POST /orders/…, {} rounds of {:?} per app",
+        settings.rounds, settings.round
+    );
+    println!("machine: {}\n", support::machine());
+    println!("| app | requests/s (median) |");
+    println!("|---|---:|");
+    for (name, _, _, _, rates) in &targets {
+        println!("| {name} | {:.0} |", median(&mut rates.clone()));
+    }
+    // Ratios are medians of the ratios within each round, so drift between rounds cancels.
+    let paired = |a: usize, b: usize| {
+        let (a, b) = (&targets[a].4, &targets[b].4);
+        median(&mut a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>())
+    };
+    let met = |met: bool| if met { "met" } else { "MISSED" };
+    let replay = paired(1, 0);
+    println!(
+        "\ntargets:\n- replayed ≥ 0.8× bare: {replay:.3} {}",
+        met(replay >= 0.8)
+    );
+    let first = paired(3, 2);
+    println!(
+        "- first request ≥ 0.9× LockLayer: {first:.3} {}",
+        met(first >= 0.9)
+    );
+}

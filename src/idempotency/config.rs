@@ -1,0 +1,54 @@
+//! [`Config`]: what an [`IdempotencyLayer`](super::IdempotencyLayer) does, shared by every
+//! service and request it makes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+
+use super::Idempotency;
+use super::body::IdempotentBody;
+use super::cache::Replays;
+use crate::Store;
+use crate::layer::{Problem, Reason, Renderer};
+use crate::lease::heartbeat::HeartbeatTiming;
+use crate::store::watchdog::Watchdog;
+
+/// The most request body bytes read for the fingerprint by default.
+pub(super) const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+/// The largest response stored for replay by default.
+pub(super) const DEFAULT_MAX_RESPONSE: usize = 1024 * 1024;
+
+/// How long the request body may take to arrive by default.
+pub(super) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a layer does, shared by every service and request it makes.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) store: Store,
+    pub(crate) idempotency: Idempotency,
+    pub(crate) require_key: bool,
+    /// How long a retry waits for the first request to finish (zero: answer `409` at once).
+    pub(crate) wait: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) body_timeout: Duration,
+    pub(crate) max_response: usize,
+    pub(crate) renderer: Renderer,
+    pub(crate) timing: HeartbeatTiming,
+    /// The coarse timer of a reservation's first beat.
+    pub(crate) first_beat_timer: Arc<Watchdog>,
+    /// Completed records seen lately, replayed without a store round trip.
+    pub(crate) replays: Arc<Replays>,
+}
+
+impl Config {
+    /// The layer's answer to `problem`, rendered by its hook if it has one.
+    pub(crate) fn refuse<B>(&self, reason: Reason) -> Response<IdempotentBody<B>> {
+        let problem = Problem::from(reason);
+        let status = problem.status(StatusCode::CONFLICT);
+        let namespace = self.idempotency.spec.namespace;
+        let response = self.renderer.respond_boxed(problem, status, namespace);
+        response.map(IdempotentBody::rendered)
+    }
+}

@@ -1,0 +1,221 @@
+//! Idempotent requests: [`IdempotencyLayer`] makes a retried request the same request.
+//!
+//! A lock stops two requests from buying the last seat at once; it does nothing for the client
+//! whose request timed out and who sends it again. Payment APIs solve that with an idempotency
+//! key (the IETF httpapi `Idempotency-Key` draft, Stripe's practice): the first request with a
+//! key runs, its response is stored, and every retry with the key gets that response instead
+//! of running again. This layer does it across replicas, with the reservation of a key held as
+//! a lease by the store's heartbeat, as every lease of the crate is.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Extension, Router, routing::post};
+//! use tower_lease::{Idempotency, IdempotencyLayer, Lease, Store, extract};
+//!
+//! const PAYMENTS: Idempotency =
+//!     Idempotency::new("payments", Duration::from_secs(24 * 3600)).fenced();
+//!
+//! async fn pay(Extension(lease): Extension<Lease>) -> String {
+//!     // The fence orders this reservation's writes after any earlier holder's.
+//!     format!("charged under fence {:?}", lease.fence())
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/payments", post(pay))
+//!     .route_layer(
+//!         IdempotencyLayer::new(Store::memory(), PAYMENTS)
+//!             .scope(extract::header("x-tenant"))
+//!             .wait(Duration::from_secs(2)),
+//!     );
+//! ```
+//!
+//! # The HTTP contract
+//!
+//! | request | answer |
+//! |---|---|
+//! | no `Idempotency-Key` | runs as usual; `400` `urn:tower-lease:idempotency-key-missing` under [`require_key`](IdempotencyLayer::require_key) |
+//! | a key that is not 1 to 255 printable ASCII characters, as a structured-field string (`"8e03978e-…"`) or bare token characters (`8e03978e-…`), or two keys | `400` `urn:tower-lease:idempotency-key-invalid` |
+//! | a body over [`max_body`](IdempotencyLayer::max_body) (1 MiB), or slower than [`body_timeout`](IdempotencyLayer::body_timeout) (10 s) | `413`, `408`, before anything is reserved |
+//! | the first with its key | runs under the reservation; its response is stored for the retention |
+//! | a retry, same fingerprint, first completed | the stored response, with `Idempotent-Replayed: true`; the inner service is not called |
+//! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`wait`](IdempotencyLayer::wait), the first's response once it is stored |
+//! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
+//! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
+//! | the first's response was not stored (see below) | `410` `urn:tower-lease:idempotency-not-stored`, with `Idempotent-Replayed: true` and the first's status in the detail; never a second run |
+//! | the store failed | `503` `urn:tower-lease:lock-store-unavailable`, `Retry-After: 1` |
+//!
+//! Both spellings of a key name the same key: `"abc"` and `abc`. A bare key may hold the
+//! characters of a structured-field token (`tchar`, `:` and `/`) and, unlike a strict token,
+//! start with a digit, so the bare UUIDs most clients send are accepted.
+//!
+//! # The fingerprint
+//!
+//! Method, path with query, and the whole body, read before anything is reserved, hashed into
+//! 128 bits by a non-cryptographic hash the crate carries itself (no dependency), stable across
+//! Rust versions and platforms. A collision matters only within one key, between two requests
+//! one client sent with it: by chance about 2⁻¹²⁸; made on purpose, it only replays the
+//! client's own response to itself.
+//!
+//! # What is stored, and what is not
+//!
+//! The status, the headers and the body, for the [`retention`](Idempotency::new). Hop-by-hop
+//! headers (`Connection` and those it lists, `Keep-Alive`, `Transfer-Encoding`, `TE`,
+//! `Trailer`, `Upgrade`, `Proxy-*`) and `Set-Cookie` are not: the first client gets its cookie,
+//! a retry does not (one session cookie handed to two clients would be one session for both).
+//!
+//! The response body is read in the request's task, up to
+//! [`max_response`](IdempotencyLayer::max_response) (1 MiB). A longer body (an endless stream
+//! included), one that breaks off, or one that ends with trailers cannot be replayed: the first
+//! client still gets all of it, streamed on after the part read, and the store keeps a marker
+//! with its status. Retries get `410 Gone`: the request completed, and running it again is
+//! the one thing a retry must never do. A streaming response that ends within the limit is
+//! stored whole, like any other.
+//!
+//! # The reservation
+//!
+//! The first request takes the key's reservation: a lease of [`Idempotency::lease`] (10 s by
+//! default), extended by the store's heartbeat every third of it while the request runs,
+//! released or completed when it ends. A replica that crashes mid-request leaves a reservation
+//! that runs out by its TTL, so a retry is told `409` for at most one lease, never for good.
+//! [`fenced`](Idempotency::fenced) gives the reservation a fence, in the request's
+//! [`Lease`](crate::Lease) extension (which every request run under a reservation carries).
+//!
+//! Once reserved, the inner service runs in a task of its own, so a client that disconnects
+//! does not cancel a request that has started: it runs to completion, its response is stored,
+//! and the retry replays it. The lease bounds the task: when the reservation is lost (the
+//! store says it is gone, or no extension was confirmed in time) the work is dropped at its
+//! next `.await` and nothing is stored; a retry runs again, so write through the fence.
+//!
+//! The response is stored only while the reservation is still ours (the store compares its
+//! secret), in the same step that ends it; when storing fails, the reservation is left to run
+//! out rather than freed, so a retry within the lease is told `409` rather than run twice.
+//!
+//! Once the body is read, the rest of the request (the look-up included) runs in that task:
+//! a client cut while the key is being reserved leaves no reservation that nobody runs.
+//!
+//! # Replays on this replica
+//!
+//! A completed record never changes while it lives, so each layer keeps a copy of the records
+//! it stored or read (at most 4096 of them and 16 MiB, started over when full), each until
+//! the record's own expiry, counted from before the store call. A retry on a replica that saw
+//! the record is answered without a store round trip; one on another replica reads it from the
+//! store once. A record the store lost (a restart without persistence) is still replayed from
+//! a copy, which is what its retries want.
+//!
+//! # Keys in Redis
+//!
+//! `P:idem:{ns:scope:key}` holds the completed record (a hash: fingerprint, response, and the
+//! completing reservation's secret, so a completion sent twice is answered the same), with
+//! `PX` the retention; `P:idem:{ns:scope:key}:lease` the reservation (its secret, `PX` the
+//! lease); `…:fence` the fence counter of a fenced definition. The scope has `\` and `:`
+//! escaped, so the names are injective in (scope, key); all keys of one key share its hash tag
+//! and cluster slot. Nothing outlives its expiry: records their retention, reservations their
+//! lease, fence counters an hour.
+//!
+//! # Waiting
+//!
+//! Under [`wait`](IdempotencyLayer::wait) a retry that finds the key in flight looks again
+//! after 10 ms, doubling to every 100 ms, until the first completes (it then gets the stored
+//! response), frees the key (it then runs itself) or the wait runs out (`409`).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::spec::Spec;
+
+mod body;
+mod cache;
+mod config;
+mod fingerprint;
+mod future;
+mod key;
+mod layer;
+mod record;
+mod run;
+mod service;
+
+pub use self::body::IdempotentBody;
+pub use self::future::ResponseFuture;
+pub use self::layer::{IdempotencyLayer, Unscoped};
+pub use self::service::IdempotencyService;
+
+/// The default lease of a reservation.
+const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// An idempotency namespace: how long completed responses are replayed, and the lease of an
+/// in-flight reservation. `const`, like the lock definitions.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lease::Idempotency;
+///
+/// const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(24 * 3600))
+///     .lease(Duration::from_secs(30))
+///     .fenced();
+/// ```
+#[derive(Clone, Copy)]
+pub struct Idempotency {
+    pub(crate) spec: Spec,
+    pub(crate) retention: Duration,
+}
+
+impl Idempotency {
+    /// Keys in `namespace`, whose completed responses are replayed for `retention` (counted
+    /// in whole milliseconds).
+    ///
+    /// # Panics
+    ///
+    /// As [`Lock::new`](crate::Lock::new) for the namespace; and if `retention` is under 1 ms.
+    /// In a `const`, at compile time.
+    pub const fn new(namespace: &'static str, retention: Duration) -> Self {
+        assert!(
+            retention.as_millis() >= 1,
+            "tower-lease: an idempotency retention must be at least 1 ms"
+        );
+        Self {
+            spec: Spec::new(namespace, DEFAULT_LEASE),
+            retention,
+        }
+    }
+
+    /// The lease of an in-flight reservation (default 10 s), kept by the heartbeat while the
+    /// request runs: how long a crashed replica's reservation keeps retries at `409`.
+    ///
+    /// # Panics
+    ///
+    /// If `ttl` is under 1 ms.
+    pub const fn lease(self, ttl: Duration) -> Self {
+        let fenced = self.spec.fenced;
+        let mut spec = Spec::new(self.spec.namespace, ttl);
+        spec.fenced = fenced;
+        Self { spec, ..self }
+    }
+
+    /// Gives each reservation a fence, larger than every fence issued before for its key, in
+    /// the request's [`Lease`](crate::Lease) extension.
+    pub const fn fenced(mut self) -> Self {
+        self.spec.fenced = true;
+        self
+    }
+
+    /// The namespace.
+    pub const fn namespace(&self) -> &'static str {
+        self.spec.namespace
+    }
+
+    /// How long completed responses are replayed.
+    pub const fn retention(&self) -> Duration {
+        self.retention
+    }
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("namespace", &self.spec.namespace)
+            .field("retention", &self.retention)
+            .field("lease", &self.spec.ttl)
+            .field("fenced", &self.spec.fenced)
+            .finish()
+    }
+}

@@ -1,0 +1,273 @@
+//! The first request with a key: run under its reservation in a task of its own, its response
+//! read (up to the layer's limit) and stored, or the key freed.
+//!
+//! The task, not the client's connection, owns the work: a client that goes away does not
+//! cancel a request that has started. The lease bounds it instead: when the reservation is
+//! lost the work is dropped and nothing is stored.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::response::Parts;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::body::IdempotentBody;
+use super::config::Config;
+use super::record;
+use crate::holding::Holding;
+use crate::layer::{BoxError, Reason};
+use crate::lease::heartbeat::Heartbeat;
+use crate::lease::own::OwnLease;
+use crate::owned_name::OwnedName;
+use crate::store::watchdog::Watchdog;
+use crate::store::{Completion, FINGERPRINT_LEN, Secret};
+use crate::telemetry::{self, IdempotencyOutcome};
+
+/// A key the store reserved for this request.
+pub(crate) struct Reserved {
+    pub(crate) name: OwnedName,
+    pub(crate) secret: Secret,
+    pub(crate) fence: Option<u64>,
+    /// When the `idempotency_begin` that reserved it was sent.
+    pub(crate) sent_at: Instant,
+    pub(crate) fingerprint: [u8; FINGERPRINT_LEN],
+}
+
+/// How the inner response's body ended while the layer read it.
+enum Read<B> {
+    /// Within the limit, without trailers: storable.
+    Whole,
+    /// With trailers, which are not stored.
+    Trailers(HeaderMap),
+    /// Broken off.
+    Failed(BoxError),
+    /// Past the limit; the rest follows.
+    Over(B),
+}
+
+type Answer<B, E> = Result<Response<IdempotentBody<B>>, E>;
+
+/// Runs `req` through `inner` under the reservation `reserved`; called in the request's own
+/// task, which the client's connection does not cancel.
+pub(crate) async fn run<S, ReqBody, B>(
+    mut inner: S,
+    config: Arc<Config>,
+    mut req: Request<ReqBody>,
+    reserved: Reserved,
+) -> Answer<B, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let spec = config.idempotency.spec;
+    let holding = Holding::reserved(
+        config.store.clone(),
+        spec,
+        reserved.name,
+        reserved.secret,
+        reserved.fence,
+        reserved.sent_at,
+    );
+    let own = OwnLease::new(holding, reserved.sent_at, config.timing);
+    req.extensions_mut().insert(own.lease());
+    let call = inner.call(req);
+    finish(config, own, call, reserved.fingerprint).await
+}
+
+/// The work under the lease, then storing or freeing the key.
+async fn finish<F, B, E>(
+    config: Arc<Config>,
+    own: OwnLease,
+    call: F,
+    fingerprint: [u8; FINGERPRINT_LEN],
+) -> Answer<B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let namespace = config.idempotency.spec.namespace;
+    let max = config.max_response;
+    let work = async move {
+        let (parts, body) = call.await?.into_parts();
+        let (data, ending) = read(body, max).await;
+        Ok((parts, data, ending))
+    };
+    let heartbeat = config.store.heartbeat().clone();
+    let timer = config.first_beat_timer.clone();
+    let done = UnderLease {
+        own: Some(own),
+        heartbeat,
+        timer,
+        work,
+    }
+    .await;
+    let (own, done) = done;
+    let Some(done) = done else {
+        // Lost: the work was dropped, and the reservation is someone else's or gone.
+        telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
+        drop(own);
+        return Ok(config.refuse(Reason::LeaseLost));
+    };
+    let (parts, data, ending) = match done {
+        Ok(done) => done,
+        Err(error) => {
+            telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
+            own.release().await;
+            return Err(error);
+        }
+    };
+    if parts.status.is_server_error() {
+        // Never stored: the key is freed before the answer goes out, so the retry runs.
+        telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
+        own.release().await;
+        return Ok(respond(parts, data, ending));
+    }
+    let stored = match &ending {
+        Read::Whole => record::encode(parts.status, &parts.headers, &data),
+        _ => record::encode_not_stored(parts.status),
+    };
+    // Out of the heartbeat first, so no extension races the completion; if the completion
+    // fails the reservation runs out by its TTL rather than freeing the key for a second run.
+    let state = own.stop();
+    let completion = Completion::new(&fingerprint, &stored, config.idempotency.retention);
+    let lease = state.holding.lease_ref();
+    let sent_at = Instant::now();
+    let completed = config
+        .store
+        .backend()
+        .idempotency_complete(lease, completion)
+        .await;
+    if let Ok(true) = completed {
+        let (name, retention) = (state.holding.name(), config.idempotency.retention);
+        let record = Bytes::from(stored);
+        config
+            .replays
+            .put(name, fingerprint, record, sent_at, retention);
+    }
+    let outcome = match completed {
+        Ok(true) if matches!(ending, Read::Whole) => IdempotencyOutcome::Stored,
+        Ok(true) => IdempotencyOutcome::NotStored,
+        Ok(false) => {
+            tracing::warn!(
+                namespace,
+                "the reservation ran out before its response was stored"
+            );
+            IdempotencyOutcome::NotStored
+        }
+        Err(error) => {
+            tracing::warn!(namespace, %error, "storing the response failed");
+            IdempotencyOutcome::NotStored
+        }
+    };
+    telemetry::idempotency(namespace, outcome);
+    Ok(respond(parts, data, ending))
+}
+
+/// The first client's response: all of it, whatever was stored.
+fn respond<B>(parts: Parts, data: Bytes, ending: Read<B>) -> Response<IdempotentBody<B>> {
+    let body = match ending {
+        Read::Whole => IdempotentBody::full(data),
+        Read::Trailers(trailers) => IdempotentBody::read(data, Some(trailers), None, None),
+        Read::Failed(error) => IdempotentBody::read(data, None, Some(error), None),
+        Read::Over(rest) => IdempotentBody::read(data, None, None, Some(rest)),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// Reads `body` up to `max` bytes (and the frame that crosses it).
+async fn read<B>(mut body: B, max: usize) -> (Bytes, Read<B>)
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut data = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    loop {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => return (joined(first, data), Read::Failed(error.into())),
+        };
+        let frame = match frame.into_data() {
+            Ok(chunk) => {
+                let len = first.as_ref().map_or(0, Bytes::len) + data.len() + chunk.len();
+                match first.take() {
+                    // Most bodies are one chunk: kept as it is, without a copy.
+                    None if data.is_empty() => first = Some(chunk),
+                    previous => {
+                        if let Some(previous) = previous {
+                            data.extend_from_slice(&previous);
+                        }
+                        data.extend_from_slice(&chunk);
+                    }
+                }
+                if len > max {
+                    return (joined(first, data), Read::Over(body));
+                }
+                continue;
+            }
+            Err(frame) => frame,
+        };
+        if let Ok(trailers) = frame.into_trailers() {
+            return (joined(first, data), Read::Trailers(trailers));
+        }
+    }
+    (joined(first, data), Read::Whole)
+}
+
+fn joined(first: Option<Bytes>, data: BytesMut) -> Bytes {
+    first.unwrap_or_else(|| data.freeze())
+}
+
+pin_project! {
+    /// `work` under the reservation: `None` when the lease was lost first or had run out by
+    /// the time the work finished; the lease comes back either way. The deadline is checked
+    /// before every poll of the work, as [`Held::run`](crate::Held::run) does.
+    struct UnderLease<F> {
+        own: Option<OwnLease>,
+        heartbeat: Heartbeat,
+        timer: Arc<Watchdog>,
+        #[pin]
+        work: F,
+    }
+}
+
+impl<F: Future> Future for UnderLease<F> {
+    type Output = (OwnLease, Option<F::Output>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let own = this
+            .own
+            .as_mut()
+            .expect("UnderLease polled after completion");
+        if own.state().over_at(Instant::now()) {
+            return Poll::Ready((this.own.take().expect("there"), None));
+        }
+        // Most requests end before their first beat, and never enrol in the heartbeat.
+        own.poll_first_beat(cx, this.heartbeat, this.timer);
+        if let Poll::Ready(output) = this.work.poll(cx) {
+            let own = this.own.take().expect("there");
+            let held = !own.state().over_at(Instant::now());
+            return Poll::Ready((own, held.then_some(output)));
+        }
+        if own.state().poll_ended(cx).is_ready() {
+            return Poll::Ready((this.own.take().expect("there"), None));
+        }
+        Poll::Pending
+    }
+}

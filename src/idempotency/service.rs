@@ -1,0 +1,314 @@
+//! [`IdempotencyService`]: reads the key and the body, looks the key up, and answers a retry
+//! from the store or hands the first request to [`run`](super::run).
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::body::IdempotentBody;
+use super::cache::Cached;
+use super::config::Config;
+use super::fingerprint::fingerprint;
+use super::future::ResponseFuture;
+use super::key;
+use super::record::{self, Record};
+use super::run::{Reserved, run};
+use crate::layer::extract::ExtractName;
+use crate::layer::{BoxError, Reason};
+use crate::name::LockName;
+use crate::store::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
+use crate::telemetry::{self, IdempotencyOutcome};
+
+/// The request header that carries the key.
+pub(crate) static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header a replayed response carries.
+static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The first and the longest pause between two looks of a waiting retry.
+const FIRST_LOOK: Duration = Duration::from_millis(10);
+const LAST_LOOK: Duration = Duration::from_millis(100);
+
+/// The service an [`IdempotencyLayer`](super::IdempotencyLayer) makes.
+#[derive(Clone)]
+pub struct IdempotencyService<S, E> {
+    inner: S,
+    config: Arc<Config>,
+    scope: E,
+}
+
+impl<S, E> IdempotencyService<S, E> {
+    pub(crate) fn new(inner: S, config: Arc<Config>, scope: E) -> Self {
+        Self {
+            inner,
+            config,
+            scope,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug, E> fmt::Debug for IdempotencyService<S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("namespace", &self.config.idempotency.spec.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E, B, ResBody> Service<Request<B>> for IdempotencyService<S, E>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    E: ExtractName<B>,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<IdempotentBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone may not be ready; the one `poll_ready` readied goes with the request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        let namespace = config.idempotency.spec.namespace;
+        let mut keys = req.headers().get_all(&IDEMPOTENCY_KEY).iter();
+        let key = match (keys.next(), keys.next()) {
+            (None, _) if !config.require_key => {
+                let call = inner.call(req);
+                return ResponseFuture::new(
+                    async move { Ok(call.await?.map(IdempotentBody::inner)) },
+                );
+            }
+            (None, _) => Err(Reason::IdempotencyKeyMissing),
+            (Some(value), None) => key::parse(value).ok_or(Reason::IdempotencyKeyInvalid),
+            // Two keys name no one request.
+            (Some(_), Some(_)) => Err(Reason::IdempotencyKeyInvalid),
+        };
+        let scope = self.scope.extract(&req);
+        let scope = scope.as_ref().map(|scope| scope.lock_name());
+        let key = key.and_then(|key| match scope {
+            Some(scope) if scope.len() > crate::MAX_NAME_LEN => Err(Reason::IdempotencyKeyInvalid),
+            Some(scope) => Ok(key::name(&scope, &key)),
+            None => Ok(key::name(b"", &key)),
+        });
+        let name = match key {
+            Ok(name) => name,
+            Err(problem) => {
+                telemetry::idempotency(namespace, IdempotencyOutcome::InvalidKey);
+                let response = config.refuse(problem);
+                return ResponseFuture::new(async move { Ok(response) });
+            }
+        };
+        ResponseFuture::new(keyed(inner, config, req, name))
+    }
+}
+
+/// A request with a valid key: its body read, its key looked up, then replayed, refused or run.
+async fn keyed<S, B, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    req: Request<B>,
+    name: Vec<u8>,
+) -> Result<Response<IdempotentBody<ResBody>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let body = match read_body(&config, body).await {
+        Ok(body) => body,
+        Err(problem) => return Ok(config.refuse(problem)),
+    };
+    let fingerprint = fingerprint(&parts, &body);
+    let spec = config.idempotency.spec;
+    let namespace = spec.namespace;
+    match config.replays.get(&name, &fingerprint) {
+        Some(Cached::Replay(record)) => return Ok(replay(&config, record)),
+        Some(Cached::Mismatch) => {
+            telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
+            return Ok(config.refuse(Reason::IdempotencyKeyReused));
+        }
+        None => {}
+    }
+    // From the first store call on, the request is the task's, not the connection's: a client
+    // that goes away mid-call leaves no reservation that nobody runs or frees.
+    let (tx, rx) = oneshot::channel();
+    let task_config = config.clone();
+    tokio::spawn(async move {
+        let answer = look_up(inner, task_config, parts, body, name, fingerprint).await;
+        let _ = tx.send(answer);
+    });
+    match rx.await {
+        Ok(answer) => answer,
+        // The task panicked (the handler did): the lease was dropped with it, freeing the key.
+        Err(_) => Ok(config.refuse(Reason::StoreUnavailable)),
+    }
+}
+
+/// Looks `name` up (and again while it is in flight, under `.wait`), then replays, refuses or
+/// runs the request.
+async fn look_up<S, B, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    parts: http::request::Parts,
+    body: Bytes,
+    name: Vec<u8>,
+    fingerprint: [u8; FINGERPRINT_LEN],
+) -> Result<Response<IdempotentBody<ResBody>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let spec = config.idempotency.spec;
+    let namespace = spec.namespace;
+    let lock = LockRef::new(namespace, &name, spec.ttl);
+    let lock = if spec.fenced { lock.fenced() } else { lock };
+    let secret = Secret::random();
+    let backend = config.store.backend();
+    let deadline = Instant::now() + config.wait;
+    let mut pause = FIRST_LOOK;
+    loop {
+        let sent_at = Instant::now();
+        let lease = LeaseRef::new(lock, Mode::Reservation, &secret);
+        let begun = match backend.idempotency_begin(lease, &fingerprint).await {
+            Ok(begun) => begun,
+            Err(error) => {
+                tracing::warn!(namespace, %error, "idempotency key look-up failed");
+                return Ok(config.refuse(Reason::StoreUnavailable));
+            }
+        };
+        match begun {
+            Begin::Reserved { fence } => {
+                let req = Request::from_parts(parts, B::from(body));
+                let reserved = Reserved {
+                    name: std::borrow::Cow::<[u8]>::Owned(name).into(),
+                    secret,
+                    fence,
+                    sent_at,
+                    fingerprint,
+                };
+                return run(inner, config, req, reserved).await;
+            }
+            Begin::InFlight { retry_after } => {
+                let now = Instant::now();
+                if now >= deadline {
+                    telemetry::idempotency(namespace, IdempotencyOutcome::InFlight);
+                    return Ok(config.refuse(Reason::IdempotencyInFlight { retry_after }));
+                }
+                tokio::time::sleep_until((now + pause).min(deadline)).await;
+                pause = (pause * 2).min(LAST_LOOK);
+            }
+            Begin::Completed {
+                response,
+                expires_in,
+            } => {
+                let cache = &config.replays;
+                cache.put(&name, fingerprint, response.clone(), sent_at, expires_in);
+                return Ok(replay(&config, response));
+            }
+            Begin::Mismatch => {
+                telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
+                return Ok(config.refuse(Reason::IdempotencyKeyReused));
+            }
+        }
+    }
+}
+
+/// The request body, whole, within the layer's limit and deadline.
+async fn read_body<B>(config: &Config, body: B) -> Result<Bytes, Reason>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let limit = config.max_body;
+    // A declared length over the limit is refused before a byte is read.
+    if body.size_hint().lower() > limit as u64 {
+        return Err(Reason::BodyTooLarge { limit });
+    }
+    let read = Limited::new(body, limit).collect();
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(body)) => Ok(body.to_bytes()),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => Err(Reason::BodyTooLarge { limit }),
+        Ok(Err(_)) => Err(Reason::BodyUnreadable),
+        Err(_) => Err(Reason::BodyTimeout {
+            after: config.body_timeout,
+        }),
+    }
+}
+
+/// The stored response, replayed.
+fn replay<B>(config: &Config, stored: Bytes) -> Response<IdempotentBody<B>> {
+    let namespace = config.idempotency.spec.namespace;
+    match record::decode(stored) {
+        Some(Record::Response {
+            status,
+            headers,
+            body,
+        }) => {
+            telemetry::idempotency(namespace, IdempotencyOutcome::Replayed);
+            let mut response = Response::new(IdempotentBody::full(body));
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            let replayed = HeaderValue::from_static("true");
+            response.headers_mut().insert(REPLAYED.clone(), replayed);
+            response
+        }
+        Some(Record::NotStored { status }) => {
+            telemetry::idempotency(namespace, IdempotencyOutcome::Replayed);
+            let mut response = config.refuse(Reason::IdempotencyNotStored { status });
+            let replayed = HeaderValue::from_static("true");
+            response.headers_mut().insert(REPLAYED.clone(), replayed);
+            response
+        }
+        None => {
+            tracing::warn!(namespace, "a stored response this version cannot read");
+            config.refuse(Reason::StoreUnavailable)
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The idempotency records of a [`MemoryStore`](super::MemoryStore), with the semantics of
+//! `idem_begin.lua` and `idem_complete.lua`: a reservation lease and a completed record per
+//! key, both expiring on [`tokio::time::Instant`].
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::fence_counters::FenceCounters;
+use super::idempotency::{Begin, Completion, FINGERPRINT_LEN};
+use super::{LeaseRef, Secret};
+
+/// Every namespace's idempotency keys.
+#[derive(Debug, Default)]
+pub(super) struct Records {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    namespaces: HashMap<Box<str>, Keys>,
+    calls_since_sweep: usize,
+    kept_at_sweep: usize,
+}
+
+#[derive(Debug, Default)]
+struct Keys {
+    keys: HashMap<Box<[u8]>, Entry>,
+    fences: FenceCounters,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    reservation: Option<(Secret, Instant)>,
+    record: Option<Record>,
+}
+
+#[derive(Debug)]
+struct Record {
+    fingerprint: [u8; FINGERPRINT_LEN],
+    response: Bytes,
+    by: Secret,
+    until: Instant,
+}
+
+impl Entry {
+    fn forget_expired(&mut self, now: Instant) {
+        if self
+            .reservation
+            .as_ref()
+            .is_some_and(|(_, ends)| *ends <= now)
+        {
+            self.reservation = None;
+        }
+        if self.record.as_ref().is_some_and(|r| r.until <= now) {
+            self.record = None;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.reservation.is_none() && self.record.is_none()
+    }
+}
+
+impl Records {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single insert or remove: a panic leaves the maps consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn begin(&self, lease: LeaseRef<'_>, fingerprint: &[u8; FINGERPRINT_LEN]) -> Begin {
+        let LeaseRef { lock, secret, .. } = lease;
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.sweep_sometimes(now);
+        let keys = state.namespaces.entry(lock.namespace.into()).or_default();
+        let entry = keys.keys.entry(lock.name.into()).or_default();
+        entry.forget_expired(now);
+        if let Some(record) = &entry.record {
+            return match record.fingerprint == *fingerprint {
+                true => Begin::Completed {
+                    response: record.response.clone(),
+                    expires_in: record.until - now,
+                },
+                false => Begin::Mismatch,
+            };
+        }
+        match &entry.reservation {
+            Some((held, _)) if held == secret => {}
+            Some((_, ends)) => {
+                return Begin::InFlight {
+                    retry_after: *ends - now,
+                };
+            }
+            None => entry.reservation = Some((secret.clone(), now + lock.ttl)),
+        }
+        let fence = lock
+            .fenced
+            .then(|| keys.fences.next(lock.name, now, lock.ttl));
+        Begin::Reserved { fence }
+    }
+
+    pub(super) fn complete(&self, lease: LeaseRef<'_>, completion: Completion<'_>) -> bool {
+        let LeaseRef { lock, secret, .. } = lease;
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(entry) = state
+            .namespaces
+            .get_mut(lock.namespace)
+            .and_then(|keys| keys.keys.get_mut(lock.name))
+        else {
+            return false;
+        };
+        entry.forget_expired(now);
+        if entry.record.as_ref().is_some_and(|r| r.by == *secret) {
+            return true;
+        }
+        if !entry
+            .reservation
+            .as_ref()
+            .is_some_and(|(held, _)| held == secret)
+        {
+            return false;
+        }
+        entry.reservation = None;
+        entry.record = Some(Record {
+            fingerprint: *completion.fingerprint,
+            response: Bytes::copy_from_slice(completion.response),
+            by: secret.clone(),
+            until: now + millis(completion.retention),
+        });
+        true
+    }
+
+    /// Extends (`extend`) or releases the reservation `lease`; `false` if it is not held with
+    /// its secret.
+    pub(super) fn update(&self, lease: LeaseRef<'_>, extend: bool) -> bool {
+        let LeaseRef { lock, secret, .. } = lease;
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(keys) = state.namespaces.get_mut(lock.namespace) else {
+            return false;
+        };
+        let Some(entry) = keys.keys.get_mut(lock.name) else {
+            return false;
+        };
+        entry.forget_expired(now);
+        let ours = match &mut entry.reservation {
+            Some((held, ends)) if held == secret => {
+                if extend {
+                    *ends = now + lock.ttl;
+                } else {
+                    entry.reservation = None;
+                }
+                true
+            }
+            _ => false,
+        };
+        if entry.is_empty() {
+            keys.keys.remove(lock.name);
+        }
+        ours
+    }
+
+    /// How many entries are kept (keys with a reservation or record, fence counters).
+    #[cfg(test)]
+    pub(super) fn entries(&self) -> usize {
+        self.lock().namespaces.values().map(Keys::len).sum()
+    }
+}
+
+/// A retention counted in whole milliseconds, as Redis counts it.
+fn millis(retention: Duration) -> Duration {
+    Duration::from_millis(retention.as_millis().min(u64::MAX as u128) as u64)
+}
+
+impl State {
+    /// Drops expired entries once per as many calls as the last sweep kept, as the lease maps
+    /// of the memory store do.
+    fn sweep_sometimes(&mut self, now: Instant) {
+        self.calls_since_sweep += 1;
+        if self.calls_since_sweep < self.kept_at_sweep.max(64) {
+            return;
+        }
+        self.calls_since_sweep = 0;
+        for keys in self.namespaces.values_mut() {
+            keys.keys.retain(|_, entry| {
+                entry.forget_expired(now);
+                !entry.is_empty()
+            });
+            keys.fences.forget_expired(now);
+        }
+        self.namespaces.retain(|_, keys| keys.len() > 0);
+        self.kept_at_sweep = self.namespaces.values().map(Keys::len).sum();
+    }
+}
+
+impl Keys {
+    fn len(&self) -> usize {
+        self.keys.len() + self.fences.len()
+    }
+}
