@@ -205,9 +205,11 @@ where
                         // Acquiring → Refusing: the store failed and the layer fails closed.
                         Err(error) => {
                             tracing::warn!(namespace, %error, "lock store failed, request refused");
-                            State::Refusing {
-                                problem: Problem::Unavailable,
-                            }
+                            let problem = match error {
+                                crate::Error::NotReplicated { .. } => Problem::NotReplicated,
+                                _ => Problem::Unavailable,
+                            };
+                            State::Refusing { problem }
                         }
                     };
                     this.state.set(next);

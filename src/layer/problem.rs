@@ -26,6 +26,8 @@ pub(crate) enum Problem {
     MissingName,
     /// The store failed or did not answer in time, and the layer fails closed.
     Unavailable,
+    /// The store took the lease, but fewer replicas acknowledged it than the store waits for.
+    NotReplicated,
     /// The lease ran out (or was taken away) while the request was being served.
     Lost,
     /// The request body is longer than the layer buffers.
@@ -47,7 +49,9 @@ impl Problem {
             | Problem::InvalidName(_)
             | Problem::MissingName
             | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::Unavailable | Problem::Lost => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::Unavailable | Problem::NotReplicated | Problem::Lost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
@@ -63,6 +67,7 @@ impl Problem {
             Problem::InvalidName(_) => "urn:tower-lease:invalid-lock-name",
             Problem::MissingName => "urn:tower-lease:missing-lock-name",
             Problem::Unavailable => "urn:tower-lease:lock-store-unavailable",
+            Problem::NotReplicated => "urn:tower-lease:not-replicated",
             Problem::Lost => "urn:tower-lease:lease-lost",
             Problem::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
             Problem::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
@@ -78,6 +83,7 @@ impl Problem {
             Problem::InvalidName(_) => "The request names a resource that cannot be locked",
             Problem::MissingName => "The request does not name the resource to lock",
             Problem::Unavailable => "The lock service is unavailable",
+            Problem::NotReplicated => "The lock could not be replicated",
             Problem::Lost => "The lock was lost while the request was being served",
             Problem::BodyTooLarge { .. } => "The request body is too large",
             Problem::BodyTimeout { .. } => "The request body did not arrive in time",
@@ -117,6 +123,10 @@ impl Problem {
                 "The {namespace} lock could not be taken because the lock store failed or \
                  did not answer in time; retry shortly."
             ),
+            Problem::NotReplicated => format!(
+                "The {namespace} lock reached fewer Redis replicas than it must to survive a \
+                 failover, so it was given up; retry shortly."
+            ),
             Problem::Lost => format!(
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
@@ -140,7 +150,7 @@ impl Problem {
             Problem::Busy { retry_after } | Problem::Full { retry_after, .. } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
-            Problem::Unavailable => Some(Duration::from_secs(1)),
+            Problem::Unavailable | Problem::NotReplicated => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

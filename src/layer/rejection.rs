@@ -93,7 +93,8 @@ impl Rejection {
             Problem::InvalidLimit => Reason::InvalidLimit,
             Problem::InvalidName(_) => Reason::InvalidName,
             Problem::MissingName => Reason::MissingName,
-            Problem::Unavailable => Reason::StoreUnavailable,
+            // A store failure to the caller: the problem's own type tells the two apart.
+            Problem::Unavailable | Problem::NotReplicated => Reason::StoreUnavailable,
             Problem::Lost => Reason::LeaseLost,
             Problem::BodyTooLarge { limit } => Reason::BodyTooLarge { limit },
             Problem::BodyTimeout { after } => Reason::BodyTimeout { after },

@@ -25,7 +25,10 @@ mod keys;
 mod memory;
 mod notify;
 mod redis;
+mod replicas;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod set_nx;
 pub(crate) mod watchdog;
 
@@ -34,6 +37,8 @@ pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
 pub(crate) use self::notify::Watch;
 pub use self::redis::RedisStore;
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelConnection;
 
 /// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
 /// twice per window, so it may be late by half a window (a slow round trip, a busy executor)

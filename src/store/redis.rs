@@ -13,6 +13,7 @@ use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
+use super::replicas::{Replicas, split_wait, then_wait};
 use super::scripts::{
     ACQUIRE, Holder, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
     WRITE_ACQUIRE, holder_script,
@@ -67,6 +68,19 @@ pub struct RedisStore<C> {
     notifier: Option<Arc<notify::Notifier>>,
     /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
     pub(super) contended: Arc<ContendedNames>,
+    /// The replicas an acquisition or extension waits for, if any.
+    pub(super) replicas: Option<Replicas>,
+}
+
+/// What [`RedisStore::run`] runs: a script, its keys and its arguments.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    script: &'a Lua,
+    lock: LockRef<'a>,
+    roles: &'a [KeyRole],
+    fence: Option<KeyRole>,
+    secret: Option<&'a Secret>,
+    last: LastArg<'a>,
 }
 
 /// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
@@ -105,7 +119,26 @@ where
             watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
             notifier: None,
             contended: Arc::new(ContendedNames::new()),
+            replicas: None,
         }
+    }
+
+    /// Counts an acquisition or an extension only once `n` replicas acknowledged its write,
+    /// waiting at most `timeout` for them (`WAIT n timeout`, in the write's own pipeline: no
+    /// extra round trip). With fewer, an acquisition fails with [`Error::NotReplicated`] and
+    /// its lease is released again; an extension fails with it, which the heartbeat retries as
+    /// any store error until the lease's deadline. A refused acquisition, a release and a read
+    /// of the permits in use send no `WAIT`.
+    ///
+    /// Keep `timeout` well under the store's [`timeout`](Self::timeout): a call waits for its
+    /// write and for `WAIT` within that one deadline. `n = 0` sends no `WAIT` (the default).
+    ///
+    /// `WAIT` holds back the commands sent after it on the same connection until it answers;
+    /// see the module docs of [`store`](crate::store) for what that costs and what `WAIT` does
+    /// not promise.
+    pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
+        self
     }
 
     /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
@@ -177,6 +210,32 @@ where
         secret: Option<&Secret>,
         last: LastArg<'_>,
     ) -> Result<redis::Value> {
+        let call = Call {
+            script,
+            lock,
+            roles,
+            fence,
+            secret,
+            last,
+        };
+        Ok(self.run_waiting(call, None).await?.0)
+    }
+
+    /// [`run`](Self::run), followed by `WAIT` in the same pipeline when `wait` is given;
+    /// answers the script's reply and `WAIT`'s.
+    async fn run_waiting(
+        &self,
+        call: Call<'_>,
+        wait: Option<Replicas>,
+    ) -> Result<(redis::Value, Option<redis::Value>)> {
+        let Call {
+            script,
+            lock,
+            roles,
+            fence,
+            secret,
+            last,
+        } = call;
         let fence = fence.filter(|_| lock.fenced);
         let keys = || roles.iter().chain(fence.as_ref());
         let keys = || keys().map(|&role| self.key_arg(role, lock));
@@ -207,19 +266,36 @@ where
         };
         let started = self.started();
         let mut conn = self.conn.clone();
-        let evalsha = command("EVALSHA", script.sha());
-        let mut reply = conn.req_packed_command(&evalsha).await;
-        if self.retry(&reply, &mut conn, started)? {
-            reply = conn.req_packed_command(&evalsha).await;
-        }
-        match reply.and_then(redis::Value::extract_error) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                self.second_trip(&mut conn, started)?;
-                let eval = command("EVAL", script.code);
-                self.reply(conn.req_packed_command(&eval).await)
+        let Some(wait) = wait else {
+            let evalsha = command("EVALSHA", script.sha());
+            let mut reply = conn.req_packed_command(&evalsha).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = conn.req_packed_command(&evalsha).await;
             }
-            reply => self.reply(reply),
+            return match reply.and_then(redis::Value::extract_error) {
+                Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
+                    self.second_trip(&mut conn, started)?;
+                    let eval = command("EVAL", script.code);
+                    Ok((self.reply(conn.req_packed_command(&eval).await)?, None))
+                }
+                reply => Ok((self.reply(reply)?, None)),
+            };
+        };
+        let evalsha = then_wait(command("EVALSHA", script.sha()), wait);
+        let mut reply = conn.req_packed_commands(&evalsha, 0, 2).await;
+        if self.retry(&reply, &mut conn, started)? {
+            reply = conn.req_packed_commands(&evalsha, 0, 2).await;
         }
+        let (mut replies, mut waited) = split_wait(self.reply(reply)?)?;
+        let mut reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();
+        if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT)) {
+            self.second_trip(&mut conn, started)?;
+            let eval = then_wait(command("EVAL", script.code), wait);
+            (replies, waited) =
+                split_wait(self.reply(conn.req_packed_commands(&eval, 0, 2).await)?)?;
+            reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();
+        }
+        Ok((self.reply(reply)?, Some(waited)))
     }
 
     pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
@@ -264,47 +340,57 @@ where
 
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
         let LeaseRef { lock, mode, secret } = lease;
+        let wait = self.replicas;
         if mode == Mode::Exclusive && !lock.fenced {
+            if let Some(replicas) = wait {
+                return self.bounded(self.set_nx_replicated(lock, secret, replicas));
+            }
             // Boxed on its own, without room for the scripts' state it never uses.
             if self.contended.is_contended(lock.namespace, lock.name) {
                 return self.bounded(self.set_nx_and_pttl(lock, secret));
             }
             return self.bounded(self.set_nx(lock, secret));
         }
-        let secret = Some(secret);
         self.bounded(async move {
-            let reply = match mode {
-                Mode::Exclusive => {
-                    let roles = [KeyRole::Lock];
-                    let fence = Some(KeyRole::LockFence);
-                    self.run(&ACQUIRE, lock, &roles, fence, secret, LastArg::Ttl)
-                        .await?
-                }
-                Mode::Permit => {
-                    let roles = [KeyRole::Permits];
-                    let limit = LastArg::TtlAnd(lock.permits.into());
-                    self.run(&PERMIT_ACQUIRE, lock, &roles, None, secret, limit)
-                        .await?
-                }
-                Mode::Read | Mode::Write => {
-                    let script = if mode == Mode::Read {
-                        &READ_ACQUIRE
-                    } else {
-                        &WRITE_ACQUIRE
-                    };
-                    let roles = [KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
-                    let fence = Some(KeyRole::RwLockFence);
-                    let last = match mode {
-                        Mode::Write => {
-                            let intent = lock.write_intent().unwrap_or_default();
-                            LastArg::TtlAnd(intent.as_millis() as u64)
-                        }
-                        _ => LastArg::Ttl,
-                    };
-                    self.run(script, lock, &roles, fence, secret, last).await?
+            const RW: &[KeyRole] = &[KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
+            let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
+                Mode::Exclusive => (
+                    &ACQUIRE,
+                    &[KeyRole::Lock],
+                    Some(KeyRole::LockFence),
+                    LastArg::Ttl,
+                ),
+                Mode::Permit => (
+                    &PERMIT_ACQUIRE,
+                    &[KeyRole::Permits],
+                    None,
+                    LastArg::TtlAnd(lock.permits.into()),
+                ),
+                Mode::Read => (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), LastArg::Ttl),
+                Mode::Write => {
+                    let intent = lock.write_intent().unwrap_or_default();
+                    let last = LastArg::TtlAnd(intent.as_millis() as u64);
+                    (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
             };
-            acquisition(reply, lock.fenced)
+            let secret = Some(secret);
+            let call = Call {
+                script,
+                lock,
+                roles,
+                fence,
+                secret,
+                last,
+            };
+            let (reply, waited) = self.run_waiting(call, wait).await?;
+            let acquisition = acquisition(reply, lock.fenced)?;
+            match wait {
+                None => Ok(acquisition),
+                Some(replicas) => {
+                    self.unless_replicated(lease, acquisition, waited, replicas)
+                        .await
+                }
+            }
         })
     }
 
@@ -336,12 +422,23 @@ where
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         self.bounded(async move {
             let (script, _) = holder_script(lease.mode, Holder::Extend);
-            let (lock, secret) = (lease.lock, Some(lease.secret));
-            let roles = extend_keys(lease.mode);
-            extended(
-                self.run(script, lock, roles, None, secret, LastArg::Ttl)
-                    .await?,
-            )
+            let call = Call {
+                script,
+                lock: lease.lock,
+                roles: extend_keys(lease.mode),
+                fence: None,
+                secret: Some(lease.secret),
+                last: LastArg::Ttl,
+            };
+            let (reply, waited) = self.run_waiting(call, self.replicas).await?;
+            let extended = extended(reply)?;
+            if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
+                // A lease found gone wrote nothing to wait for.
+                if extended != Extended::Gone {
+                    replicas.check(waited)?;
+                }
+            }
+            Ok(extended)
         })
     }
 
