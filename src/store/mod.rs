@@ -26,6 +26,7 @@ mod memory;
 mod notify;
 mod redis;
 mod replicas;
+mod script_call;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;

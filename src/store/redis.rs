@@ -11,22 +11,19 @@ use redis::aio::ConnectionLike;
 use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
-use super::keys::{Key, KeyLayout, KeyRole};
+use super::keys::{KeyLayout, KeyRole};
 use super::notify;
-use super::replicas::{Replicas, split_wait, then_wait};
+use super::replicas::Replicas;
+use super::script_call::{Call, LastArg};
 use super::scripts::{
-    ACQUIRE, Holder, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
+    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
     WRITE_ACQUIRE, holder_script,
 };
 use super::watchdog;
-use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
+use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode};
 use crate::{Error, Result};
 
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
-/// key count, `NX PX`.
-pub(super) const ARGS_LEN: usize = 64;
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
@@ -72,28 +69,6 @@ pub struct RedisStore<C> {
     pub(super) replicas: Option<Replicas>,
 }
 
-/// What [`RedisStore::run`] runs: a script, its keys and its arguments.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    script: &'a Lua,
-    lock: LockRef<'a>,
-    roles: &'a [KeyRole],
-    fence: Option<KeyRole>,
-    secret: Option<&'a Secret>,
-    last: LastArg<'a>,
-}
-
-/// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
-/// release publishes on.
-#[derive(Clone, Copy)]
-enum LastArg<'a> {
-    Ttl,
-    /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
-    /// acquisition, the most permits live at once for a permit's.
-    TtlAnd(u64),
-    Channel(&'a [u8]),
-}
-
 impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -133,9 +108,19 @@ where
     /// Keep `timeout` well under the store's [`timeout`](Self::timeout): a call waits for its
     /// write and for `WAIT` within that one deadline. `n = 0` sends no `WAIT` (the default).
     ///
-    /// `WAIT` holds back the commands sent after it on the same connection until it answers;
-    /// see the module docs of [`store`](crate::store) for what that costs and what `WAIT` does
-    /// not promise.
+    /// What it buys: a lease the primary took and `n` replicas acknowledged survives the
+    /// primary's death and a failover to one of them (followed by `connect_sentinel`, feature
+    /// `sentinel`). What it does not: `WAIT` is not
+    /// consensus. A replica that acknowledged and then died before the failover, a promotion of
+    /// a replica that had not acknowledged (more replicas than `n`), or a lost majority can still
+    /// lose a lease; and `WAIT` counts replicas that hold the write in memory, not on disk
+    /// (`WAITAOF`, which would, needs Redis 7.2, and the crate supports 5.0).
+    ///
+    /// `WAIT` holds back every command sent after it on the same connection until it answers.
+    /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
+    /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
+    /// them (`benches/README.md`): give a replicated store a connection of its own.
+
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
         self
@@ -192,114 +177,6 @@ where
     /// The key layout of this store.
     pub fn layout(&self) -> &KeyLayout {
         &self.layout
-    }
-}
-
-impl<C> RedisStore<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced), then
-    /// the secret and `last` as arguments when there is a secret.
-    async fn run(
-        &self,
-        script: &Lua,
-        lock: LockRef<'_>,
-        roles: &[KeyRole],
-        fence: Option<KeyRole>,
-        secret: Option<&Secret>,
-        last: LastArg<'_>,
-    ) -> Result<redis::Value> {
-        let call = Call {
-            script,
-            lock,
-            roles,
-            fence,
-            secret,
-            last,
-        };
-        Ok(self.run_waiting(call, None).await?.0)
-    }
-
-    /// [`run`](Self::run), followed by `WAIT` in the same pipeline when `wait` is given;
-    /// answers the script's reply and `WAIT`'s.
-    async fn run_waiting(
-        &self,
-        call: Call<'_>,
-        wait: Option<Replicas>,
-    ) -> Result<(redis::Value, Option<redis::Value>)> {
-        let Call {
-            script,
-            lock,
-            roles,
-            fence,
-            secret,
-            last,
-        } = call;
-        let fence = fence.filter(|_| lock.fenced);
-        let keys = || roles.iter().chain(fence.as_ref());
-        let keys = || keys().map(|&role| self.key_arg(role, lock));
-        let command = |verb: &str, script: &str| {
-            // Sized once: growing the buffers argument by argument costs more than filling them.
-            let len = verb.len() + script.len() + keys().map(|key| key.len()).sum::<usize>();
-            let mut command = redis::Cmd::with_capacity(8, len + ARGS_LEN);
-            command.arg(verb).arg(script).arg(keys().count());
-            keys().for_each(|key| {
-                command.arg(key);
-            });
-            let Some(secret) = secret else {
-                return command;
-            };
-            command.arg(secret.as_bytes().as_slice());
-            match last {
-                LastArg::Ttl => {
-                    command.arg(lock.ttl.as_millis() as u64);
-                }
-                LastArg::TtlAnd(number) => {
-                    command.arg(lock.ttl.as_millis() as u64).arg(number);
-                }
-                LastArg::Channel(channel) => {
-                    command.arg(channel);
-                }
-            }
-            command
-        };
-        let started = self.started();
-        let mut conn = self.conn.clone();
-        let Some(wait) = wait else {
-            let evalsha = command("EVALSHA", script.sha());
-            let mut reply = conn.req_packed_command(&evalsha).await;
-            if self.retry(&reply, &mut conn, started)? {
-                reply = conn.req_packed_command(&evalsha).await;
-            }
-            return match reply.and_then(redis::Value::extract_error) {
-                Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                    self.second_trip(&mut conn, started)?;
-                    let eval = command("EVAL", script.code);
-                    Ok((self.reply(conn.req_packed_command(&eval).await)?, None))
-                }
-                reply => Ok((self.reply(reply)?, None)),
-            };
-        };
-        let evalsha = then_wait(command("EVALSHA", script.sha()), wait);
-        let mut reply = conn.req_packed_commands(&evalsha, 0, 2).await;
-        if self.retry(&reply, &mut conn, started)? {
-            reply = conn.req_packed_commands(&evalsha, 0, 2).await;
-        }
-        let (mut replies, mut waited) = split_wait(self.reply(reply)?)?;
-        let mut reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();
-        if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT)) {
-            self.second_trip(&mut conn, started)?;
-            let eval = then_wait(command("EVAL", script.code), wait);
-            (replies, waited) =
-                split_wait(self.reply(conn.req_packed_commands(&eval, 0, 2).await)?)?;
-            reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();
-        }
-        Ok((self.reply(reply)?, Some(waited)))
-    }
-
-    pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
-        Key(self.layout.parts(role, lock.namespace, lock.name))
     }
 }
 

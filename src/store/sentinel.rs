@@ -194,12 +194,9 @@ impl RedisStore<SentinelConnection> {
         T: redis::IntoConnectionInfo,
     {
         let urls: Vec<T> = sentinel_urls.into_iter().collect();
-        let client = SentinelClient::build(
-            urls,
-            master_name.to_owned(),
-            None,
-            SentinelServerType::Master,
-        )?;
+        // redis-rs takes a `String` or any `AsRef<str>`, depending on its TLS features.
+        let name: String = master_name.into();
+        let client = SentinelClient::build(urls, name, None, SentinelServerType::Master)?;
         Ok(Self::new(SentinelConnection::new(client).await?))
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::keys::KeyRole;
-use super::redis::ARGS_LEN;
+use super::script_call::ARGS_LEN;
 use super::{Acquisition, LockRef, RedisStore, Secret};
 use crate::{Error, Result};
 
