@@ -120,7 +120,6 @@ where
     /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
     /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
     /// them (`benches/README.md`): give a replicated store a connection of its own.
-
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
         self

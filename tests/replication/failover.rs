@@ -40,14 +40,19 @@ async fn a_replicated_lease_survives_a_failover_and_is_released_through_the_new_
     eprintln!("failover took {took:?}");
     let rival: Store = through_sentinels(&topology).await.into();
     assert!(
-        JOBS.try_lock(&rival, "a").await.unwrap().is_none(),
+        JOBS.try_lock(&rival, "a")
+            .await
+            .expect("the new primary answers")
+            .is_none(),
         "the new primary lost the lease"
     );
     assert!(
         taken.elapsed() < LEASE,
         "the lease ran out before the check"
     );
-    // The holder's connection was to the dead primary: the release finds the new one.
+    // The holder's connection was to the dead primary: once a call found it gone, the store
+    // asks the sentinels again. (A call may meet the old connection while it is still dying.)
+    answers_again(&holder).await;
     assert!(
         token.release().await.unwrap(),
         "released through the new primary"
@@ -120,4 +125,13 @@ async fn without_wait_a_failover_after_lagging_replication_lets_a_second_holder_
 
 fn holder_key() -> Vec<u8> {
     tower_lease::store::KeyLayout::default().key(tower_lease::store::KeyRole::Lock, "jobs", b"a")
+}
+
+/// Waits until `store` answers a call that sends no `WAIT` (for at most 5 s).
+async fn answers_again(store: &Store) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = store.check().await {
+        assert!(Instant::now() < deadline, "store not back: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
