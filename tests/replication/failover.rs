@@ -21,9 +21,19 @@ const JOBS: Lock<str> = Lock::new("jobs", LEASE);
 const FENCED: Lock<str> = Lock::new("fenced-jobs", LEASE).fenced();
 
 async fn through_sentinels(topology: &Topology) -> RedisStore<SentinelConnection> {
-    RedisStore::connect_sentinel(MASTER, topology.sentinel_urls())
-        .await
-        .expect("the sentinels name a primary")
+    // Just after a promotion the sentinels may call the new primary down for a moment (the
+    // promotion cut their links to it), and then name none: connecting is tried again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match RedisStore::connect_sentinel(MASTER, topology.sentinel_urls()).await {
+            Ok(store) => return store,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no primary through the sentinels: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -162,7 +162,10 @@ impl Topology {
             };
             let promoted = matches!(&role, Some(redis::Value::Array(fields))
                 if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"master"));
-            if promoted && addr.as_ref().is_some_and(|(_, port)| *port == wanted) {
+            if promoted
+                && addr.as_ref().is_some_and(|(_, port)| *port == wanted)
+                && self.no_sentinel_marks_it_down().await
+            {
                 return killed.elapsed();
             }
             assert!(
@@ -171,6 +174,31 @@ impl Topology {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether every sentinel lists the master without `s_down` or `o_down`: the promotion
+    /// kills the sentinels' own links to the new primary, so for a moment they may call it
+    /// down, and a client then finds no primary through them.
+    async fn no_sentinel_marks_it_down(&self) -> bool {
+        for sentinel in &self.sentinels {
+            let Ok(mut conn) = sentinel.client().get_multiplexed_async_connection().await else {
+                return false;
+            };
+            let master: Option<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(MASTER)
+                .query_async(&mut conn)
+                .await
+                .ok();
+            let down = master
+                .as_ref()
+                .and_then(|fields| fields.get("flags"))
+                .is_none_or(|flags| flags.contains("s_down") || flags.contains("o_down"));
+            if down {
+                return false;
+            }
+        }
+        true
     }
 
     /// Promotes the replica by hand (`REPLICAOF NO ONE`), without sentinels.
