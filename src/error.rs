@@ -59,6 +59,18 @@ pub enum Error {
     #[error("the lock store answered unexpectedly: {0}")]
     UnexpectedReply(String),
 
+    /// A write of an acquisition or an extension reached fewer replicas than
+    /// [`RedisStore::wait_for_replicas`](crate::RedisStore::wait_for_replicas) asks for within
+    /// its timeout (`WAIT`). A failover now could lose it, so the acquisition does not count (its
+    /// lease was released again) and the extension is a store error for the heartbeat.
+    #[error("the lease reached {acked} of the {wanted} replicas it must reach before it counts")]
+    NotReplicated {
+        /// How many replicas acknowledged the write in time.
+        acked: u32,
+        /// How many the store waits for.
+        wanted: u32,
+    },
+
     /// An error from a third-party [`Backend`](crate::store::Backend).
     #[error(transparent)]
     Backend(Box<dyn std::error::Error + Send + Sync + 'static>),

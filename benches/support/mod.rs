@@ -32,12 +32,18 @@ impl Redis {
         if let Ok(url) = std::env::var("REDIS_URL") {
             return Redis { child: None, url };
         }
+        Self::start_with(&[])
+    }
+
+    /// A fresh `redis-server` on a free loopback port with extra arguments (`--replicaof …`),
+    /// whatever `REDIS_URL` says.
+    pub fn start_with(args: &[&str]) -> Self {
         for _ in 0..10 {
             let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
                 .and_then(|l| l.local_addr())
                 .expect("bind a probe socket on 127.0.0.1")
                 .port();
-            if let Some(child) = spawn_server(port) {
+            if let Some(child) = spawn_server(port, args) {
                 return Redis {
                     child: Some(child),
                     url: format!("redis://127.0.0.1:{port}/"),
@@ -65,6 +71,14 @@ impl Redis {
             .expect("connect to the benchmark's redis-server")
     }
 
+    /// The port in the server's URL.
+    pub fn port(&self) -> u16 {
+        let authority = self.url.trim_end_matches('/').rsplit(':').next();
+        authority
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the Redis URL")
+    }
+
     /// The OS process id of the server this benchmark started.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -80,12 +94,13 @@ impl Drop for Redis {
     }
 }
 
-fn spawn_server(port: u16) -> Option<Child> {
+fn spawn_server(port: u16, args: &[&str]) -> Option<Child> {
     let mut command = Command::new("redis-server");
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -201,8 +201,12 @@ where
                         // Acquiring → Refusing: the store failed and the layer fails closed.
                         Err(error) => {
                             tracing::warn!(namespace, %error, "lock store failed, request refused");
+                            let reason = match error {
+                                crate::Error::NotReplicated { .. } => Reason::NotReplicated,
+                                _ => Reason::StoreUnavailable,
+                            };
                             State::Refusing {
-                                problem: Problem::from(Reason::StoreUnavailable),
+                                problem: Problem::from(reason),
                             }
                         }
                     };

@@ -161,6 +161,7 @@
 //! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the earliest permit's end), problem+json | problem `urn:tower-lease:concurrency-limit` |
 //! | a limit of 0 from `.permits(..)` | `400 Bad Request` | problem+json | problem `urn:tower-lease:invalid-concurrency-limit` |
 //! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
+//! | lease taken, but fewer replicas acknowledged it than [`RedisStore::wait_for_replicas`](crate::RedisStore::wait_for_replicas) asks (it was released again) | `503 Service Unavailable` | `retry-after: 1`, problem+json | problem `urn:tower-lease:not-replicated` |
 //! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
 //! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
 //! | body over the limit, under `.buffer_body(..)` | `413 Payload Too Large` | problem+json | problem `urn:tower-lease:body-too-large` |

@@ -40,6 +40,9 @@ pub enum Reason {
     MissingName,
     /// The store failed or did not answer in time, and the layer fails closed.
     StoreUnavailable,
+    /// The store took the lease, but fewer replicas acknowledged it than the store
+    /// [waits for](crate::RedisStore::wait_for_replicas); the lease was given up.
+    NotReplicated,
     /// The lease was lost while the inner service ran; its outcome is unknown.
     LeaseLost,
     /// The request body is longer than the layer
@@ -115,7 +118,9 @@ impl Problem {
             | Reason::InvalidName
             | Reason::MissingName
             | Reason::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Reason::StoreUnavailable | Reason::LeaseLost => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::StoreUnavailable | Reason::NotReplicated | Reason::LeaseLost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Reason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Reason::IdempotencyKeyInvalid | Reason::IdempotencyKeyMissing => {
@@ -137,6 +142,7 @@ impl Problem {
             Reason::InvalidName => "urn:tower-lease:invalid-lock-name",
             Reason::MissingName => "urn:tower-lease:missing-lock-name",
             Reason::StoreUnavailable => "urn:tower-lease:lock-store-unavailable",
+            Reason::NotReplicated => "urn:tower-lease:not-replicated",
             Reason::LeaseLost => "urn:tower-lease:lease-lost",
             Reason::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
             Reason::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
@@ -157,6 +163,7 @@ impl Problem {
             Reason::InvalidName => "The request names a resource that cannot be locked",
             Reason::MissingName => "The request does not name the resource to lock",
             Reason::StoreUnavailable => "The lock service is unavailable",
+            Reason::NotReplicated => "The lock could not be replicated",
             Reason::LeaseLost => "The lock was lost while the request was being served",
             Reason::BodyTooLarge { .. } => "The request body is too large",
             Reason::BodyTimeout { .. } => "The request body did not arrive in time",
@@ -207,6 +214,10 @@ impl Problem {
                 "The {namespace} lock could not be taken because the lock store failed or \
                  did not answer in time; retry shortly."
             ),
+            Reason::NotReplicated => format!(
+                "The {namespace} lock reached fewer Redis replicas than it must to survive a \
+                 failover, so it was given up; retry shortly."
+            ),
             Reason::LeaseLost => format!(
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
@@ -254,7 +265,7 @@ impl Problem {
             | Reason::IdempotencyInFlight { retry_after } => Some(retry_after),
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
-            Reason::StoreUnavailable => Some(Duration::from_secs(1)),
+            Reason::StoreUnavailable | Reason::NotReplicated => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

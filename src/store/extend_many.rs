@@ -2,6 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
+use super::replicas::split_wait;
 use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
 use crate::{Error, Result};
@@ -19,7 +20,7 @@ where
         if leases.len() < 2 || is_cluster::<C>() {
             return self.extend_each(leases).await;
         }
-        let mut replies = match self
+        let (mut replies, mut short) = match self
             .extend_pipeline(leases, |lua| lua.sha(), "EVALSHA")
             .await
         {
@@ -44,14 +45,15 @@ where
             if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
                 no_script.push(i);
             }
-            answers.push(answer(reply));
+            answers.push(answer(reply, short));
         }
         if !no_script.is_empty() {
             let missing: Vec<_> = no_script.iter().map(|&i| leases[i]).collect();
             match self.extend_pipeline(&missing, |lua| lua.code, "EVAL").await {
-                Ok(again) if again.len() == missing.len() => {
+                Ok((again, again_short)) if again.len() == missing.len() => {
+                    short = again_short;
                     for (i, reply) in no_script.into_iter().zip(again) {
-                        answers[i] = answer(reply);
+                        answers[i] = answer(reply, short);
                     }
                 }
                 Ok(_) => {}
@@ -66,13 +68,15 @@ where
     }
 
     /// Sends one pipelined `verb` (`EVALSHA` or `EVAL`) of the extend script per lease; errors
-    /// of single commands come back as [`redis::Value::ServerError`] in their place.
+    /// of single commands come back as [`redis::Value::ServerError`] in their place. With
+    /// [`wait_for_replicas`](RedisStore::wait_for_replicas), one `WAIT` ends the pipeline and
+    /// vouches for the whole batch; it answers how many replicas it fell short by, if it did.
     async fn extend_pipeline(
         &self,
         leases: &[LeaseRef<'_>],
         script: fn(&'static Lua) -> &'static str,
         verb: &str,
-    ) -> Result<Vec<redis::Value>> {
+    ) -> Result<(Vec<redis::Value>, Short)> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
@@ -86,17 +90,30 @@ where
                 .arg(lease.secret.as_bytes().as_slice())
                 .arg(lease.lock.ttl.as_millis() as u64);
         }
+        if let Some(replicas) = self.replicas {
+            pipe.add_command(replicas.command());
+        }
         let mut conn = self.conn.clone();
-        self.bounded(async {
-            let started = self.started();
-            let mut reply = pipe.query_async(&mut conn).await;
-            // Extends are compare-and-act: a batch that reached Redis does no harm sent again.
-            if self.retry(&reply, &mut conn, started)? {
-                reply = pipe.query_async(&mut conn).await;
-            }
-            self.reply(reply)
-        })
-        .await
+        let replies = self
+            .bounded(async {
+                let started = self.started();
+                let mut reply = pipe.query_async(&mut conn).await;
+                // Extends are compare-and-act: a batch that reached Redis does no harm sent again.
+                if self.retry(&reply, &mut conn, started)? {
+                    reply = pipe.query_async(&mut conn).await;
+                }
+                self.reply(reply)
+            })
+            .await?;
+        let Some(replicas) = self.replicas else {
+            return Ok((replies, None));
+        };
+        let (replies, wait) = split_wait(replies)?;
+        match replicas.check(wait) {
+            Ok(()) => Ok((replies, None)),
+            Err(Error::NotReplicated { acked, wanted }) => Ok((replies, Some((acked, wanted)))),
+            Err(e) => Err(e),
+        }
     }
 
     async fn extend_each(&self, leases: &[LeaseRef<'_>]) -> Vec<Result<Extended>> {
@@ -118,10 +135,21 @@ fn is_cluster<C: 'static>() -> bool {
     false
 }
 
-fn answer(reply: redis::Value) -> Result<Extended> {
-    match reply {
-        redis::Value::ServerError(e) => Err(Error::Redis(e.into())),
-        reply => extended(reply),
+/// How many replicas acknowledged a batch, and how many it needed, when too few did.
+type Short = Option<(u32, u32)>;
+
+/// One extend's answer in a batch: a lease the batch extended but whose `WAIT` fell `short` is
+/// not replicated.
+fn answer(reply: redis::Value, short: Short) -> Result<Extended> {
+    let extended = match reply {
+        redis::Value::ServerError(e) => return Err(Error::Redis(e.into())),
+        reply => extended(reply)?,
+    };
+    match short {
+        Some((acked, wanted)) if extended != Extended::Gone => {
+            Err(Error::NotReplicated { acked, wanted })
+        }
+        _ => Ok(extended),
     }
 }
 
@@ -155,6 +183,10 @@ fn copy(error: &Error) -> Error {
     match error {
         Error::Redis(e) => Error::Redis(e.clone()),
         Error::Timeout(d) => Error::Timeout(*d),
+        Error::NotReplicated { acked, wanted } => Error::NotReplicated {
+            acked: *acked,
+            wanted: *wanted,
+        },
         other => Error::UnexpectedReply(other.to_string()),
     }
 }

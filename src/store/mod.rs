@@ -26,7 +26,11 @@ mod memory_idempotency;
 mod notify;
 mod redis;
 mod redis_idempotency;
+mod replicas;
+mod script_call;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod set_nx;
 pub(crate) mod watchdog;
 
@@ -38,6 +42,8 @@ pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
 pub(crate) use self::notify::Watch;
 pub use self::redis::RedisStore;
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelConnection;
 
 /// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
 /// twice per window, so it may be late by half a window (a slow round trip, a busy executor)

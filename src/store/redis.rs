@@ -12,21 +12,19 @@ use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::extend_many::{extend_keys, extended};
 use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
-use super::keys::{Key, KeyLayout, KeyRole};
+use super::keys::{KeyLayout, KeyRole};
 use super::notify;
+use super::replicas::Replicas;
+use super::script_call::{Call, LastArg};
 use super::scripts::{
-    ACQUIRE, Holder, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
+    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
     WRITE_ACQUIRE, holder_script,
 };
 use super::watchdog;
-use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
+use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode};
 use crate::{Error, Result};
 
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
-/// key count, `NX PX`.
-pub(super) const ARGS_LEN: usize = 64;
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
@@ -70,17 +68,8 @@ pub struct RedisStore<C> {
     notifier: Option<Arc<notify::Notifier>>,
     /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
     pub(super) contended: Arc<ContendedNames>,
-}
-
-/// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
-/// release publishes on.
-#[derive(Clone, Copy)]
-enum LastArg<'a> {
-    Ttl,
-    /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
-    /// acquisition, the most permits live at once for a permit's.
-    TtlAnd(u64),
-    Channel(&'a [u8]),
+    /// The replicas an acquisition or extension waits for, if any.
+    pub(super) replicas: Option<Replicas>,
 }
 
 impl<C> RedisStore<C>
@@ -108,7 +97,35 @@ where
             watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
             notifier: None,
             contended: Arc::new(ContendedNames::new()),
+            replicas: None,
         }
+    }
+
+    /// Counts an acquisition or an extension only once `n` replicas acknowledged its write,
+    /// waiting at most `timeout` for them (`WAIT n timeout`, in the write's own pipeline: no
+    /// extra round trip). With fewer, an acquisition fails with [`Error::NotReplicated`] and
+    /// its lease is released again; an extension fails with it, which the heartbeat retries as
+    /// any store error until the lease's deadline. A refused acquisition, a release and a read
+    /// of the permits in use send no `WAIT`.
+    ///
+    /// Keep `timeout` well under the store's [`timeout`](Self::timeout): a call waits for its
+    /// write and for `WAIT` within that one deadline. `n = 0` sends no `WAIT` (the default).
+    ///
+    /// What it buys: a lease the primary took and `n` replicas acknowledged survives the
+    /// primary's death and a failover to one of them (followed by `connect_sentinel`, feature
+    /// `sentinel`). What it does not: `WAIT` is not
+    /// consensus. A replica that acknowledged and then died before the failover, a promotion of
+    /// a replica that had not acknowledged (more replicas than `n`), or a lost majority can still
+    /// lose a lease; and `WAIT` counts replicas that hold the write in memory, not on disk
+    /// (`WAITAOF`, which would, needs Redis 7.2, and the crate supports 5.0).
+    ///
+    /// `WAIT` holds back every command sent after it on the same connection until it answers.
+    /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
+    /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
+    /// them (`benches/README.md`): give a replicated store a connection of its own.
+    pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
+        self
     }
 
     /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
@@ -165,71 +182,6 @@ where
     }
 }
 
-impl<C> RedisStore<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced), then
-    /// the secret and `last` as arguments when there is a secret.
-    async fn run(
-        &self,
-        script: &Lua,
-        lock: LockRef<'_>,
-        roles: &[KeyRole],
-        fence: Option<KeyRole>,
-        secret: Option<&Secret>,
-        last: LastArg<'_>,
-    ) -> Result<redis::Value> {
-        let fence = fence.filter(|_| lock.fenced);
-        let keys = || roles.iter().chain(fence.as_ref());
-        let keys = || keys().map(|&role| self.key_arg(role, lock));
-        let command = |verb: &str, script: &str| {
-            // Sized once: growing the buffers argument by argument costs more than filling them.
-            let len = verb.len() + script.len() + keys().map(|key| key.len()).sum::<usize>();
-            let mut command = redis::Cmd::with_capacity(8, len + ARGS_LEN);
-            command.arg(verb).arg(script).arg(keys().count());
-            keys().for_each(|key| {
-                command.arg(key);
-            });
-            let Some(secret) = secret else {
-                return command;
-            };
-            command.arg(secret.as_bytes().as_slice());
-            match last {
-                LastArg::Ttl => {
-                    command.arg(lock.ttl.as_millis() as u64);
-                }
-                LastArg::TtlAnd(number) => {
-                    command.arg(lock.ttl.as_millis() as u64).arg(number);
-                }
-                LastArg::Channel(channel) => {
-                    command.arg(channel);
-                }
-            }
-            command
-        };
-        let started = self.started();
-        let mut conn = self.conn.clone();
-        let evalsha = command("EVALSHA", script.sha());
-        let mut reply = conn.req_packed_command(&evalsha).await;
-        if self.retry(&reply, &mut conn, started)? {
-            reply = conn.req_packed_command(&evalsha).await;
-        }
-        match reply.and_then(redis::Value::extract_error) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                self.second_trip(&mut conn, started)?;
-                let eval = command("EVAL", script.code);
-                self.reply(conn.req_packed_command(&eval).await)
-            }
-            reply => self.reply(reply),
-        }
-    }
-
-    pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
-        Key(self.layout.parts(role, lock.namespace, lock.name))
-    }
-}
-
 fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
     let (acquired, value): (i64, i64) =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
@@ -267,48 +219,59 @@ where
 
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
         let LeaseRef { lock, mode, secret } = lease;
+        let wait = self.replicas;
         if mode == Mode::Exclusive && !lock.fenced {
+            if let Some(replicas) = wait {
+                return self.bounded(self.set_nx_replicated(lock, secret, replicas));
+            }
             // Boxed on its own, without room for the scripts' state it never uses.
             if self.contended.is_contended(lock.namespace, lock.name) {
                 return self.bounded(self.set_nx_and_pttl(lock, secret));
             }
             return self.bounded(self.set_nx(lock, secret));
         }
-        let secret = Some(secret);
         self.bounded(async move {
-            let reply = match mode {
-                Mode::Exclusive => {
-                    let roles = [KeyRole::Lock];
-                    let fence = Some(KeyRole::LockFence);
-                    self.run(&ACQUIRE, lock, &roles, fence, secret, LastArg::Ttl)
-                        .await?
+            const RW: &[KeyRole] = &[KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
+            let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
+                Mode::Exclusive => (
+                    &ACQUIRE,
+                    &[KeyRole::Lock],
+                    Some(KeyRole::LockFence),
+                    LastArg::Ttl,
+                ),
+                Mode::Permit => (
+                    &PERMIT_ACQUIRE,
+                    &[KeyRole::Permits],
+                    None,
+                    LastArg::TtlAnd(lock.permits.into()),
+                ),
+                Mode::Read => (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), LastArg::Ttl),
+                Mode::Write => {
+                    let intent = lock.write_intent().unwrap_or_default();
+                    let last = LastArg::TtlAnd(intent.as_millis() as u64);
+                    (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
-                Mode::Permit => {
-                    let roles = [KeyRole::Permits];
-                    let limit = LastArg::TtlAnd(lock.permits.into());
-                    self.run(&PERMIT_ACQUIRE, lock, &roles, None, secret, limit)
-                        .await?
-                }
-                Mode::Read | Mode::Write => {
-                    let script = if mode == Mode::Read {
-                        &READ_ACQUIRE
-                    } else {
-                        &WRITE_ACQUIRE
-                    };
-                    let roles = [KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
-                    let fence = Some(KeyRole::RwLockFence);
-                    let last = match mode {
-                        Mode::Write => {
-                            let intent = lock.write_intent().unwrap_or_default();
-                            LastArg::TtlAnd(intent.as_millis() as u64)
-                        }
-                        _ => LastArg::Ttl,
-                    };
-                    self.run(script, lock, &roles, fence, secret, last).await?
-                }
+                // Reservations are taken by `idempotency_begin` only.
                 Mode::Reservation => return Err(unsupported()),
             };
-            acquisition(reply, lock.fenced)
+            let secret = Some(secret);
+            let call = Call {
+                script,
+                lock,
+                roles,
+                fence,
+                secret,
+                last,
+            };
+            let (reply, waited) = self.run_waiting(call, wait).await?;
+            let acquisition = acquisition(reply, lock.fenced)?;
+            match wait {
+                None => Ok(acquisition),
+                Some(replicas) => {
+                    self.unless_replicated(lease, acquisition, waited, replicas)
+                        .await
+                }
+            }
         })
     }
 
@@ -356,12 +319,23 @@ where
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         self.bounded(async move {
             let (script, _) = holder_script(lease.mode, Holder::Extend);
-            let (lock, secret) = (lease.lock, Some(lease.secret));
-            let roles = extend_keys(lease.mode);
-            extended(
-                self.run(script, lock, roles, None, secret, LastArg::Ttl)
-                    .await?,
-            )
+            let call = Call {
+                script,
+                lock: lease.lock,
+                roles: extend_keys(lease.mode),
+                fence: None,
+                secret: Some(lease.secret),
+                last: LastArg::Ttl,
+            };
+            let (reply, waited) = self.run_waiting(call, self.replicas).await?;
+            let extended = extended(reply)?;
+            if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
+                // A lease found gone wrote nothing to wait for.
+                if extended != Extended::Gone {
+                    replicas.check(waited)?;
+                }
+            }
+            Ok(extended)
         })
     }
 

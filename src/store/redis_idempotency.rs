@@ -9,7 +9,8 @@ use redis::aio::ConnectionLike;
 
 use super::idempotency::{Begin, Completion, FINGERPRINT_LEN};
 use super::keys::{Key, KeyRole};
-use super::redis::{ARGS_LEN, answered_one};
+use super::redis::answered_one;
+use super::script_call::ARGS_LEN;
 use super::scripts::{IDEM_BEGIN, IDEM_COMPLETE, Lua, NO_SCRIPT};
 use super::{LeaseRef, RedisStore, notify};
 use crate::{Error, Result};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::keys::KeyRole;
-use super::redis::ARGS_LEN;
+use super::script_call::ARGS_LEN;
 use super::{Acquisition, LockRef, RedisStore, Secret};
 use crate::{Error, Result};
 
@@ -73,7 +73,7 @@ where
     /// and its `PTTL`, in one pipeline. The `GET` tells a key our first `SET` took (its reply
     /// lost) from one someone else holds; `SET … NX GET` would say it in one command, but only
     /// from Redis 7.0, and the crate supports 5.0.
-    fn set_nx_again(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Pipeline {
+    pub(super) fn set_nx_again(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Pipeline {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut get = redis::Cmd::with_capacity(2, key.len() + 8);
         get.arg("GET").arg(key);
@@ -116,7 +116,7 @@ where
     /// The answers of a pipelined `SET NX PX` and `PTTL` (or, for a retry, `SET NX PX`, `GET`
     /// and `PTTL`, with the `secret` the `GET` may find), remembered for the name's next
     /// acquisition.
-    fn set_nx_answer(
+    pub(super) fn set_nx_answer(
         &self,
         lock: LockRef<'_>,
         replies: Vec<redis::Value>,
@@ -157,7 +157,7 @@ where
     }
 
     /// `SET <key> <secret> NX PX <ttl>`.
-    fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
+    pub(super) fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
         set.arg("SET")
@@ -170,7 +170,7 @@ where
     }
 
     /// `PTTL <key>`.
-    fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
+    pub(super) fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
         pttl.arg("PTTL").arg(key);

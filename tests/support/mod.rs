@@ -3,6 +3,7 @@
 //! - [`server`]: real `redis-server` processes on free loopback ports, started by the tests;
 //! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
 //! - [`proxy`]: a TCP fault proxy between a store and its Redis;
+//! - [`sentinel`]: a primary, a replica and three sentinels (feature `sentinel`);
 //! - [`env`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the `store_tests!` macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
@@ -18,6 +19,8 @@ pub mod env;
 pub mod hooked;
 pub mod http;
 pub mod proxy;
+#[cfg(feature = "sentinel")]
+pub mod sentinel;
 pub mod server;
 
 use std::future::Future;

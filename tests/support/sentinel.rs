@@ -1,0 +1,305 @@
+//! A replicated topology that the tests start: a primary, one replica (directly, or through a
+//! [fault proxy](super::proxy::Proxy) that can hold replication back), and optionally three
+//! sentinels with fast failover (`down-after-milliseconds` 500, `failover-timeout` 3000).
+//!
+//! Every process dies with the test process; sentinels write their config in a temp dir of
+//! their own, removed when they drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::proxy::Proxy;
+use super::server::{Endpoint, RedisServer, die_with_parent, free_port, ping};
+
+/// The master name the sentinels monitor.
+pub const MASTER: &str = "leases";
+
+/// How the replica reaches the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// Straight to the primary's port.
+    Direct,
+    /// Through a fault proxy ([`Topology::link`]), to hold replication back.
+    Proxied,
+}
+
+/// A primary, its replica, and the sentinels if asked for.
+pub struct Topology {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    /// The proxy the replica replicates through, with [`Link::Proxied`].
+    pub link: Option<Proxy>,
+    pub sentinels: Vec<Sentinel>,
+}
+
+impl Topology {
+    /// A primary and a replica that has finished its first sync.
+    pub async fn start(link: Link) -> Self {
+        // A replica (or a promoted one's new replica) syncs at once, not after the 5 s Redis
+        // waits by default for more replicas to share a diskless sync.
+        let primary = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+        let (link, upstream) = match link {
+            Link::Direct => (None, primary.port()),
+            Link::Proxied => {
+                let proxy = Proxy::to(&primary).await;
+                let port = proxy.addr().port();
+                (Some(proxy), port)
+            }
+        };
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &upstream.to_string()]);
+        let topology = Topology {
+            primary,
+            replica,
+            link,
+            sentinels: Vec::new(),
+        };
+        topology.until_synced().await;
+        topology
+    }
+
+    /// [`start`](Self::start), and three sentinels that see the primary and its replica.
+    pub async fn with_sentinels(link: Link) -> Self {
+        let mut topology = Self::start(link).await;
+        topology.sentinels = (0..3)
+            .map(|_| Sentinel::start(topology.primary.port()))
+            .collect();
+        topology.until_sentinels_see_each_other().await;
+        topology
+    }
+
+    /// `redis://127.0.0.1:port` of every sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(Sentinel::url).collect()
+    }
+
+    /// Waits until the replica's link to the primary is up (for at most 10 s).
+    pub async fn until_synced(&self) {
+        let mut conn = self.replica.connection().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .expect("INFO replication");
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never synced:\n{info}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every sentinel lists the replica and the two other sentinels (for at most
+    /// 10 s): a failover needs both.
+    async fn until_sentinels_see_each_other(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for sentinel in &self.sentinels {
+            let mut conn = sentinel
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            loop {
+                let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg(MASTER)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                let port = self.replica.port().to_string();
+                // Sentinels find each other through the primary every 2 s; without a majority
+                // that knows the others, none could be elected to fail over.
+                let others: Vec<Vec<String>> = redis::cmd("SENTINEL")
+                    .arg("SENTINELS")
+                    .arg(MASTER)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                if replicas.iter().any(|fields| fields.contains(&port)) && others.len() == 2 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "a sentinel never saw the replica and the other two"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// Kills the primary (`SIGKILL`) and waits until the sentinels promoted the replica and it
+    /// answers as a primary (for at most 20 s); answers how long that took.
+    pub async fn kill_primary_and_fail_over(&mut self) -> Duration {
+        let killed = Instant::now();
+        self.primary.stop();
+        let mut sentinel = self.sentinels[0]
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let wanted = self.replica.port().to_string();
+        loop {
+            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(MASTER)
+                .query_async(&mut sentinel)
+                .await
+                .ok();
+            // A connection of its own each time: the promotion kills the replica's clients.
+            let role: Option<redis::Value> = match self
+                .replica
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+            {
+                Ok(mut replica) => redis::cmd("ROLE").query_async(&mut replica).await.ok(),
+                Err(_) => None,
+            };
+            let promoted = matches!(&role, Some(redis::Value::Array(fields))
+                if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"master"));
+            if promoted
+                && addr.as_ref().is_some_and(|(_, port)| *port == wanted)
+                && self.no_sentinel_marks_it_down().await
+            {
+                return killed.elapsed();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(20),
+                "no failover within 20 s: the sentinels name {addr:?}, the replica's role is {role:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether every sentinel lists the master without `s_down` or `o_down`: the promotion
+    /// kills the sentinels' own links to the new primary, so for a moment they may call it
+    /// down, and a client then finds no primary through them.
+    async fn no_sentinel_marks_it_down(&self) -> bool {
+        for sentinel in &self.sentinels {
+            let Ok(mut conn) = sentinel.client().get_multiplexed_async_connection().await else {
+                return false;
+            };
+            let master: Option<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(MASTER)
+                .query_async(&mut conn)
+                .await
+                .ok();
+            let down = master
+                .as_ref()
+                .and_then(|fields| fields.get("flags"))
+                .is_none_or(|flags| flags.contains("s_down") || flags.contains("o_down"));
+            if down {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Promotes the replica by hand (`REPLICAOF NO ONE`), without sentinels.
+    pub async fn promote_replica(&self) {
+        let mut conn = self.replica.connection().await;
+        let () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut conn)
+            .await
+            .expect("REPLICAOF NO ONE");
+    }
+}
+
+/// Freezes `server` (`SIGSTOP`) until the guard drops (`SIGCONT`).
+pub fn freeze(server: &RedisServer) -> Frozen {
+    let pid = server.pid().expect("a running server") as i32;
+    // SAFETY: a signal to a child process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    Frozen(pid)
+}
+
+/// A frozen process, thawed when dropped.
+pub struct Frozen(i32);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as in `freeze`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// A `redis-server --sentinel` child process on `127.0.0.1:port`.
+pub struct Sentinel {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Sentinel {
+    /// Starts a sentinel monitoring the primary on `primary_port` (quorum 2), and waits until it
+    /// answers `PING`.
+    pub fn start(primary_port: u16) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("tower-lease-sentinel-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for the sentinel config");
+        for _ in 0..10 {
+            let port = free_port();
+            let config = dir.join("sentinel.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                     sentinel resolve-hostnames no\nsentinel announce-ip 127.0.0.1\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel failover-timeout {MASTER} 3000\n\
+                     sentinel parallel-syncs {MASTER} 1\n",
+                    dir = dir.display()
+                ),
+            )
+            .expect("write the sentinel config");
+            let mut command = Command::new("redis-server");
+            command
+                .arg(&config)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            die_with_parent(&mut command);
+            let mut child = command.spawn().expect("start redis-server --sentinel");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if ping(port) {
+                    return Sentinel { child, port, dir };
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server --sentinel did not start on any of 10 free ports");
+    }
+}
+
+impl Endpoint for Sentinel {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
