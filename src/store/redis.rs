@@ -78,6 +78,8 @@ enum LastArg<'a> {
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
     Channel(&'a [u8]),
+    /// Nothing after the secret.
+    None,
 }
 
 impl<C> RedisStore<C>
@@ -202,6 +204,7 @@ where
                 LastArg::Channel(channel) => {
                     command.arg(channel);
                 }
+                LastArg::None => {}
             }
             command
         };
@@ -356,8 +359,17 @@ where
         self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Release);
             let (lock, secret) = (lease.lock, Some(lease.secret));
-            let channel = notify::channel(&self.layout, lease.mode, lock.namespace, lock.name);
-            let last = LastArg::Channel(&channel);
+            // A reader's or a permit's script names its channel from its key.
+            let channel = match lease.mode {
+                Mode::Exclusive | Mode::Write => {
+                    notify::channel(&self.layout, lease.mode, lock.namespace, lock.name)
+                }
+                Mode::Read | Mode::Permit => Vec::new(),
+            };
+            let last = match lease.mode {
+                Mode::Exclusive | Mode::Write => LastArg::Channel(&channel),
+                Mode::Read | Mode::Permit => LastArg::None,
+            };
             answered_one(self.run(script, lock, &[role], None, secret, last).await?)
         })
     }
