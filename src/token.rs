@@ -152,6 +152,15 @@ impl Holding {
             });
             let namespace = spec.namespace;
             telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
+            if mode == Mode::Write
+                && matches!(acquisition, Ok(Acquisition::Busy { .. }))
+                && spec.lock_ref(name.as_ref()).write_intent().is_some()
+            {
+                // This process's shares of the name hear of the intent at once; other
+                // processes' through the store's message.
+                let key = store.intent_key(namespace, name.as_ref());
+                store.intents().raise(&key);
+            }
             match acquisition? {
                 Acquisition::Acquired { fence } => Ok(Attempt::Acquired(Holding {
                     store,
@@ -228,6 +237,11 @@ impl Holding {
 
     pub(crate) fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Whether a refused writer of this lock leaves a write intent.
+    pub(crate) fn writer_preferred(&self) -> bool {
+        self.spec.writer_preferred
     }
 }
 

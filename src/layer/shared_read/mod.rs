@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod acquire;
+mod intent;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 
@@ -44,7 +45,7 @@ use crate::Error;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::store::BoxFuture;
+use crate::store::{BoxFuture, IntentListener};
 use crate::store::watchdog::{Overdue, Watchdog};
 use crate::token::Holding;
 
@@ -85,6 +86,8 @@ struct Held {
     enrolled: AtomicBool,
     /// The lease: taken out by the last request to leave, which releases it.
     lease: Mutex<Option<OwnLease>>,
+    /// Hears of a write intent on the name at once (writer-preferred locks only).
+    intent: Option<IntentListener>,
 }
 
 /// Where a read request stands on entering: see the module docs.
@@ -231,6 +234,7 @@ impl Share {
 impl Held {
     fn new(lease: OwnLease, acquired_at: Instant, timing: HeartbeatTiming) -> Self {
         Held {
+            intent: intent::listen(lease.state()),
             state: lease.state().clone(),
             acquired_at,
             timing,
@@ -240,13 +244,15 @@ impl Held {
     }
 
     /// Whether a request arriving at `now` may join: the lease is not lost and has a quarter of
-    /// a beat left (time for the heartbeat to extend it), no extension found a writer waiting
-    /// (new readers must go to the store, which refuses them while the intent lives), and,
+    /// a beat left (time for the heartbeat to extend it), no writer is known to wait (from an
+    /// extension, or at once from the intent's message: new readers must go to the store,
+    /// which refuses them while the intent lives), and,
     /// under `max_hold`, half of it is still ahead (so a joiner runs at least that long).
     fn admits(&self, now: Instant) -> bool {
         let timing = self.timing;
         self.state.valid_at(now + timing.every / 4)
             && !self.state.writer_waiting()
+            && !self.intent.as_ref().is_some_and(IntentListener::raised)
             && timing
                 .max_hold
                 .is_none_or(|max_hold| now < self.acquired_at + max_hold / 2)
