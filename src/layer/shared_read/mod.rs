@@ -49,11 +49,50 @@ use crate::store::{BoxFuture, IntentListener};
 use crate::store::watchdog::{Overdue, Watchdog};
 use crate::token::Holding;
 
+/// Keeps `share`, which has no request left, for the layer's linger (at most a quarter of a
+/// heartbeat interval) or until a write intent is heard, then releases it if still no request
+/// joined meanwhile. A name's reads often end in a burst, and the next burst would otherwise
+/// wait a round trip for a fresh lease.
+async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
+    let Some(held) = share.held() else {
+        return;
+    };
+    let linger = reads.linger.min(held.timing.every / 4);
+    match &held.intent {
+        Some(intent) => {
+            let heard = intent.notified();
+            if !intent.raised() {
+                let _ = tokio::time::timeout(linger, heard).await;
+            }
+        }
+        None => tokio::time::sleep(linger).await,
+    }
+    let lease = {
+        let mut shares = reads.lock();
+        if share.members.load(Ordering::Relaxed) != 0 {
+            // Joined meanwhile: its last request's leave decides again.
+            return;
+        }
+        if shares
+            .get(&share.name)
+            .is_some_and(|other| Arc::ptr_eq(other, &share))
+        {
+            shares.remove(&share.name);
+        }
+        share.take_lease()
+    };
+    if let Some(lease) = lease {
+        lease.release().await;
+    }
+}
+
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.
 #[derive(Default)]
 pub(crate) struct SharedReads {
     shares: Mutex<HashMap<Box<[u8]>, Arc<Share>>>,
+    /// How long a share whose last request left stays held (zero: released at once).
+    linger: Duration,
 }
 
 /// One reader lease and the requests that share it.
@@ -98,6 +137,14 @@ pub(crate) enum Entry {
 }
 
 impl SharedReads {
+    /// Shares that linger for up to `linger` after their last request (see [`linger`]).
+    pub(crate) fn lingering(linger: Duration) -> Self {
+        SharedReads {
+            linger,
+            ..Self::default()
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, Arc<Share>>> {
         // Every update under this lock is one insert or removal and one count change.
         self.shares.lock().unwrap_or_else(|e| e.into_inner())
@@ -169,23 +216,33 @@ impl SharedReads {
         Ok(SharedRead::new(self.clone(), share))
     }
 
-    /// Takes one request out of `share`; the last one out gets the lease to release.
-    fn leave(&self, share: &Arc<Share>) -> Option<OwnLease> {
+    /// Takes one request out of `share`; the last one out gets the lease to release, unless
+    /// the share lingers (see [`LINGER`]): then the linger's end releases it.
+    fn leave(self: &Arc<Self>, share: &Arc<Share>) -> Option<OwnLease> {
         let mut shares = self.lock();
         if share.members.fetch_sub(1, Ordering::Relaxed) != 1 {
             return None;
         }
-        if shares
+        let current = shares
             .get(&share.name)
-            .is_some_and(|other| Arc::ptr_eq(other, share))
+            .is_some_and(|other| Arc::ptr_eq(other, share));
+        if current
+            && !self.linger.is_zero()
+            && let Some(held) = share.held()
+            && held.admits(Instant::now())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
+            // Still in the registry with no request: the next one of the name joins it.
+            drop(shares);
+            runtime.spawn(linger(self.clone(), share.clone()));
+            return None;
+        }
+        if current {
             shares.remove(&share.name);
         }
         drop(shares);
         // Out of the registry with no request left: nobody else can reach the lease.
-        share
-            .held()
-            .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
+        share.take_lease()
     }
 
     /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
@@ -221,6 +278,11 @@ impl Share {
             outcome,
             answered: Notify::new(),
         }
+    }
+
+    fn take_lease(&self) -> Option<OwnLease> {
+        self.held()
+            .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
     }
 
     fn held(&self) -> Option<&Held> {
