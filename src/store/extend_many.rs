@@ -2,7 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{Lua, NO_SCRIPT, extend_script};
+use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
 use crate::{Error, Result};
 
@@ -76,7 +76,7 @@ where
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
-            let lua = extend_script(lease.mode);
+            let (lua, _) = holder_script(lease.mode, Holder::Extend);
             let roles = extend_keys(lease.mode);
             let command = pipe.cmd(verb).arg(script(lua)).arg(roles.len());
             for &role in roles {

@@ -26,7 +26,6 @@ mod keys;
 mod memory;
 mod notify;
 mod redis;
-mod release_member;
 mod scripts;
 mod set_nx;
 pub(crate) mod watchdog;

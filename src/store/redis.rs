@@ -14,8 +14,8 @@ use super::extend_many::{extend_keys, extended};
 use super::keys::{Key, KeyLayout, KeyRole};
 use super::notify;
 use super::scripts::{
-    ACQUIRE, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
-    WRITE_ACQUIRE, extend_script, release_script,
+    ACQUIRE, Holder, Lua, NO_SCRIPT, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
+    WRITE_ACQUIRE, holder_script,
 };
 use super::watchdog;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, Secret};
@@ -78,6 +78,8 @@ enum LastArg<'a> {
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
     Channel(&'a [u8]),
+    /// Nothing after the secret.
+    None,
 }
 
 impl<C> RedisStore<C>
@@ -202,6 +204,7 @@ where
                 LastArg::Channel(channel) => {
                     command.arg(channel);
                 }
+                LastArg::None => {}
             }
             command
         };
@@ -335,7 +338,7 @@ where
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         self.bounded(async move {
-            let script = extend_script(lease.mode);
+            let (script, _) = holder_script(lease.mode, Holder::Extend);
             let (lock, secret) = (lease.lock, Some(lease.secret));
             let roles = extend_keys(lease.mode);
             extended(
@@ -353,14 +356,20 @@ where
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        if matches!(lease.mode, Mode::Read | Mode::Permit) {
-            return self.bounded(self.release_member(lease));
-        }
         self.bounded(async move {
-            let (script, role) = release_script(lease.mode);
+            let (script, role) = holder_script(lease.mode, Holder::Release);
             let (lock, secret) = (lease.lock, Some(lease.secret));
-            let channel = notify::channel(&self.layout, lease.mode, lock.namespace, lock.name);
-            let last = LastArg::Channel(&channel);
+            // A reader's or a permit's script names its channel from its key.
+            let channel = match lease.mode {
+                Mode::Exclusive | Mode::Write => {
+                    notify::channel(&self.layout, lease.mode, lock.namespace, lock.name)
+                }
+                Mode::Read | Mode::Permit => Vec::new(),
+            };
+            let last = match lease.mode {
+                Mode::Exclusive | Mode::Write => LastArg::Channel(&channel),
+                Mode::Read | Mode::Permit => LastArg::None,
+            };
             answered_one(self.run(script, lock, &[role], None, secret, last).await?)
         })
     }

@@ -12,9 +12,11 @@ pub(super) static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));
 pub(super) static RELEASE: Lua = Lua::new(include_str!("scripts/release.lua"));
 pub(super) static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquire.lua"));
 pub(super) static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
+pub(super) static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
 pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
 pub(super) static WITHDRAW_INTENT: Lua = Lua::new(include_str!("scripts/withdraw_intent.lua"));
 pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_acquire.lua"));
+pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
 pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
@@ -40,21 +42,25 @@ impl Lua {
     }
 }
 
-/// The script that extends a lease held in `mode`.
-pub(super) fn extend_script(mode: Mode) -> &'static Lua {
-    match mode {
-        Mode::Exclusive | Mode::Write => &EXTEND,
-        // A permit is extended exactly as a reader is: one member of a set scored by lease end.
-        Mode::Read | Mode::Permit => &READ_EXTEND,
-    }
+/// What a holder asks of its lease.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holder {
+    Extend,
+    Release,
 }
 
-/// The script that releases an exclusive or a writer lease, and the key it acts on. A reader's
-/// and a permit's release are plain commands instead (see `release_member`).
-pub(super) fn release_script(mode: Mode) -> (&'static Lua, KeyRole) {
-    match mode {
-        Mode::Write => (&RELEASE, KeyRole::Writer),
-        _ => (&RELEASE, KeyRole::Lock),
+/// The script for `action` on a lease held in `mode`, and the key it acts on.
+pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRole) {
+    match (mode, action) {
+        (Mode::Exclusive, Holder::Extend) => (&EXTEND, KeyRole::Lock),
+        (Mode::Write, Holder::Extend) => (&EXTEND, KeyRole::Writer),
+        (Mode::Read, Holder::Extend) => (&READ_EXTEND, KeyRole::Readers),
+        (Mode::Exclusive, Holder::Release) => (&RELEASE, KeyRole::Lock),
+        (Mode::Write, Holder::Release) => (&RELEASE, KeyRole::Writer),
+        (Mode::Read, Holder::Release) => (&READ_RELEASE, KeyRole::Readers),
+        // A permit is extended exactly as a reader is: one member of a set scored by lease end.
+        (Mode::Permit, Holder::Extend) => (&READ_EXTEND, KeyRole::Permits),
+        (Mode::Permit, Holder::Release) => (&PERMIT_RELEASE, KeyRole::Permits),
     }
 }
 
