@@ -83,7 +83,9 @@ impl Drop for IntentListener {
     fn drop(&mut self) {
         let mut listeners = self.intents.lock();
         if let Some(signals) = listeners.get_mut(&self.key) {
-            signals.retain(|signal| signal.strong_count() > 0 && !signal.ptr_eq(&Arc::downgrade(&self.signal)));
+            signals.retain(|signal| {
+                signal.strong_count() > 0 && !signal.ptr_eq(&Arc::downgrade(&self.signal))
+            });
             if signals.is_empty() {
                 listeners.remove(&self.key);
             }

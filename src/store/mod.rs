@@ -31,9 +31,9 @@ mod set_nx;
 pub(crate) mod watchdog;
 
 pub use self::check::Warning;
+pub(crate) use self::intents::{IntentListener, Intents};
 pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
-pub(crate) use self::intents::{IntentListener, Intents};
 pub(crate) use self::notify::Watch;
 pub use self::redis::RedisStore;
 
@@ -159,7 +159,12 @@ impl Store {
     pub(crate) fn intent_key(&self, namespace: &str, name: &[u8]) -> Vec<u8> {
         match &self.notifications {
             Some(n) => notify::channel(&n.layout, Mode::Write, namespace, name),
-            None => [&(namespace.len() as u64).to_be_bytes(), namespace.as_bytes(), name].concat(),
+            None => [
+                &(namespace.len() as u64).to_be_bytes(),
+                namespace.as_bytes(),
+                name,
+            ]
+            .concat(),
         }
     }
 

@@ -23,9 +23,7 @@ pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
     }
     let store = holding.store();
     let (namespace, name) = (holding.namespace(), holding.name());
-    let listener = store
-        .intents()
-        .listen(store.intent_key(namespace, name));
+    let listener = store.intents().listen(store.intent_key(namespace, name));
     if let Some(notifications) = store.notifications().cloned()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {

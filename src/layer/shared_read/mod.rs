@@ -45,8 +45,8 @@ use crate::Error;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::store::{BoxFuture, IntentListener};
 use crate::store::watchdog::{Overdue, Watchdog};
+use crate::store::{BoxFuture, IntentListener};
 use crate::token::Holding;
 
 /// Keeps `share`, which has no request left, for the layer's linger (at most a quarter of a
