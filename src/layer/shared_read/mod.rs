@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 mod acquire;
 mod intent;
+mod linger;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 
@@ -48,43 +49,6 @@ use crate::lease::{Lease, LeaseState};
 use crate::store::watchdog::{Overdue, Watchdog};
 use crate::store::{BoxFuture, IntentListener};
 use crate::token::Holding;
-
-/// Keeps `share`, which has no request left, for the layer's linger (at most a quarter of a
-/// heartbeat interval) or until a write intent is heard, then releases it if still no request
-/// joined meanwhile. A name's reads often end in a burst, and the next burst would otherwise
-/// wait a round trip for a fresh lease.
-async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
-    let Some(held) = share.held() else {
-        return;
-    };
-    let linger = reads.linger.min(held.timing.every / 4);
-    match &held.intent {
-        Some(intent) => {
-            let heard = intent.notified();
-            if !intent.raised() {
-                let _ = tokio::time::timeout(linger, heard).await;
-            }
-        }
-        None => tokio::time::sleep(linger).await,
-    }
-    let lease = {
-        let mut shares = reads.lock();
-        if share.members.load(Ordering::Relaxed) != 0 {
-            // Joined meanwhile: its last request's leave decides again.
-            return;
-        }
-        if shares
-            .get(&share.name)
-            .is_some_and(|other| Arc::ptr_eq(other, &share))
-        {
-            shares.remove(&share.name);
-        }
-        share.take_lease()
-    };
-    if let Some(lease) = lease {
-        lease.release().await;
-    }
-}
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.
@@ -137,7 +101,8 @@ pub(crate) enum Entry {
 }
 
 impl SharedReads {
-    /// Shares that linger for up to `linger` after their last request (see [`linger`]).
+    /// Shares that linger for up to `linger` after their last request (see
+    /// [`linger`](linger::linger)).
     pub(crate) fn lingering(linger: Duration) -> Self {
         SharedReads {
             linger,
@@ -217,7 +182,7 @@ impl SharedReads {
     }
 
     /// Takes one request out of `share`; the last one out gets the lease to release, unless
-    /// the share lingers (see [`LINGER`]): then the linger's end releases it.
+    /// the share lingers (see [`linger`](linger::linger)): then the linger's end releases it.
     fn leave(self: &Arc<Self>, share: &Arc<Share>) -> Option<OwnLease> {
         let mut shares = self.lock();
         if share.members.fetch_sub(1, Ordering::Relaxed) != 1 {
@@ -234,7 +199,7 @@ impl SharedReads {
         {
             // Still in the registry with no request: the next one of the name joins it.
             drop(shares);
-            runtime.spawn(linger(self.clone(), share.clone()));
+            runtime.spawn(linger::linger(self.clone(), share.clone()));
             return None;
         }
         if current {
