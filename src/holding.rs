@@ -112,6 +112,15 @@ impl Holding {
                 on_store_error.map(|on_store_error| outcome(&answer, false, on_store_error));
             let namespace = spec.namespace;
             telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
+            if mode == Mode::Write
+                && matches!(answer, Ok(Attempt::Busy { .. }))
+                && spec.lock_ref(name.as_ref()).write_intent().is_some()
+            {
+                // This process's shares of the name hear of the intent at once; other
+                // processes' through the store's message.
+                let key = store.intent_key(namespace, name.as_ref());
+                store.intents().raise(&key);
+            }
             Ok(answer?.map(|fence| Holding {
                 store,
                 spec,
@@ -218,6 +227,11 @@ impl Holding {
 
     pub(crate) fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Whether a refused writer of this lock leaves a write intent.
+    pub(crate) fn writer_preferred(&self) -> bool {
+        self.spec.writer_preferred
     }
 }
 

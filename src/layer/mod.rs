@@ -248,10 +248,16 @@
 //! it is lost (the store says it is gone, or no extension was confirmed in time) every request
 //! sharing it is told, each as above: `503` under `Abort`, the [`Lease`] flag under `Continue`;
 //! and each response still needs the lease valid at the moment it was produced. A lost share
-//! takes no newcomer (they take a fresh lease), and neither does one whose extension found a
-//! writer of a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then
-//! ask the store, which refuses them until the writer is through, and the writer gets in once
-//! the reads inside end, within a read's duration and one heartbeat. The writer's intent lives
+//! takes no newcomer (they take a fresh lease), and neither does one that heard of a writer of
+//! a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then ask the
+//! store, which refuses them until the writer is through, and the writer gets in once the reads
+//! inside end. A share hears of it at once: the writer's refused attempt raises it in its own
+//! process and publishes it on the lock's channel, to which every share of such a lock
+//! subscribes on a store with notifications (an intent published before that subscription is
+//! confirmed is heard at the writer's next attempt, or at the share's next extension). So the
+//! writer waits about one read's duration, whatever the TTL. With
+//! [`linger_reads`](crate::RwLockLayer::linger_reads) a share outlives its last read by a moment,
+//! for the next burst of its name; a heard intent ends the linger at once. The writer's intent lives
 //! while it waits under [`wait`](crate::LockLayer::wait) (or for 500 ms after a refusal without
 //! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::intents::Intents;
 use super::keys::KeyLayout;
 use super::memory::MemoryStore;
 use super::notify;
@@ -40,6 +41,8 @@ pub struct Store {
     /// The one heartbeat of the leases held in this store, shared by every layer and every
     /// [`Held`](crate::Held) of the process.
     heartbeat: Heartbeat,
+    /// The write intents this process hears of, for the layer's shared reads.
+    intents: Arc<Intents>,
 }
 
 /// A store's release notifications, and how it names their channels.
@@ -100,13 +103,38 @@ impl Store {
             waits: Arc::default(),
             notifications: None,
             heartbeat: Heartbeat::default(),
+            intents: Arc::default(),
         }
     }
 
     /// This store, with release notifications for its waiters.
     pub(crate) fn with_notifications(mut self, notifications: Option<Notifications>) -> Self {
+        if let Some(notifications) = &notifications {
+            // The notifier raises the intents it hears of from other processes.
+            self.intents = notifications.notifier.intents().clone();
+        }
         self.notifications = notifications;
         self
+    }
+
+    /// The write intents this process hears of.
+    pub(crate) fn intents(&self) -> &Arc<Intents> {
+        &self.intents
+    }
+
+    /// The key of the intents on `name` in [`intents`](Self::intents): the lock's channel when
+    /// the store has notifications (where the notifier hears them), the namespace and the name
+    /// otherwise.
+    pub(crate) fn intent_key(&self, namespace: &str, name: &[u8]) -> Vec<u8> {
+        match &self.notifications {
+            Some(n) => notify::channel(&n.layout, Mode::Write, namespace, name),
+            None => [
+                &(namespace.len() as u64).to_be_bytes(),
+                namespace.as_bytes(),
+                name,
+            ]
+            .concat(),
+        }
     }
 
     /// The store's release notifications, if it has them.

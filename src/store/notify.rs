@@ -22,11 +22,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::{KeyLayout, KeyRole, Mode};
+use super::{Intents, KeyLayout, KeyRole, Mode};
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
+/// The payload of the message a refused writer of a writer-preferred lock publishes on the
+/// lock's channel (`write_acquire.lua`); a release publishes an empty one.
+const INTENT: &[u8] = b"w";
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);
 const MAX_RECONNECT: Duration = Duration::from_millis(100);
 /// How long resubscribing after a lost connection may take: a store's default deadline.
@@ -35,6 +38,8 @@ const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A store's subscriber connection, and the names this process watches.
 pub(crate) struct Notifier {
     client: redis::Client,
+    /// Where intent messages go: the listening shares of this process.
+    intents: Arc<Intents>,
     state: Mutex<State>,
     /// Serialises connecting, subscribing and unsubscribing, so a name's unsubscribe never
     /// overtakes a new subscription to it.
@@ -76,9 +81,14 @@ impl Notifier {
     pub(crate) fn new(client: redis::Client) -> Arc<Self> {
         Arc::new(Notifier {
             client,
+            intents: Arc::default(),
             state: Mutex::default(),
             commands: tokio::sync::Mutex::new(()),
         })
+    }
+
+    pub(crate) fn intents(&self) -> &Arc<Intents> {
+        &self.intents
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -160,7 +170,13 @@ async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
             let Some(notifier) = notifier.upgrade() else {
                 return;
             };
-            if let Ok(channel) = message.get_channel::<Vec<u8>>() {
+            let Ok(channel) = message.get_channel::<Vec<u8>>() else {
+                continue;
+            };
+            // A write intent, not a release: it frees nothing a waiter could take.
+            if message.get_payload_bytes() == INTENT {
+                notifier.intents.raise(&channel);
+            } else {
                 notifier.released(&channel);
             }
         }

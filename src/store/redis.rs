@@ -350,8 +350,15 @@ where
         self.bounded(async move {
             let (script, role) = holder_script(lease.mode, Holder::Release);
             let (lock, secret) = (lease.lock, Some(lease.secret));
-            let channel = notify::channel(&self.layout, lease.mode, lock.namespace, lock.name);
-            let last = LastArg::Channel(&channel);
+            // A reader's or a permit's script names its channel from its key.
+            let channel = match lease.mode {
+                Mode::Read | Mode::Permit => Vec::new(),
+                _ => notify::channel(&self.layout, lease.mode, lock.namespace, lock.name),
+            };
+            let last = match lease.mode {
+                Mode::Read | Mode::Permit => LastArg::None,
+                _ => LastArg::Channel(&channel),
+            };
             answered_one(self.run(script, lock, &[role], None, secret, last).await?)
         })
     }

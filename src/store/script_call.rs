@@ -34,6 +34,8 @@ pub(super) enum LastArg<'a> {
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
     Channel(&'a [u8]),
+    /// Nothing after the secret.
+    None,
 }
 
 impl<C> RedisStore<C>
@@ -102,6 +104,7 @@ where
                 LastArg::Channel(channel) => {
                     command.arg(channel);
                 }
+                LastArg::None => {}
             }
             command
         };

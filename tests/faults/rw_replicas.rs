@@ -34,10 +34,10 @@ struct Run {
     reads: usize,
 }
 
-async fn run(preferred: bool) -> Run {
+async fn run(preferred: bool, ttl_ms: &str) -> Run {
     let server = RedisServer::start();
     let env = [
-        ("LOCK_TTL_MS", TTL_MS),
+        ("LOCK_TTL_MS", ttl_ms),
         ("READ_MS", "100"),
         ("WORK_MS", "20"),
         ("WRITER_PREFERRED", if preferred { "1" } else { "0" }),
@@ -129,7 +129,7 @@ async fn run(preferred: bool) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preferred_writer_gets_in_within_a_read_and_a_beat_across_three_replicas() {
-    let run = run(true).await;
+    let run = run(true, TTL_MS).await;
     eprintln!("writer-preferred: {run:?}");
     assert_eq!(run.overlaps, 0, "a read and a write were inside together");
     assert!(run.reads > 50, "the readers kept reading: {run:?}");
@@ -150,9 +150,29 @@ async fn a_preferred_writer_gets_in_within_a_read_and_a_beat_across_three_replic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_writer_may_starve_across_three_replicas() {
-    let run = run(false).await;
+    let run = run(false, TTL_MS).await;
     let starved = run.rounds.iter().filter(|took| took.is_none()).count();
     eprintln!("plain: {run:?}; the writer starved in {starved} of {ROUNDS} rounds");
     assert_eq!(run.overlaps, 0, "a read and a write were inside together");
     assert!(run.reads > 50, "the readers kept reading: {run:?}");
+}
+
+/// With a TTL of 2 s (a heartbeat every 667 ms), the writer still gets in within one read and a
+/// margin: its refused attempt publishes the intent, and every replica's share stops admitting
+/// readers at once, not at its next extend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preferred_writer_gets_in_within_a_read_whatever_the_ttl() {
+    let run = run(true, "2000").await;
+    eprintln!("writer-preferred, TTL 2 s: {run:?}");
+    assert_eq!(run.overlaps, 0, "a read and a write were inside together");
+    assert!(run.reads > 50, "the readers kept reading: {run:?}");
+    // The reads inside end (within a read), the last release lets the next attempt in (10 ms).
+    let bound = READ + Duration::from_millis(300);
+    for (round, took) in run.rounds.iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
+        assert!(
+            took < bound,
+            "round {round}: in after {took:?}, over {bound:?}"
+        );
+    }
 }

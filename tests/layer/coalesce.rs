@@ -29,6 +29,7 @@ crate::store_tests!(
         overlapping_reads_share_one_reader_lease_per_layer,
         a_lost_shared_lease_answers_503_to_every_request_sharing_it,
         a_lost_shared_lease_takes_no_newcomer,
+        a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger,
     ]
 );
 
@@ -194,4 +195,57 @@ async fn dropped_requests_leave_the_count_right(env: Env) {
     let reply = stays.into_iter().next().unwrap().await.unwrap();
     assert_eq!((reply.status, reply.text()), (StatusCode::OK, "held"));
     assert_eq!(http.put(addr, "/docs/a").await.text(), "written");
+}
+
+/// The members of the reader set of `name`: the secrets of its reader leases.
+async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>> {
+    let key = env
+        .raw()
+        .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
+    env.raw()
+        .query(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1))
+        .await
+}
+
+/// With `.linger_reads(..)`, a share whose last request left keeps its reader lease for the
+/// linger: the next GET joins it (the same member in the reader set, no new acquisition), and
+/// the lease goes once the linger is over. A refused writer of a writer-preferred lock ends the
+/// linger at once: its next attempt, well within the linger, gets in.
+async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Env) {
+    const LINGER: Duration = Duration::from_millis(150);
+    const PREFERRED: RwLock<str> =
+        RwLock::new("lingering-docs", Duration::from_secs(2)).writer_preferred();
+    let (opener, gate) = Gate::new();
+    opener.send_replace(true);
+    let layer = RwLockLayer::new(env.store.clone(), PREFERRED, extract::path_segment(1));
+    let addr = app(layer.linger_reads(LINGER), &gate).await;
+    let http = Http::new();
+
+    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
+    let first = reader_secrets(&env, PREFERRED, "a").await;
+    assert_eq!(first.len(), 1, "the share lingers with its lease");
+    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
+    assert_eq!(
+        reader_secrets(&env, PREFERRED, "a").await,
+        first,
+        "the next read joined the lingering share"
+    );
+    tokio::time::sleep(LINGER + Duration::from_millis(150)).await;
+    assert!(
+        reader_secrets(&env, PREFERRED, "a").await.is_empty(),
+        "released once the linger is over"
+    );
+
+    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
+    let started = tokio::time::Instant::now();
+    let refused = http.put(addr, "/docs/a").await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let written = http.put(addr, "/docs/a").await;
+    assert_eq!(written.text(), "written", "{written:?}");
+    assert!(
+        started.elapsed() < LINGER,
+        "in after {:?}, within the linger",
+        started.elapsed()
+    );
 }

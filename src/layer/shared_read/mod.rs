@@ -37,6 +37,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod acquire;
+mod intent;
+mod linger;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 
@@ -45,14 +47,16 @@ use crate::holding::Holding;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::store::BoxFuture;
 use crate::store::watchdog::{Overdue, Watchdog};
+use crate::store::{BoxFuture, IntentListener};
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.
 #[derive(Default)]
 pub(crate) struct SharedReads {
     shares: Mutex<HashMap<Box<[u8]>, Arc<Share>>>,
+    /// How long a share whose last request left stays held (zero: released at once).
+    linger: Duration,
 }
 
 /// One reader lease and the requests that share it.
@@ -85,6 +89,8 @@ struct Held {
     enrolled: AtomicBool,
     /// The lease: taken out by the last request to leave, which releases it.
     lease: Mutex<Option<OwnLease>>,
+    /// Hears of a write intent on the name at once (writer-preferred locks only).
+    intent: Option<IntentListener>,
 }
 
 /// Where a read request stands on entering: see the module docs.
@@ -95,6 +101,15 @@ pub(crate) enum Entry {
 }
 
 impl SharedReads {
+    /// Shares that linger for up to `linger` after their last request (see
+    /// [`linger`](linger::linger)).
+    pub(crate) fn lingering(linger: Duration) -> Self {
+        SharedReads {
+            linger,
+            ..Self::default()
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<Box<[u8]>, Arc<Share>>> {
         // Every update under this lock is one insert or removal and one count change.
         self.shares.lock().unwrap_or_else(|e| e.into_inner())
@@ -166,23 +181,33 @@ impl SharedReads {
         Ok(SharedRead::new(self.clone(), share))
     }
 
-    /// Takes one request out of `share`; the last one out gets the lease to release.
-    fn leave(&self, share: &Arc<Share>) -> Option<OwnLease> {
+    /// Takes one request out of `share`; the last one out gets the lease to release, unless
+    /// the share lingers (see [`linger`](linger::linger)): then the linger's end releases it.
+    fn leave(self: &Arc<Self>, share: &Arc<Share>) -> Option<OwnLease> {
         let mut shares = self.lock();
         if share.members.fetch_sub(1, Ordering::Relaxed) != 1 {
             return None;
         }
-        if shares
+        let current = shares
             .get(&share.name)
-            .is_some_and(|other| Arc::ptr_eq(other, share))
+            .is_some_and(|other| Arc::ptr_eq(other, share));
+        if current
+            && !self.linger.is_zero()
+            && let Some(held) = share.held()
+            && held.admits(Instant::now())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
+            // Still in the registry with no request: the next one of the name joins it.
+            drop(shares);
+            runtime.spawn(linger::linger(self.clone(), share.clone()));
+            return None;
+        }
+        if current {
             shares.remove(&share.name);
         }
         drop(shares);
         // Out of the registry with no request left: nobody else can reach the lease.
-        share
-            .held()
-            .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
+        share.take_lease()
     }
 
     /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
@@ -220,6 +245,11 @@ impl Share {
         }
     }
 
+    fn take_lease(&self) -> Option<OwnLease> {
+        self.held()
+            .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
+    }
+
     fn held(&self) -> Option<&Held> {
         match self.outcome.get() {
             Some(Outcome::Held(held)) => Some(held),
@@ -231,6 +261,7 @@ impl Share {
 impl Held {
     fn new(lease: OwnLease, acquired_at: Instant, timing: HeartbeatTiming) -> Self {
         Held {
+            intent: intent::listen(lease.state()),
             state: lease.state().clone(),
             acquired_at,
             timing,
@@ -240,13 +271,15 @@ impl Held {
     }
 
     /// Whether a request arriving at `now` may join: the lease is not lost and has a quarter of
-    /// a beat left (time for the heartbeat to extend it), no extension found a writer waiting
-    /// (new readers must go to the store, which refuses them while the intent lives), and,
+    /// a beat left (time for the heartbeat to extend it), no writer is known to wait (from an
+    /// extension, or at once from the intent's message: new readers must go to the store,
+    /// which refuses them while the intent lives), and,
     /// under `max_hold`, half of it is still ahead (so a joiner runs at least that long).
     fn admits(&self, now: Instant) -> bool {
         let timing = self.timing;
         self.state.valid_at(now + timing.every / 4)
             && !self.state.writer_waiting()
+            && !self.intent.as_ref().is_some_and(IntentListener::raised)
             && timing
                 .max_hold
                 .is_none_or(|max_hold| now < self.acquired_at + max_hold / 2)

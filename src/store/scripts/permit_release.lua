@@ -1,13 +1,16 @@
--- Release one permit of a `Semaphore`. Ended permits are dropped first, so a member that is still
--- in the set is a live lease. Every release frees a slot, so each one publishes on the
--- semaphore's channel, waking a waiter in another process.
--- KEYS[1] permit set; ARGV[1] secret, ARGV[2] channel. Returns 1 when released, 0 when the
--- permit was gone.
+-- Release one permit of a `Semaphore`: only a live one counts (an ended permit is gone, and the
+-- answer is 0 as if it had been dropped). Every release frees a slot, so each one publishes on
+-- the semaphore's channel, which is the set's own key, waking a waiter in another process.
+-- KEYS[1] permit set; ARGV[1] secret. Returns 1 when released, 0 when the permit was gone.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 then
-  redis.call('PUBLISH', ARGV[2], '')
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not mine then
+  return 0
 end
-return released
+redis.call('ZREM', KEYS[1], ARGV[1])
+if tonumber(mine) < now then
+  return 0
+end
+redis.call('PUBLISH', KEYS[1], '')
+return 1

@@ -19,8 +19,12 @@ end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if last[2] then
   -- Refused by readers: new readers are refused while the intent lives, so these end.
+  -- The intent is published on the lock's channel (the writer key without its `:w`), so that
+  -- processes sharing a reader lease among their requests stop admitting new ones at once,
+  -- rather than at their next extend.
   if tonumber(ARGV[3]) > 0 then
     redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+    redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), 'w')
   end
   return {0, tonumber(last[2]) - now}
 end

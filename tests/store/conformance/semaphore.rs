@@ -212,11 +212,17 @@ async fn permit_set_layout_and_expiry(env: Env) {
     assert!((9_000..=10_000).contains(&pttl), "PTTL {pttl}");
     assert!(b.release().await.unwrap());
     sleep(Duration::from_millis(400)).await;
-    // The ended permit is dropped by the next acquire; the set expires with its last permit.
+    // The ended permit no longer counts, but stays until the set is full or expires: while
+    // the set has room counting it, it has room without it. The expiry never moves earlier.
     let c = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 1);
+    assert_eq!(sem.in_use(&env.store, "t").await.unwrap(), 1);
+    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
+    assert!(raw.pttl(&key).await <= 10_000);
+    // Full counting the ended one: the next acquire drops it.
+    let d = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
     assert!(!a.release().await.unwrap());
-    assert!(raw.pttl(&key).await <= 300);
+    assert!(d.release().await.unwrap());
     assert!(c.release().await.unwrap());
     assert!(
         !raw.exists(&key).await,

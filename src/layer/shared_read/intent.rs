@@ -1,0 +1,45 @@
+//! How a shared read lease hears of a write intent on its name at once: it listens on the
+//! store's [`Intents`](crate::store::Intents) while it holds the lease, and on a store with
+//! notifications keeps the name's channel subscribed meanwhile, where other processes' writers
+//! publish theirs.
+//!
+//! The subscription is made after the acquisition, so an intent published before it is
+//! confirmed goes unheard here; the writer's next refused attempt publishes again, and the next
+//! extend reports it in any case.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::lease::LeaseState;
+use crate::store::{IntentListener, Mode};
+
+/// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
+/// for a lock that does not prefer writers, which leaves no intent.
+pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
+    let holding = &state.holding;
+    if !holding.writer_preferred() {
+        return None;
+    }
+    let store = holding.store();
+    let (namespace, name) = (holding.namespace(), holding.name());
+    let listener = store.intents().listen(store.intent_key(namespace, name));
+    if let Some(notifications) = store.notifications().cloned()
+        && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    {
+        let ended = state.ended().clone();
+        let name = name.to_vec();
+        runtime.spawn(async move {
+            let deadline = Instant::now() + notifications.timeout;
+            let watch = tokio::select! {
+                watch = notifications.watch(Mode::Read, namespace, &name, deadline) => watch,
+                () = ended.cancelled() => return,
+            };
+            if watch.is_some() {
+                // Subscribed while the lease lives; the watch's drop unsubscribes.
+                ended.cancelled().await;
+            }
+        });
+    }
+    Some(listener)
+}
