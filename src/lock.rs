@@ -72,8 +72,10 @@ macro_rules! definition {
                 Self { spec: Spec::new(namespace, ttl), name: PhantomData }
             }
 
-            /// Like `new`, but answers [`Error::InvalidNamespace`] or [`Error::InvalidTtl`]
-            /// instead of panicking, for definitions built from configuration.
+            /// Like `new`, but answers
+            /// [`Error::InvalidNamespace`](crate::Error::InvalidNamespace) or
+            /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) instead of panicking, for
+            /// definitions built from configuration.
             pub fn try_new(namespace: &'static str, ttl: Duration) -> Result<Self> {
                 Ok(Self { spec: Spec::try_new(namespace, ttl)?, name: PhantomData })
             }
