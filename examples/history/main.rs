@@ -13,7 +13,8 @@
 //!
 //! Faults: `SIGSTOP`/`SIGCONT` of a client for longer than its lease, `SIGKILL` and restart of
 //! the lock store's redis-server with persistence (every write fsynced) and without it (its
-//! data gone), and `SCRIPT FLUSH`. `--control` runs clients that are broken on purpose (no
+//! data gone), `SCRIPT FLUSH`, and on the clients' way to the store (a proxy) delays, a
+//! blackhole, replies dropped (the store acts, the client never learns) and cut connections. `--control` runs clients that are broken on purpose (no
 //! heartbeat, no deadline check, unconditional writes): the checker must find violations there.
 //! Each history is written to a JSON-lines file, whose path is printed; the last line printed is
 //! `N histories, M operations, K violations`, and the exit status is non-zero when K > 0
@@ -28,12 +29,16 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 
 mod check;
+#[allow(dead_code, reason = "shared with the tests, which use more of it")]
+#[path = "../../tests/support/proxy.rs"]
+mod proxy;
 mod record;
 #[allow(dead_code, reason = "shared with the tests, which use more of it")]
 #[path = "../../tests/support/server.rs"]
 mod server;
 mod worker;
 
+use crate::proxy::{Fault, Proxy};
 use crate::record::{fault, now_us};
 use crate::server::RedisServer;
 
@@ -140,7 +145,15 @@ fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
         &aof_dir,
     ]);
     let register = RedisServer::start();
-    let locks_url = format!("redis://127.0.0.1:{}/", locks.port());
+    // The clients reach the lock store through a proxy that can delay, blackhole or cut.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime for the proxy");
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], locks.port()));
+    let proxy = runtime.block_on(Proxy::start(upstream));
+    let locks_url = format!("redis://{}/", proxy.addr());
     let register_url = format!("redis://127.0.0.1:{}/", register.port());
     let exe = std::env::current_exe().expect("this program");
     let mut clients: Vec<Child> = (0..WORKERS)
@@ -168,9 +181,9 @@ fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
     while now_us() + 1_500_000 < end {
         std::thread::sleep(Duration::from_millis(rng.random_range(300..900)));
         let at = now_us();
-        match rng.random_range(0..10) {
+        match rng.random_range(0..13) {
             // A client frozen for longer than its lease.
-            0..=4 => {
+            0..=3 => {
                 let client = &clients[rng.random_range(0..clients.len())];
                 let pid = client.id() as libc::pid_t;
                 let pause = rng.random_range(400..900);
@@ -181,17 +194,37 @@ fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
                 faults.push(fault("pause", at, now_us(), false));
             }
             // The store killed and restarted, with its data.
-            5 | 6 => {
+            4 | 5 => {
                 locks.restart();
                 faults.push(fault("restart", at, now_us(), false));
             }
             // The store killed and restarted without its data.
-            7 => {
+            6 => {
                 locks.stop();
                 let _ = std::fs::remove_dir_all(&aof);
                 std::fs::create_dir_all(&aof).expect("a directory for the append-only file");
                 locks.restart();
                 faults.push(fault("restart_empty", at, now_us(), true));
+            }
+            // The network between the clients and the store: slow, silent, one-way, or cut.
+            8..=11 => {
+                let (kind, chosen) = match rng.random_range(0..4) {
+                    0 => (
+                        "delay",
+                        Fault::Delay(Duration::from_millis(rng.random_range(20..200))),
+                    ),
+                    1 => ("blackhole", Fault::Blackhole),
+                    2 => ("drop_replies", Fault::DropReplies),
+                    _ => ("sever", Fault::Pass),
+                };
+                if chosen == Fault::Pass {
+                    proxy.sever();
+                } else {
+                    proxy.set(chosen);
+                    std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
+                    proxy.set(Fault::Pass);
+                }
+                faults.push(fault(kind, at, now_us(), false));
             }
             // Every cached script forgotten.
             _ => {
