@@ -100,6 +100,9 @@ fn spawn_server(port: u16, args: &[&str]) -> Option<Child> {
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+        // Not the shared `dump.rdb`: a replica's full sync writes its file even without
+        // `--save`, and every server started after it would load it.
+        .args(["--dbfilename", &format!("tower-lease-bench-{port}.rdb")])
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

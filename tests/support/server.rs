@@ -36,6 +36,9 @@ impl RedisServer {
                 port,
                 extra_args: extra_args.clone(),
             };
+            // A file an earlier server of this port left (a replica's full sync writes one)
+            // must not seed a fresh one.
+            let _ = std::fs::remove_file(std::env::temp_dir().join(dump_file(port)));
             if server.spawn_and_wait() {
                 return server;
             }
@@ -126,6 +129,9 @@ impl RedisServer {
             .args(["--appendonly", "no"])
             .args(["--protected-mode", "no"])
             .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            // One file per port, not the shared `dump.rdb`: a replica's full sync writes its
+            // file even without `--save`, and every server started after it would load it.
+            .args(["--dbfilename", &dump_file(self.port)])
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -165,6 +171,7 @@ impl Endpoint for RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dump_file(self.port)));
     }
 }
 
@@ -291,4 +298,9 @@ pub fn calls(stats: &str, command: &str) -> u64 {
         .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
         .and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// The name of the RDB file of the server on `port`.
+fn dump_file(port: u16) -> String {
+    format!("tower-lease-{port}.rdb")
 }
