@@ -104,10 +104,11 @@
 //!
 //! # Keys in Redis
 //!
-//! `P:idem:{ns:scope:key}` holds the completed record (a hash: fingerprint, response, and the
-//! completing reservation's secret, so a completion sent twice is answered the same), with
-//! `PX` the retention; `P:idem:{ns:scope:key}:lease` the reservation (its secret, `PX` the
-//! lease); `…:fence` the fence counter of a fenced definition. The scope has `\` and `:`
+//! `P:idem:{ns:scope:key}` holds the reservation while the first request runs (its secret, `PX`
+//! the lease), and once it completed, the record written over it (fingerprint, the completing
+//! reservation's secret, so a completion sent twice is answered the same, and the response),
+//! `PX` the retention. So a first request costs the store what a lock does: one `SET NX PX`
+//! to reserve, one script to complete. `…:fence` is the fence counter of a fenced definition. The scope has `\` and `:`
 //! escaped, so the names are injective in (scope, key); all keys of one key share its hash tag
 //! and cluster slot. Nothing outlives its expiry: records their retention, reservations their
 //! lease, fence counters an hour.

@@ -176,9 +176,11 @@ where
     // that goes away mid-call leaves no reservation that nobody runs or frees.
     let (tx, rx) = oneshot::channel();
     let task_config = config.clone();
+    // Boxed: the task's cell and its output stage then hold a pointer, not the whole request's
+    // state, which would be copied into each.
+    let look = Box::pin(look_up(inner, task_config, parts, body, name, fingerprint));
     tokio::spawn(async move {
-        let answer = look_up(inner, task_config, parts, body, name, fingerprint).await;
-        let _ = tx.send(answer);
+        let _ = tx.send(look.await);
     });
     match rx.await {
         Ok(answer) => answer,

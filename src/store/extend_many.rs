@@ -162,7 +162,7 @@ pub(super) fn extend_keys(mode: Mode) -> &'static [KeyRole] {
         Mode::Exclusive => &[KeyRole::Lock],
         // A permit is extended as a reader is, by `read_extend.lua`, without an intent to report.
         Mode::Permit => &[KeyRole::Permits],
-        Mode::Reservation => &[KeyRole::IdempotencyReservation],
+        Mode::Reservation => &[KeyRole::Idempotency],
     }
 }
 

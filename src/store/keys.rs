@@ -76,8 +76,7 @@ impl KeyLayout {
             KeyRole::WriteIntent => (b":rwlock:{", b":wi"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
             KeyRole::Permits => (b":sem:{", b""),
-            KeyRole::IdempotencyRecord => (b":idem:{", b""),
-            KeyRole::IdempotencyReservation => (b":idem:{", b":lease"),
+            KeyRole::Idempotency => (b":idem:{", b""),
             KeyRole::IdempotencyFence => (b":idem:{", b":fence"),
         };
         let prefix = self.prefix.as_bytes();
@@ -141,12 +140,11 @@ pub enum KeyRole {
     /// The permits of a [`Semaphore`](crate::Semaphore): a sorted set of permit secrets scored
     /// by lease end (server ms).
     Permits,
-    /// The completed record of an idempotency key: a hash of the request fingerprint (`fp`),
-    /// the stored response (`response`) and the completing reservation's secret (`by`),
-    /// `PX` the retention. The name is the encoded scope and key.
-    IdempotencyRecord,
-    /// The in-flight reservation of an idempotency key: the holder's secret, `PX ttl`.
-    IdempotencyReservation,
+    /// An idempotency key: while its first request runs, the reservation (the holder's
+    /// secret, `PX ttl`); once that completed, its record (the request fingerprint, 16 bytes,
+    /// the completing reservation's secret, 16 bytes, then the stored response, `PX` the
+    /// retention). The name is the encoded scope and key.
+    Idempotency,
     /// The fence counter of a [fenced](crate::Idempotency::fenced) idempotency key.
     IdempotencyFence,
 }

@@ -88,18 +88,23 @@ impl Records {
                 false => Begin::Mismatch,
             };
         }
-        match &entry.reservation {
-            Some((held, _)) if held == secret => {}
+        let ours = match &entry.reservation {
+            Some((held, _)) if held == secret => true,
             Some((_, ends)) => {
                 return Begin::InFlight {
                     retry_after: *ends - now,
                 };
             }
-            None => entry.reservation = Some((secret.clone(), now + lock.ttl)),
-        }
-        let fence = lock
-            .fenced
-            .then(|| keys.fences.next(lock.name, now, lock.ttl));
+            None => {
+                entry.reservation = Some((secret.clone(), now + lock.ttl));
+                false
+            }
+        };
+        // Our own reservation again (as a begin sent twice finds it): the fence it took.
+        let fence = lock.fenced.then(|| match ours {
+            true => keys.fences.current(lock.name, now, lock.ttl),
+            false => keys.fences.next(lock.name, now, lock.ttl),
+        });
         Begin::Reserved { fence }
     }
 

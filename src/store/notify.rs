@@ -68,7 +68,7 @@ pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u
     match mode {
         Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),
         Mode::Permit => layout.key(KeyRole::Permits, namespace, name),
-        Mode::Reservation => layout.key(KeyRole::IdempotencyRecord, namespace, name),
+        Mode::Reservation => layout.key(KeyRole::Idempotency, namespace, name),
         Mode::Read | Mode::Write => {
             let mut key = layout.key(KeyRole::Writer, namespace, name);
             key.truncate(key.len() - b":w".len());

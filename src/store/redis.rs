@@ -38,8 +38,7 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a refused writer attempt's secret, `PX` 500 ms (at most the TTL) |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, `PX` an hour from the lock's last acquisition (or one TTL, if longer) |
-/// | [`IdempotencyLayer`](crate::IdempotencyLayer) record | `P:idem:{ns:scope:key}` | hash: fingerprint, stored response, completing secret, `PX` the retention |
-/// | idempotency reservation | `P:idem:{ns:scope:key}:lease` (and `:fence` when fenced) | string: the holder's secret, `PX` the reservation's lease |
+/// | [`IdempotencyLayer`](crate::IdempotencyLayer) key | `P:idem:{ns:scope:key}` (and `:fence` when fenced) | string: the reservation's secret, `PX` its lease; once completed the record (fingerprint, completing secret, stored response), `PX` the retention |
 ///
 /// A fence is `max(last + 1, server µs)`, so the counter only matters the few µs it may be ahead
 /// of the server clock: its expiry never lowers a fence, and a name nobody uses leaves no key.

@@ -1,6 +1,8 @@
-//! The idempotency calls of [`RedisStore`]: `idem_begin.lua` and `idem_complete.lua` on the
-//! keys of one `P:idem:{ns:scope:key}` tag. The reservation itself is extended and released
-//! by the exclusive lock's scripts, since its key holds the secret alone.
+//! The idempotency calls of [`RedisStore`], on one key per idempotency key,
+//! `P:idem:{ns:scope:key}`: it holds the reservation's secret while the first request runs, and
+//! its record once it completed. So the first look is the `SET NX PX` any lock takes, a
+//! completion ends the reservation by writing the record over it (`idem_complete.lua`), and
+//! the exclusive lock's scripts extend and release the reservation, comparing the secret.
 
 use std::time::Duration;
 
@@ -12,8 +14,13 @@ use super::keys::{Key, KeyRole};
 use super::redis::answered_one;
 use super::script_call::ARGS_LEN;
 use super::scripts::{IDEM_BEGIN, IDEM_COMPLETE, Lua, NO_SCRIPT};
-use super::{LeaseRef, RedisStore, notify};
+use super::set_nx::set_nx_acquired;
+use super::{LeaseRef, RedisStore, Secret, notify};
 use crate::{Error, Result};
+
+/// How many times an unfenced look takes the key again when it vanished between the `SET NX`
+/// that found it taken and the `GET` (a reservation released or run out in between).
+const LOOKS: usize = 3;
 
 impl<C> RedisStore<C>
 where
@@ -24,53 +31,89 @@ where
         lease: LeaseRef<'_>,
         fingerprint: &[u8; FINGERPRINT_LEN],
     ) -> Result<Begin> {
+        if lease.lock.fenced {
+            return self.idem_begin_fenced(lease, fingerprint).await;
+        }
         let LeaseRef { lock, secret, .. } = lease;
-        let mut keys = vec![
-            self.key_arg(KeyRole::IdempotencyRecord, lock),
-            self.key_arg(KeyRole::IdempotencyReservation, lock),
-        ];
-        if lock.fenced {
-            keys.push(self.key_arg(KeyRole::IdempotencyFence, lock));
-        }
-        let ttl = (lock.ttl.as_millis() as u64).to_string();
-        let args: [&[u8]; 3] = [secret.as_bytes(), ttl.as_bytes(), fingerprint];
-        let reply = self.eval(&IDEM_BEGIN, &keys, &args).await?;
-        fn unexpected(e: impl std::fmt::Display) -> Error {
-            Error::UnexpectedReply(e.to_string())
-        }
-        let mut reply: Vec<redis::Value> = redis::from_redis_value(reply).map_err(unexpected)?;
-        let pttl = match reply.len() {
-            3 => redis::from_redis_value::<i64>(reply.pop().expect("3 values")).ok(),
-            2 => None,
-            n => {
-                return Err(Error::UnexpectedReply(format!(
-                    "idem_begin answered {n} values"
-                )));
+        let key = self.key_arg(KeyRole::Idempotency, lock);
+        let mut take = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
+        take.arg("SET")
+            .arg(&key)
+            .arg(secret.as_bytes().as_slice())
+            .arg("NX")
+            .arg("PX")
+            .arg(lock.ttl.as_millis() as u64);
+        let started = self.started();
+        let mut conn = self.conn.clone();
+        for _ in 0..LOOKS {
+            // Sent again after a lost connection: if the first took the key, the look below
+            // finds our own secret.
+            let mut reply = conn.req_packed_command(&take).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = conn.req_packed_command(&take).await;
             }
-        };
-        let value = reply.pop().expect("2 values");
-        let kind: i64 =
-            redis::from_redis_value(reply.pop().expect("1 value")).map_err(unexpected)?;
-        let number = || redis::from_redis_value::<i64>(value.clone()).map_err(unexpected);
-        Ok(match kind {
-            1 => Begin::Reserved {
-                fence: lock.fenced.then_some(number()?.max(0) as u64),
-            },
-            0 => Begin::InFlight {
-                retry_after: Duration::from_millis(number()?.max(0) as u64),
-            },
-            2 => {
-                let response: Vec<u8> = redis::from_redis_value(value).map_err(unexpected)?;
-                // A record without expiry (set by hand) is kept from the cache.
-                let left = pttl.unwrap_or(0).max(0) as u64;
-                Begin::Completed {
-                    response: Bytes::from(response),
-                    expires_in: Duration::from_millis(left),
-                }
+            if set_nx_acquired(self.reply(reply)?)? {
+                return Ok(Begin::Reserved { fence: None });
             }
-            3 => Begin::Mismatch,
-            n => return Err(Error::UnexpectedReply(format!("idem_begin answered {n}"))),
+            self.second_trip(&mut conn, started)?;
+            // Built only here: most looks end at the `SET`.
+            let mut look = redis::Pipeline::with_capacity(2);
+            look.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+            let mut reply = conn.req_packed_commands(&look, 0, 2).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = conn.req_packed_commands(&look, 0, 2).await;
+            }
+            let Ok([value, pttl]) = <[redis::Value; 2]>::try_from(self.reply(reply)?) else {
+                return Err(Error::UnexpectedReply(
+                    "a look answered too few values".into(),
+                ));
+            };
+            if let Some(begin) = taken(value, pttl, secret, None, fingerprint)? {
+                return Ok(begin);
+            }
+            self.second_trip(&mut conn, started)?;
+        }
+        // Taken and freed again at every look: someone is busy with it right now.
+        Ok(Begin::InFlight {
+            retry_after: Duration::ZERO,
         })
+    }
+
+    /// The look at a fenced key, by `idem_begin.lua`: its reservation takes a fence in the
+    /// same step.
+    async fn idem_begin_fenced(
+        &self,
+        lease: LeaseRef<'_>,
+        fingerprint: &[u8; FINGERPRINT_LEN],
+    ) -> Result<Begin> {
+        let LeaseRef { lock, secret, .. } = lease;
+        let keys = [
+            self.key_arg(KeyRole::Idempotency, lock),
+            self.key_arg(KeyRole::IdempotencyFence, lock),
+        ];
+        let ttl = (lock.ttl.as_millis() as u64).to_string();
+        let args: [&[u8]; 2] = [secret.as_bytes(), ttl.as_bytes()];
+        let reply = self.eval(&IDEM_BEGIN, &keys, &args).await?;
+        let mut reply: Vec<redis::Value> = redis::from_redis_value(reply).map_err(unexpected)?;
+        match reply.len() {
+            2 => {
+                let fence: i64 =
+                    redis::from_redis_value(reply.pop().expect("2")).map_err(unexpected)?;
+                Ok(Begin::Reserved {
+                    fence: Some(fence.max(0) as u64),
+                })
+            }
+            3 => {
+                let pttl = reply.pop().expect("3");
+                let value = reply.pop().expect("2");
+                // Taken by someone else: the script answered our own secret itself.
+                taken(value, pttl, secret, None, fingerprint)?
+                    .ok_or_else(|| Error::UnexpectedReply("idem_begin found nothing".into()))
+            }
+            n => Err(Error::UnexpectedReply(format!(
+                "idem_begin answered {n} values"
+            ))),
+        }
     }
 
     pub(super) async fn idem_complete(
@@ -79,12 +122,9 @@ where
         completion: Completion<'_>,
     ) -> Result<bool> {
         let LeaseRef { lock, mode, secret } = lease;
-        let keys = [
-            self.key_arg(KeyRole::IdempotencyRecord, lock),
-            self.key_arg(KeyRole::IdempotencyReservation, lock),
-        ];
+        let keys = [self.key_arg(KeyRole::Idempotency, lock)];
         let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);
-        // At least 1 ms: `PEXPIRE 0` would delete the record at once.
+        // At least 1 ms: `PX 0` is refused.
         let retention = (completion.retention.as_millis().max(1) as u64).to_string();
         let args: [&[u8]; 5] = [
             secret.as_bytes(),
@@ -132,4 +172,49 @@ where
             reply => self.reply(reply),
         }
     }
+}
+
+/// The head of a stored record, before its response: the request fingerprint, then the secret
+/// of the reservation that completed it (`idem_complete.lua`).
+const RECORD_HEAD: usize = FINGERPRINT_LEN + 16;
+
+fn unexpected(e: impl std::fmt::Display) -> Error {
+    Error::UnexpectedReply(e.to_string())
+}
+
+/// What a key found taken holds (`value`, with its `pttl`), for a request of `fingerprint`
+/// holding `secret`: our own reservation (taken by a call whose reply was lost; `fence` is
+/// its fence, when fenced), someone else's, or a record. `None` when the key is gone.
+fn taken(
+    value: redis::Value,
+    pttl: redis::Value,
+    secret: &Secret,
+    fence: Option<u64>,
+    fingerprint: &[u8; FINGERPRINT_LEN],
+) -> Result<Option<Begin>> {
+    let value: Vec<u8> = match value {
+        redis::Value::Nil => return Ok(None),
+        value => redis::from_redis_value(value).map_err(unexpected)?,
+    };
+    // -1 for a key someone set without expiry: "retry soon" rather than never; a record
+    // without expiry is kept from the cache.
+    let left = Duration::from_millis(
+        redis::from_redis_value::<i64>(pttl)
+            .map_err(unexpected)?
+            .max(0) as u64,
+    );
+    if value.len() < RECORD_HEAD {
+        // A reservation: only the secret.
+        if value == secret.as_bytes() {
+            return Ok(Some(Begin::Reserved { fence }));
+        }
+        return Ok(Some(Begin::InFlight { retry_after: left }));
+    }
+    if value[..FINGERPRINT_LEN] != fingerprint[..] {
+        return Ok(Some(Begin::Mismatch));
+    }
+    Ok(Some(Begin::Completed {
+        response: Bytes::from(value).slice(RECORD_HEAD..),
+        expires_in: left,
+    }))
 }

@@ -64,8 +64,8 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
         (Mode::Permit, Holder::Extend) => (&READ_EXTEND, KeyRole::Permits),
         (Mode::Permit, Holder::Release) => (&PERMIT_RELEASE, KeyRole::Permits),
         // A reservation's key holds its secret alone, as an exclusive lock's does.
-        (Mode::Reservation, Holder::Extend) => (&EXTEND, KeyRole::IdempotencyReservation),
-        (Mode::Reservation, Holder::Release) => (&RELEASE, KeyRole::IdempotencyReservation),
+        (Mode::Reservation, Holder::Extend) => (&EXTEND, KeyRole::Idempotency),
+        (Mode::Reservation, Holder::Release) => (&RELEASE, KeyRole::Idempotency),
     }
 }
 

@@ -179,7 +179,7 @@ where
 }
 
 /// Whether a `SET NX` took the key (`OK`) rather than finding it taken (nil).
-fn set_nx_acquired(reply: redis::Value) -> Result<bool> {
+pub(super) fn set_nx_acquired(reply: redis::Value) -> Result<bool> {
     match reply {
         redis::Value::Okay => Ok(true),
         redis::Value::Nil => Ok(false),

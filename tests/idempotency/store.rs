@@ -23,6 +23,8 @@ crate::store_tests!(
         a_record_expires_with_its_retention,
         begin_and_complete_are_safe_to_send_twice,
         fenced_reservations_take_growing_fences,
+        a_fenced_look_answers_in_flight_completed_or_mismatch,
+        a_released_reservation_is_taken_by_the_next_look,
     ],
     redis: [keys_share_one_tag_and_expire, scripts_survive_a_flush]
 );
@@ -205,6 +207,67 @@ async fn fenced_reservations_take_growing_fences(env: Env) {
     }
 }
 
+async fn a_fenced_look_answers_in_flight_completed_or_mismatch(env: Env) {
+    let backend = env.store.backend();
+    let (first, retry) = (Secret::random(), Secret::random());
+    let fenced = lock(b"fk").fenced();
+    let begin = |secret, fp| backend.idempotency_begin(lease(fenced, secret), fp);
+    let Begin::Reserved { fence: Some(fence) } = begin(&first, &FP).await.unwrap() else {
+        panic!("a fenced reservation without a fence");
+    };
+    // Our own reservation again (a reply lost): the same fence, not a new one.
+    assert_eq!(
+        begin(&first, &FP).await.unwrap(),
+        Begin::Reserved { fence: Some(fence) }
+    );
+    match begin(&retry, &FP).await.unwrap() {
+        Begin::InFlight { retry_after } => assert!(retry_after <= TTL, "{retry_after:?}"),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    let completion = Completion::new(&FP, b"fenced receipt", Duration::from_secs(60));
+    let completed = backend.idempotency_complete(lease(fenced, &first), completion);
+    assert!(completed.await.unwrap());
+    match begin(&retry, &FP).await.unwrap() {
+        Begin::Completed { response, .. } => assert_eq!(response, "fenced receipt"),
+        other => panic!("expected completed, got {other:?}"),
+    }
+    assert_eq!(begin(&retry, &OTHER_FP).await.unwrap(), Begin::Mismatch);
+}
+
+async fn a_released_reservation_is_taken_by_the_next_look(env: Env) {
+    // Released while others look, the key is taken again by exactly one of them.
+    for round in 0..20 {
+        let name = format!("raced-{round}");
+        let holder = Secret::random();
+        assert!(matches!(
+            begin(&env, name.as_bytes(), &holder, &FP).await,
+            Begin::Reserved { .. }
+        ));
+        let backend = env.store.backend();
+        let secrets: Vec<Secret> = (0..8).map(|_| Secret::random()).collect();
+        let looks = secrets
+            .iter()
+            .map(|secret| begin(&env, name.as_bytes(), secret, &FP));
+        let release = backend.release(lease(lock(name.as_bytes()), &holder));
+        let (released, begun) = tokio::join!(release, futures_util::future::join_all(looks));
+        assert!(released.unwrap());
+        let reserved = begun
+            .iter()
+            .filter(|b| matches!(b, Begin::Reserved { .. }))
+            .count();
+        assert!(
+            reserved <= 1,
+            "{reserved} reservations of one key: {begun:?}"
+        );
+        for b in &begun {
+            assert!(
+                matches!(b, Begin::Reserved { .. } | Begin::InFlight { .. }),
+                "{b:?}"
+            );
+        }
+    }
+}
+
 async fn keys_share_one_tag_and_expire(env: Env) {
     let secret = Secret::random();
     let name = b"scope:key";
@@ -213,16 +276,18 @@ async fn keys_share_one_tag_and_expire(env: Env) {
         Begin::Reserved { .. }
     ));
     let raw = env.raw();
-    let reservation = raw.key(KeyRole::IdempotencyReservation, NS, name);
-    assert_eq!(reservation, b"tower-lease:idem:{payments:scope:key}:lease");
-    let pttl = raw.pttl(&reservation).await;
+    let key = raw.key(KeyRole::Idempotency, NS, name);
+    assert_eq!(key, b"tower-lease:idem:{payments:scope:key}");
+    let pttl = raw.pttl(&key).await;
     assert!(0 < pttl && pttl <= TTL.as_millis() as i64, "{pttl}");
     assert!(complete(&env, name, &secret, b"r").await);
-    assert!(!raw.exists(&reservation).await);
-    let record = raw.key(KeyRole::IdempotencyRecord, NS, name);
-    assert_eq!(record, b"tower-lease:idem:{payments:scope:key}");
-    let pttl = raw.pttl(&record).await;
+    // The record replaced the reservation in the same key, with the retention.
+    let pttl = raw.pttl(&key).await;
     assert!(55_000 < pttl && pttl <= 60_000, "{pttl}");
+    let keys: Vec<Vec<u8>> = raw
+        .query(redis::cmd("KEYS").arg("tower-lease:idem:*"))
+        .await;
+    assert_eq!(keys, vec![key]);
 }
 
 async fn scripts_survive_a_flush(env: Env) {

@@ -1,19 +1,18 @@
--- A request that completed under its reservation: its record is stored for the retention and
--- the reservation ends, only while the reservation is still ours. Waiters elsewhere are told
--- on the key's channel.
--- KEYS[1] record, KEYS[2] reservation
--- ARGV[1] secret, ARGV[2] fingerprint, ARGV[3] response, ARGV[4] retention in ms,
--- ARGV[5] channel
+-- A request that completed under its reservation: while the key still holds its secret, the
+-- key takes its record for the retention, which ends the reservation (the lock scripts that
+-- extend and release it compare the secret). Waiters elsewhere are told on the key's channel.
+-- KEYS[1] the key
+-- ARGV[1] secret (16 bytes), ARGV[2] fingerprint (16 bytes), ARGV[3] response, ARGV[4]
+-- retention in ms, ARGV[5] channel
 -- Returns 1 when stored, 0 when the reservation was not ours any more.
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'response', ARGV[3], 'by', ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  redis.call('DEL', KEYS[2])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  -- Fingerprint first, then the secret: a look compares the one, a retry of this call the other.
+  redis.call('SET', KEYS[1], ARGV[2] .. ARGV[1] .. ARGV[3], 'PX', ARGV[4])
   redis.call('PUBLISH', ARGV[5], '')
   return 1
 end
 -- A retry of a completion whose reply was lost finds its own record.
-if redis.call('HGET', KEYS[1], 'by') == ARGV[1] then
+if redis.call('GETRANGE', KEYS[1], 16, 31) == ARGV[1] then
   return 1
 end
 return 0
