@@ -115,9 +115,13 @@
 //!
 //! # Waiting
 //!
-//! Under [`wait`](IdempotencyLayer::wait) a retry that finds the key in flight looks again
-//! after 10 ms, doubling to every 100 ms, until the first completes (it then gets the stored
-//! response), frees the key (it then runs itself) or the wait runs out (`409`).
+//! Under [`wait`](IdempotencyLayer::wait) a retry that finds the key in flight waits until the
+//! first completes (it then gets the stored response), frees the key (it then runs itself) or
+//! the wait runs out (`409`). On a Redis store with release notifications (one made by
+//! `RedisStore::connect` or `connect_cluster`) it subscribes to the key's channel and is woken
+//! by the completion, looking again at the holder's lease end and at least every second in
+//! case a message was lost; the one retry a message wakes wakes the others of its process. On
+//! other stores it looks again after 10 ms, doubling to every 100 ms.
 
 use std::fmt;
 use std::time::Duration;

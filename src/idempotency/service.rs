@@ -26,7 +26,7 @@ use super::run::{Reserved, run};
 use crate::layer::extract::ExtractName;
 use crate::layer::{BoxError, Reason};
 use crate::name::LockName;
-use crate::store::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
+use crate::store::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret, Watch};
 use crate::telemetry::{self, IdempotencyOutcome};
 
 /// The request header that carries the key.
@@ -35,9 +35,12 @@ pub(crate) static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempot
 /// The header a replayed response carries.
 static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The first and the longest pause between two looks of a waiting retry.
+/// The first and the longest pause between two looks of a waiting retry that hears no
+/// completions (the memory store, or a subscription that failed).
 const FIRST_LOOK: Duration = Duration::from_millis(10);
 const LAST_LOOK: Duration = Duration::from_millis(100);
+/// The longest pause of a retry that hears completions: a look even if a message was lost.
+const WATCHED_LOOK: Duration = Duration::from_secs(1);
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) makes.
 #[derive(Clone)]
@@ -215,6 +218,10 @@ where
     let backend = config.store.backend();
     let deadline = Instant::now() + config.wait;
     let mut pause = FIRST_LOOK;
+    // Subscribed once the key was found in flight: the completion (or the release of a 5xx)
+    // publishes on the key's channel.
+    let mut unwatched = config.store.notifications();
+    let mut watch: Option<Watch> = None;
     loop {
         let sent_at = Instant::now();
         let lease = LeaseRef::new(lock, Mode::Reservation, &secret);
@@ -243,8 +250,27 @@ where
                     telemetry::idempotency(namespace, IdempotencyOutcome::InFlight);
                     return Ok(config.refuse(Reason::IdempotencyInFlight { retry_after }));
                 }
-                tokio::time::sleep_until((now + pause).min(deadline)).await;
-                pause = (pause * 2).min(LAST_LOOK);
+                if let Some(notifications) = unwatched.take() {
+                    let mode = Mode::Reservation;
+                    watch = notifications.watch(mode, namespace, &name, deadline).await;
+                    // A completion published before a new subscription was not heard: one
+                    // more look first.
+                    if watch.as_ref().is_some_and(Watch::subscribed_now) {
+                        continue;
+                    }
+                }
+                let Some(watch) = &watch else {
+                    tokio::time::sleep_until((now + pause).min(deadline)).await;
+                    pause = (pause * 2).min(LAST_LOOK);
+                    continue;
+                };
+                // The key frees itself at the holder's lease end at the latest.
+                let lease_end = now + retry_after + Duration::from_millis(1);
+                let until = deadline.min(lease_end).min(now + WATCHED_LOOK);
+                tokio::select! {
+                    () = watch.released() => watch.wake_others(),
+                    () = tokio::time::sleep_until(until) => {}
+                }
             }
             Begin::Completed {
                 response,

@@ -231,6 +231,14 @@ impl Watch {
     pub(crate) fn released(&self) -> Notified<'_> {
         self.notify.notified()
     }
+
+    /// Wakes every other watcher of the name in this process that waits right now, and
+    /// leaves no wake-up behind for later ones: a message wakes one watcher, which is enough
+    /// where only one may take the lock, but where each watcher wants the news (every retry of
+    /// an idempotency key its response), the one it woke passes it on.
+    pub(crate) fn wake_others(&self) {
+        self.notify.notify_waiters();
+    }
 }
 
 impl Drop for Watch {

@@ -38,7 +38,7 @@ where
         let key = self.key_arg(KeyRole::Idempotency, lock);
         let mut take = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
         take.arg("SET")
-            .arg(&key)
+            .arg(key)
             .arg(secret.as_bytes().as_slice())
             .arg("NX")
             .arg("PX")
@@ -58,7 +58,7 @@ where
             self.second_trip(&mut conn, started)?;
             // Built only here: most looks end at the `SET`.
             let mut look = redis::Pipeline::with_capacity(2);
-            look.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+            look.cmd("GET").arg(key).cmd("PTTL").arg(key);
             let mut reply = conn.req_packed_commands(&look, 0, 2).await;
             if self.retry(&reply, &mut conn, started)? {
                 reply = conn.req_packed_commands(&look, 0, 2).await;

@@ -39,7 +39,8 @@ crate::store_tests!(
         a_hundred_concurrent_retries_run_the_handler_once,
         a_crashed_replicas_reservation_ends_with_its_lease,
         a_key_runs_again_once_its_retention_ended,
-    ]
+    ],
+    redis: [waiting_retries_on_another_replica_are_woken_by_the_completion]
 );
 
 /// What the handlers share: how many times each ran, and a gate the slow one waits at.
@@ -201,6 +202,59 @@ async fn under_wait_a_retry_gets_the_first_response(env: Env) {
     assert_eq!(retry.text(), "slow receipt 1");
     assert!(replayed(&retry));
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
+async fn waiting_retries_on_another_replica_are_woken_by_the_completion(env: Env) {
+    const RETRIES: usize = 10;
+    let (opener, app) = app();
+    let one = replica(layer(&env.store), &app).await;
+    let other = env.notified().await.expect("a store with notifications");
+    let wait = Duration::from_secs(10);
+    let two = replica(IdempotencyLayer::new(other, PAYMENTS).wait(wait), &app).await;
+    let http = Http::new();
+    let first = tokio::spawn({
+        let http = http.clone();
+        async move { post_key(&http, one, "/slow", "woken").await }
+    });
+    app.gate.until_inside(1).await;
+    let retries: Vec<_> = (0..RETRIES)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move { post_key(&http, two, "/slow", "woken").await })
+        })
+        .collect();
+    // Every retry has looked and waits; from here on each look is counted (one `PTTL` each).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let looks_before = env.raw().command_calls("pttl").await;
+    // Less than the second after which a watching retry looks anyway (a message may be lost).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let looks_waiting = env.raw().command_calls("pttl").await - looks_before;
+    // Past the retries' first look of safety (a second after the last), far from the next.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    opener.send_replace(true);
+    assert_eq!(first.await.unwrap().text(), "slow receipt 1");
+    let opened = Instant::now();
+    for retry in retries {
+        let retry = retry.await.unwrap();
+        assert_eq!(retry.text(), "slow receipt 1", "{retry:?}");
+        assert!(replayed(&retry));
+    }
+    let answered = opened.elapsed();
+    let looks = env.raw().command_calls("pttl").await - looks_before;
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+    // Polling would look every 100 ms: some 50 looks while waiting. Woken by the completion,
+    // the retries look once each when it comes, and none while they wait.
+    assert_eq!(looks_waiting, 0, "{looks_waiting} looks while waiting");
+    assert!(
+        looks <= 2 * RETRIES as u64,
+        "{looks} looks for {RETRIES} retries"
+    );
+    // One message wakes one retry, which wakes the others of its process: all in far less
+    // than the second they would otherwise wait for their next look.
+    assert!(
+        answered < Duration::from_millis(400),
+        "answered {answered:?} after the first"
+    );
 }
 
 async fn the_same_key_for_another_request_gets_422(env: Env) {

@@ -135,6 +135,31 @@ impl Raw {
         result.unwrap_or_else(|e| panic!("raw redis command failed: {e}"))
     }
 
+    /// How many times the server (every node of a cluster) ran `command`, from
+    /// `INFO commandstats`; commands a script runs count too.
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: redis::Value = self.query(redis::cmd("INFO").arg("commandstats")).await;
+        let mut texts = Vec::new();
+        match info {
+            redis::Value::Map(nodes) => {
+                texts.extend(nodes.into_iter().map(|(_, text)| text));
+            }
+            text => texts.push(text),
+        }
+        let field = format!("cmdstat_{}:calls=", command.to_lowercase());
+        texts
+            .into_iter()
+            .map(|text| redis::from_redis_value::<String>(text).expect("INFO answers text"))
+            .flat_map(|text| {
+                let calls = text.lines().find_map(|line| {
+                    let rest = line.strip_prefix(&field)?;
+                    rest.split(',').next()?.parse::<u64>().ok()
+                });
+                calls
+            })
+            .sum()
+    }
+
     /// A second store over the same Redis, with another key prefix.
     pub fn store_with_prefix(&self, prefix: &str) -> Store {
         match &self.conn {
