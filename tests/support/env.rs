@@ -151,11 +151,10 @@ impl Raw {
             .into_iter()
             .map(|text| redis::from_redis_value::<String>(text).expect("INFO answers text"))
             .flat_map(|text| {
-                let calls = text.lines().find_map(|line| {
+                text.lines().find_map(|line| {
                     let rest = line.strip_prefix(&field)?;
                     rest.split(',').next()?.parse::<u64>().ok()
-                });
-                calls
+                })
             })
             .sum()
     }
