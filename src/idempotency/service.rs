@@ -229,7 +229,11 @@ where
             Ok(begun) => begun,
             Err(error) => {
                 tracing::warn!(namespace, %error, "idempotency key look-up failed");
-                return Ok(config.refuse(Reason::StoreUnavailable));
+                let reason = match error {
+                    crate::Error::NotReplicated { .. } => Reason::NotReplicated,
+                    _ => Reason::StoreUnavailable,
+                };
+                return Ok(config.refuse(reason));
             }
         };
         match begun {

@@ -12,10 +12,11 @@ use redis::aio::ConnectionLike;
 use super::idempotency::{Begin, Completion, FINGERPRINT_LEN};
 use super::keys::{Key, KeyRole};
 use super::redis::answered_one;
+use super::replicas::{split_wait, then_wait};
 use super::script_call::ARGS_LEN;
-use super::scripts::{IDEM_BEGIN, IDEM_COMPLETE, Lua, NO_SCRIPT};
+use super::scripts::{IDEM_BEGIN, IDEM_COMPLETE, Lua};
 use super::set_nx::set_nx_acquired;
-use super::{LeaseRef, RedisStore, Secret, notify};
+use super::{Acquisition, LeaseRef, RedisStore, Secret, notify};
 use crate::{Error, Result};
 
 /// How many times an unfenced look takes the key again when it vanished between the `SET NX`
@@ -45,15 +46,32 @@ where
             .arg(lock.ttl.as_millis() as u64);
         let started = self.started();
         let mut conn = self.conn.clone();
+        let take_and_wait = self
+            .replicas
+            .map(|replicas| then_wait(take.clone(), replicas));
         for _ in 0..LOOKS {
             // Sent again after a lost connection: if the first took the key, the look below
             // finds our own secret.
-            let mut reply = conn.req_packed_command(&take).await;
-            if self.retry(&reply, &mut conn, started)? {
-                reply = conn.req_packed_command(&take).await;
-            }
-            if set_nx_acquired(self.reply(reply)?)? {
-                return Ok(Begin::Reserved { fence: None });
+            let (set, waited) = match &take_and_wait {
+                None => {
+                    let mut reply = conn.req_packed_command(&take).await;
+                    if self.retry(&reply, &mut conn, started)? {
+                        reply = conn.req_packed_command(&take).await;
+                    }
+                    (self.reply(reply)?, None)
+                }
+                Some(pipe) => {
+                    let mut reply = conn.req_packed_commands(pipe, 0, 2).await;
+                    if self.retry(&reply, &mut conn, started)? {
+                        reply = conn.req_packed_commands(pipe, 0, 2).await;
+                    }
+                    let (mut replies, waited) = split_wait(self.reply(reply)?)?;
+                    let set = replies.pop().unwrap_or(redis::Value::Nil);
+                    (set.extract_error().map_err(Error::Redis)?, Some(waited))
+                }
+            };
+            if set_nx_acquired(set)? {
+                return self.reserved(lease, None, waited).await;
             }
             self.second_trip(&mut conn, started)?;
             // Built only here: most looks end at the `SET`.
@@ -93,15 +111,14 @@ where
         ];
         let ttl = (lock.ttl.as_millis() as u64).to_string();
         let args: [&[u8]; 2] = [secret.as_bytes(), ttl.as_bytes()];
-        let reply = self.eval(&IDEM_BEGIN, &keys, &args).await?;
+        let (reply, waited) = self.eval(&IDEM_BEGIN, &keys, &args).await?;
         let mut reply: Vec<redis::Value> = redis::from_redis_value(reply).map_err(unexpected)?;
         match reply.len() {
             2 => {
                 let fence: i64 =
                     redis::from_redis_value(reply.pop().expect("2")).map_err(unexpected)?;
-                Ok(Begin::Reserved {
-                    fence: Some(fence.max(0) as u64),
-                })
+                self.reserved(lease, Some(fence.max(0) as u64), waited)
+                    .await
             }
             3 => {
                 let pttl = reply.pop().expect("3");
@@ -133,13 +150,24 @@ where
             retention.as_bytes(),
             &channel,
         ];
-        answered_one(self.eval(&IDEM_COMPLETE, &keys, &args).await?)
+        let (reply, waited) = self.eval(&IDEM_COMPLETE, &keys, &args).await?;
+        let stored = answered_one(reply)?;
+        // A record the replicas did not acknowledge may be lost with the primary, and a retry
+        // after a failover would run again: the caller learns it was not stored for sure.
+        if let (true, Some(replicas), Some(waited)) = (stored, self.replicas, waited) {
+            replicas.check(waited)?;
+        }
+        Ok(stored)
     }
 
-    /// Runs `script` on `keys` with `args` by `EVALSHA`, and by `EVAL` once when the server
-    /// lacks it, as every script of the store runs; a call whose connection was lost is sent
-    /// once more (both scripts are safe to send twice).
-    async fn eval(&self, script: &Lua, keys: &[Key<'_>], args: &[&[u8]]) -> Result<redis::Value> {
+    /// Runs `script` on `keys` with `args` as every script of the store runs (both scripts are
+    /// safe to send twice), with `WAIT` after it when the store waits for replicas.
+    async fn eval(
+        &self,
+        script: &Lua,
+        keys: &[Key<'_>],
+        args: &[&[u8]],
+    ) -> Result<(redis::Value, Option<redis::Value>)> {
         let command = |verb: &str, body: &str| {
             let len = verb.len()
                 + body.len()
@@ -156,21 +184,23 @@ where
             });
             command
         };
-        let started = self.started();
-        let mut conn = self.conn.clone();
-        let evalsha = command("EVALSHA", script.sha());
-        let mut reply = conn.req_packed_command(&evalsha).await;
-        if self.retry(&reply, &mut conn, started)? {
-            reply = conn.req_packed_command(&evalsha).await;
+        self.send_script(script, command, self.replicas).await
+    }
+
+    /// A reservation taken, which counts only once the replicas acknowledged it (`waited`,
+    /// when the store waits for them): else it is released again, as any acquisition's.
+    async fn reserved(
+        &self,
+        lease: LeaseRef<'_>,
+        fence: Option<u64>,
+        waited: Option<redis::Value>,
+    ) -> Result<Begin> {
+        if let Some(replicas) = self.replicas {
+            let taken = Acquisition::Acquired { fence };
+            self.unless_replicated(lease, taken, waited, replicas)
+                .await?;
         }
-        match reply.and_then(redis::Value::extract_error) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                self.second_trip(&mut conn, started)?;
-                let eval = command("EVAL", script.code);
-                self.reply(conn.req_packed_command(&eval).await)
-            }
-            reply => self.reply(reply),
-        }
+        Ok(Begin::Reserved { fence })
     }
 }
 

@@ -108,6 +108,18 @@ where
             }
             command
         };
+        self.send_script(script, command, wait).await
+    }
+
+    /// Sends the call of `script` that `command(verb, body)` builds: `EVALSHA`, then `EVAL`
+    /// after a `NOSCRIPT`, once more after a lost connection, and with `WAIT` in the same
+    /// pipeline when `wait` is given; answers the script's reply and `WAIT`'s.
+    pub(super) async fn send_script(
+        &self,
+        script: &Lua,
+        command: impl Fn(&str, &str) -> redis::Cmd,
+        wait: Option<Replicas>,
+    ) -> Result<(redis::Value, Option<redis::Value>)> {
         let started = self.started();
         let mut conn = self.conn.clone();
         let Some(wait) = wait else {

@@ -6,4 +6,5 @@
 mod support;
 
 mod failover;
+mod idempotency;
 mod wait;

@@ -84,13 +84,45 @@ impl Topology {
                 .await
                 .expect("INFO replication");
             if info.contains("master_link_status:up") {
-                return;
+                break;
             }
             assert!(
                 Instant::now() < deadline,
                 "the replica never synced:\n{info}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The link is up on the replica's side before the primary counts the replica for
+        // `WAIT`: a write it acknowledges says both sides are ready.
+        let mut primary = self.primary.connection().await;
+        loop {
+            let (_, acked): ((), u32) = redis::pipe()
+                .cmd("SET")
+                .arg("tower-lease-test:synced")
+                .arg(1)
+                .cmd("WAIT")
+                .arg(1)
+                // Within redis-rs's response timeout of 500 ms.
+                .arg(200)
+                .query_async(&mut primary)
+                .await
+                .expect("SET and WAIT on the primary");
+            if acked >= 1 {
+                // Nor does the probe stay in the keyspace or the command counts tests read.
+                let _: () = redis::pipe()
+                    .cmd("DEL")
+                    .arg("tower-lease-test:synced")
+                    .cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query_async(&mut primary)
+                    .await
+                    .expect("DEL and CONFIG RESETSTAT on the primary");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never acknowledged a write"
+            );
         }
     }
 
