@@ -37,13 +37,7 @@ where
         }
         let LeaseRef { lock, secret, .. } = lease;
         let key = self.key_arg(KeyRole::Idempotency, lock);
-        let mut take = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
-        take.arg("SET")
-            .arg(key)
-            .arg(secret.as_bytes().as_slice())
-            .arg("NX")
-            .arg("PX")
-            .arg(lock.ttl.as_millis() as u64);
+        let take = self.set_nx_on(KeyRole::Idempotency, lock, secret);
         let started = self.started();
         let mut conn = self.conn.clone();
         let take_and_wait = self

@@ -158,7 +158,17 @@ where
 
     /// `SET <key> <secret> NX PX <ttl>`.
     pub(super) fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
-        let key = self.key_arg(KeyRole::Lock, lock);
+        self.set_nx_on(KeyRole::Lock, lock, secret)
+    }
+
+    /// `SET NX PX` of `role`'s key: a lock's, or an idempotency key's reservation.
+    pub(super) fn set_nx_on(
+        &self,
+        role: KeyRole,
+        lock: LockRef<'_>,
+        secret: &Secret,
+    ) -> redis::Cmd {
+        let key = self.key_arg(role, lock);
         let mut set = redis::Cmd::with_capacity(6, key.len() + ARGS_LEN);
         set.arg("SET")
             .arg(key)

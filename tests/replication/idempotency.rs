@@ -10,23 +10,15 @@ use axum::Router;
 use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::store::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
-use tower_lease::{Error, Idempotency, IdempotencyLayer, RedisStore, Store};
+use tower_lease::{Error, Idempotency, IdempotencyLayer};
 
+use crate::replicated;
+use crate::support::Endpoint;
 use crate::support::http::{Http, count, serve};
 use crate::support::sentinel::{Link, Topology, freeze};
-use crate::support::{Endpoint, RedisServer};
 
-const WAIT: Duration = Duration::from_millis(200);
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));
 const FP: [u8; 16] = *b"fingerprint-0001";
-
-async fn replicated(server: &RedisServer) -> Store {
-    RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .wait_for_replicas(1, WAIT)
-        .into()
-}
 
 #[tokio::test]
 async fn a_reservation_the_replica_did_not_acknowledge_gets_503_and_frees_the_key() {

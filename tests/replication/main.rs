@@ -8,3 +8,20 @@ mod support;
 mod failover;
 mod idempotency;
 mod wait;
+
+use std::time::Duration;
+
+use support::{Endpoint, RedisServer};
+use tower_lease::{RedisStore, Store};
+
+/// How long `WAIT` waits for the replica.
+const WAIT: Duration = Duration::from_millis(200);
+
+/// A store on `server` that counts a write once one replica acknowledged it within [`WAIT`].
+async fn replicated(server: &RedisServer) -> Store {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .wait_for_replicas(1, WAIT)
+        .into()
+}

@@ -16,22 +16,13 @@ use crate::support::http::{Http, count, serve};
 use crate::support::sentinel::{Link, Topology, freeze};
 use crate::support::server::{calls, commandstats};
 use crate::support::{Endpoint, RedisServer};
+use crate::{WAIT, replicated};
 
-/// How long `WAIT` waits for the replica.
-const WAIT: Duration = Duration::from_millis(200);
 const TTL: Duration = Duration::from_secs(2);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);
 const FENCED: Lock<str> = Lock::new("fenced-jobs", TTL).fenced();
 const CATALOG: RwLock<str> = RwLock::new("catalog", TTL);
 const SLOTS: Semaphore<str> = Semaphore::new("slots", 2, TTL);
-
-async fn replicated(server: &RedisServer) -> Store {
-    RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .wait_for_replicas(1, WAIT)
-        .into()
-}
 
 async fn plain(server: &RedisServer) -> Store {
     RedisStore::connect(&server.url()).await.unwrap().into()
