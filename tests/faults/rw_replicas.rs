@@ -35,6 +35,11 @@ struct Run {
 }
 
 async fn run(preferred: bool, ttl_ms: &str) -> Run {
+    run_with(preferred, ttl_ms, 12, ROUNDS).await
+}
+
+/// [`run`] with `readers` looping readers (spread over the replicas) and `rounds` writes.
+async fn run_with(preferred: bool, ttl_ms: &str, readers: usize, rounds: usize) -> Run {
     let server = RedisServer::start();
     let env = [
         ("LOCK_TTL_MS", ttl_ms),
@@ -49,12 +54,14 @@ async fn run(preferred: bool, ttl_ms: &str) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
 
-    // Four readers per replica, staggered by a quarter of a read, so reads always overlap.
+    // Readers spread over the replicas, staggered by a quarter of a read, so reads always
+    // overlap.
+    let reader_count = readers;
     let mut readers = Vec::new();
-    for (i, &addr) in addrs.iter().cycle().take(12).enumerate() {
+    for (i, &addr) in addrs.iter().cycle().take(reader_count).enumerate() {
         let (stop, reads) = (stop.clone(), reads.clone());
         readers.push(tokio::spawn(async move {
-            tokio::time::sleep(READ / 4 * (i / 3) as u32).await;
+            tokio::time::sleep(READ / 4 * (i / 3 % 4) as u32).await;
             let http = Http::new();
             while !stop.load(Ordering::SeqCst) {
                 let reply = http.get(addr, "/docs/d").await;
@@ -91,8 +98,9 @@ async fn run(preferred: bool, ttl_ms: &str) -> Run {
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let http = Http::new();
+    let round_count = rounds;
     let mut rounds = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..round_count {
         let addr = addrs[round % addrs.len()];
         let started = Instant::now();
         let took = loop {
@@ -168,6 +176,24 @@ async fn a_preferred_writer_gets_in_within_a_read_whatever_the_ttl() {
     assert!(run.reads > 50, "the readers kept reading: {run:?}");
     // The reads inside end (within a read), the last release lets the next attempt in (10 ms).
     let bound = READ + Duration::from_millis(300);
+    for (round, took) in run.rounds.iter().enumerate() {
+        let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
+        assert!(
+            took < bound,
+            "round {round}: in after {took:?}, over {bound:?}"
+        );
+    }
+}
+
+/// Thirty looping readers on three replicas with a TTL of 9 s (a heartbeat every 3 s): a
+/// preferred writer gets in within 800 ms in each of six rounds, whatever the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preferred_writer_gets_in_under_thirty_readers_with_a_nine_second_ttl() {
+    let run = run_with(true, "9000", 30, 6).await;
+    eprintln!("writer-preferred, 30 readers, TTL 9 s: {run:?}");
+    assert_eq!(run.overlaps, 0, "a read and a write were inside together");
+    assert!(run.reads > 50, "the readers kept reading: {run:?}");
+    let bound = Duration::from_millis(800);
     for (round, took) in run.rounds.iter().enumerate() {
         let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
         assert!(
