@@ -118,7 +118,7 @@ where
         };
         let started = self.started();
         let mut conn = self.conn.clone();
-        let evalsha = command("EVALSHA", script.sha());
+        let evalsha = command("EVALSHA", script.variant(self.sharded).0);
         let mut reply = conn.req_packed_command(&evalsha).await;
         if self.retry(&reply, &mut conn, started)? {
             reply = conn.req_packed_command(&evalsha).await;
@@ -126,7 +126,7 @@ where
         match reply.and_then(redis::Value::extract_error) {
             Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
                 self.second_trip(&mut conn, started)?;
-                let eval = command("EVAL", script.code);
+                let eval = command("EVAL", script.variant(self.sharded).1);
                 self.reply(conn.req_packed_command(&eval).await)
             }
             reply => self.reply(reply),

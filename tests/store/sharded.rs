@@ -32,7 +32,11 @@ fn channel(name: &str) -> Vec<u8> {
 /// The index of the master that owns `name`'s slot.
 fn owner(cluster: &RedisCluster, name: &str) -> usize {
     let port = cluster.node_for(&channel(name)).port();
-    cluster.nodes().iter().position(|n| n.port() == port).unwrap()
+    cluster
+        .nodes()
+        .iter()
+        .position(|n| n.port() == port)
+        .unwrap()
 }
 
 /// One name whose slot each master owns, in the order of the nodes.
@@ -134,7 +138,10 @@ async fn the_subscription_follows_its_slot_to_another_master() {
     cluster.move_slot(cluster.slot_of(&channel), 0, 1);
     // The old owner dropped the subscription with the slot; the new owner has it.
     until_shard_subscribers(&cluster, 1, &channel, 1, Duration::from_secs(3)).await;
-    println!("subscribed on the new owner {:?} after the move", moved.elapsed());
+    println!(
+        "subscribed on the new owner {:?} after the move",
+        moved.elapsed()
+    );
     assert_eq!(shard_subscribers(&cluster, 0, &channel), 0);
     // Past the attempt the move woke: the waiter's next poll is a second away.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -174,6 +181,9 @@ async fn a_release_reaches_no_node_but_the_names_own() {
     for (&i, before) in bystanders.iter().zip(before) {
         let grew = received(i) - before;
         println!("node {i}: {grew} publish messages received over {RELEASES} releases");
-        assert_eq!(grew, 0, "node {i} heard the releases of a slot it does not serve");
+        assert_eq!(
+            grew, 0,
+            "node {i} heard the releases of a slot it does not serve"
+        );
     }
 }
