@@ -50,8 +50,15 @@ impl Cluster {
         assert!(created.success(), "redis-cli --cluster create failed");
         let cluster = Cluster { nodes, dir };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !cluster.nodes.iter().all(|n| n.cluster_info().contains("cluster_state:ok")) {
-            assert!(Instant::now() < deadline, "the cluster never reached cluster_state:ok");
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.cluster_info().contains("cluster_state:ok"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never reached cluster_state:ok"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         cluster

@@ -155,7 +155,8 @@ impl Notifier {
             Ok((sink, reader)) => {
                 self.state().sink = Some(sink.clone());
                 match reader {
-                    Reader::Plain(client, stream) => {
+                    Reader::Plain(plain) => {
+                        let (client, stream) = *plain;
                         tokio::spawn(read(Arc::downgrade(self), client, stream));
                     }
                     #[cfg(feature = "cluster")]

@@ -1,4 +1,4 @@
-//! Where a [`Notifier`](super::notify::Notifier)'s subscriber connection comes from, and how
+//! Where a notifier's subscriber connection comes from, and how
 //! it subscribes: `SUBSCRIBE` on one server, or `SSUBSCRIBE` through a cluster connection.
 
 use redis::aio::{PubSubSink, PubSubStream};
@@ -7,6 +7,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use super::sharded::Sharded;
 
 /// Where a notifier's subscriber connection comes from.
+// One per store, inside its notifier's `Arc`: boxing a variant would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Subscriber {
     /// `SUBSCRIBE` on one server: a single Redis, or any node of a cluster whose scripts
     /// `PUBLISH` (the cluster bus copies every message to every node).
@@ -52,7 +54,7 @@ impl Sink {
 /// What reads the messages of a connection just made.
 pub(super) enum Reader {
     /// A plain connection's messages, and the client to connect again with when it ends.
-    Plain(redis::Client, PubSubStream),
+    Plain(Box<(redis::Client, PubSubStream)>),
     /// A sharded subscriber's pushes.
     #[cfg(feature = "cluster")]
     Sharded(tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>),
@@ -67,7 +69,10 @@ impl Subscriber {
         match self {
             Subscriber::Plain(client) => {
                 let (sink, stream) = client.get_async_pubsub().await?.split();
-                Ok((Sink::Plain(sink), Reader::Plain(client.clone(), stream)))
+                Ok((
+                    Sink::Plain(sink),
+                    Reader::Plain(Box::new((client.clone(), stream))),
+                ))
             }
             #[cfg(feature = "cluster")]
             Subscriber::Sharded(sharded) => {
