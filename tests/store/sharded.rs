@@ -1,7 +1,8 @@
 //! Sharded release notifications on a real local Redis Cluster: a release `SPUBLISH`es on its
 //! name's shard channel, a waiter in another process listens with `SSUBSCRIBE` on the master
 //! that owns the name's slot (on each of the masters), the subscription follows the slot when it
-//! moves to another master, and a release no longer crosses the cluster bus to the other nodes.
+//! moves to another master and comes back after its connection is cut, and a release no longer
+//! crosses the cluster bus to the other nodes.
 
 use std::time::{Duration, Instant};
 
@@ -186,4 +187,52 @@ async fn a_release_reaches_no_node_but_the_names_own() {
             "node {i} heard the releases of a slot it does not serve"
         );
     }
+}
+
+/// `CLIENT KILL TYPE pubsub` on node `i`: ends the subscriber connections there, and only them.
+fn kill_subscribers(cluster: &RedisCluster, i: usize) -> i64 {
+    let mut conn = cluster.nodes()[i].client().get_connection().unwrap();
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut conn)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscriber_connection_subscribes_again_and_misses_no_release() {
+    let cluster = RedisCluster::start();
+    let (holder_replica, waiter_replica) = (replica(&cluster).await, replica(&cluster).await);
+    let name = &one_name_per_master(&cluster)[1];
+    let channel = channel(name);
+
+    // Cut, then released once the subscription is back.
+    let holder = JOBS.try_lock(&holder_replica, name).await.unwrap().unwrap();
+    let waiter = wait_for(&waiter_replica, name);
+    until_shard_subscribers(&cluster, 1, &channel, 1, Duration::from_secs(2)).await;
+    let cut = Instant::now();
+    assert_eq!(kill_subscribers(&cluster, 1), 1, "the waiter's subscriber");
+    until_shard_subscribers(&cluster, 1, &channel, 1, Duration::from_secs(3)).await;
+    println!("subscribed again {:?} after the cut", cut.elapsed());
+    // Past the attempts the cut and the resubscription woke: the next poll is a second away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let woken = waiter.await.unwrap() - released;
+    println!("handed over {woken:?} after the release, on the new connection");
+    assert!(woken < WOKEN_WITHIN, "{woken:?}");
+
+    // Released while the subscription is gone: the wake-ups of the cut and of the
+    // resubscription find it, not the next poll.
+    let holder = JOBS.try_lock(&holder_replica, name).await.unwrap().unwrap();
+    let waiter = wait_for(&waiter_replica, name);
+    until_shard_subscribers(&cluster, 1, &channel, 1, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(kill_subscribers(&cluster, 1), 1, "the waiter's subscriber");
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let woken = waiter.await.unwrap() - released;
+    println!("handed over {woken:?} after a release during the cut");
+    assert!(woken < WOKEN_WITHIN, "{woken:?}");
 }
