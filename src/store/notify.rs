@@ -358,6 +358,8 @@ impl Drop for Watch {
                 return;
             }
             state.channels.remove(&self.channel);
+            #[cfg(feature = "cluster")]
+            state.stale.remove(&self.channel);
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
