@@ -1,6 +1,10 @@
 //! Bounded waits against a local `redis-server`: how soon the next waiter holds the lock after a
 //! release (p50, p99), woken by a release in its own process or finding one elsewhere by
 //! polling; how many Redis commands a waited acquisition costs; and 1000 waiters on one name.
+//! With feature `cluster`, on a local 3-master cluster: the cluster bus messages per release
+//! (`CLUSTER INFO`'s `cluster_stats_messages_*`, summed over the nodes) and the hand-off, with
+//! the scripts' `PUBLISH` and a subscriber on one node, and with `SPUBLISH` and `SSUBSCRIBE`
+//! (what `connect_cluster` sets up on Redis 7.0), in alternating rounds.
 //!
 //! ```text
 //! cargo bench --all-features --bench wait
@@ -119,4 +123,71 @@ async fn main() {
         "  {waiters} waiters on one name: all served in {:.0} ms, {per_waiter:.2} Redis commands per waiter",
         took.as_secs_f64() * 1e3
     );
+    drop(redis);
+    #[cfg(feature = "cluster")]
+    cluster(count).await;
+}
+
+/// The cluster rows: bus messages per release and hand-offs, plain against sharded.
+#[cfg(feature = "cluster")]
+async fn cluster(count: usize) {
+    use redis::cluster_async::ClusterConnection;
+
+    const ROUNDS: usize = 3;
+    const RELEASES: usize = 300;
+    let cluster = support::cluster::Cluster::start();
+    let client = RedisStore::<ClusterConnection>::cluster_client_builder(cluster.urls())
+        .build()
+        .unwrap();
+    // The subscriber on the first node and the scripts' `PUBLISH`, as before `SPUBLISH`.
+    let plain = || async {
+        let subscriber = redis::Client::open(cluster.urls()[0].as_str()).unwrap();
+        let store = RedisStore::new(client.get_async_connection().await.unwrap());
+        Store::from(store.notifications(subscriber))
+    };
+    let sharded =
+        || async { Store::from(RedisStore::connect_cluster(cluster.urls()).await.unwrap()) };
+    let variants = [
+        (
+            "PUBLISH, SUBSCRIBE on one node",
+            plain().await,
+            plain().await,
+        ),
+        ("SPUBLISH, SSUBSCRIBE", sharded().await, sharded().await),
+    ];
+    let fields = ["received", "publish_received", "publishshard_received"];
+    let mut messages = vec![[0u64; 3]; variants.len()];
+    let mut latencies = vec![Vec::new(); variants.len()];
+    // A quarter of the single server's hand-offs per variant, to keep the run short.
+    let per_round = (count / 4 / ROUNDS).max(1);
+    for _ in 0..ROUNDS {
+        for (i, (_, holder, waiter)) in variants.iter().enumerate() {
+            let before = fields.map(|field| cluster.bus_messages(field));
+            // Whether or not anyone listens: a `PUBLISH` crosses the bus to every node anyway.
+            for n in 0..RELEASES {
+                let token = JOBS.try_lock(holder, &format!("b{n}")).await.unwrap();
+                token.unwrap().release().await.unwrap();
+            }
+            // The last messages reach the other nodes a moment after the last release.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let after = fields.map(|field| cluster.bus_messages(field));
+            for (sum, (after, before)) in messages[i].iter_mut().zip(after.iter().zip(before)) {
+                *sum += after - before;
+            }
+            latencies[i].extend(handoffs(holder, waiter, per_round).await);
+        }
+    }
+    println!(
+        "bounded waits on a local 3-master cluster (no replicas), {ROUNDS} alternating rounds"
+    );
+    let releases = (ROUNDS * RELEASES) as f64;
+    for (i, (label, _, _)) in variants.iter().enumerate() {
+        let [all, publish, shard] = messages[i].map(|m| m as f64 / releases);
+        println!(
+            "  {label:<32} bus messages received per release: {all:.2} (publish {publish:.2}, \
+             publishshard {shard:.2}, the rest gossip); hand-off p50 {:>6.0} µs p99 {:>6.0} µs",
+            support::quantile_us(&mut latencies[i], 0.5),
+            support::quantile_us(&mut latencies[i], 0.99),
+        );
+    }
 }

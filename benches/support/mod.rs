@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod http;
 
 /// A boxed future, so that variants of different types can sit in one list.

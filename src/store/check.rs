@@ -148,7 +148,7 @@ fn evicts(policy: &str) -> bool {
     policy.starts_with("allkeys-") || policy.starts_with("volatile-")
 }
 
-fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
+pub(super) fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     found >= (major, minor)

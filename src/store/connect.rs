@@ -61,8 +61,13 @@ impl RedisStore<ConnectionManager> {
 impl RedisStore<redis::cluster_async::ClusterConnection> {
     /// Connects to the Redis Cluster that `nodes` belong to (any reachable subset seeds it),
     /// with the client [`cluster_client_builder`](Self::cluster_client_builder) sets up, and
-    /// [release notifications](Self::notifications) subscribed on the first node (a cluster
-    /// forwards every `PUBLISH` to all its nodes).
+    /// release notifications:
+    ///
+    /// - [sharded](Self::sharded_notifications) when every master runs Redis 7.0 or later (by
+    ///   its `INFO server`, asked once here): a release reaches the master that owns its name
+    ///   only, and the subscriber listens there;
+    /// - otherwise (or when `INFO` is refused) [plain](Self::notifications), subscribed on the
+    ///   first node, since the cluster bus forwards every `PUBLISH` to all its nodes.
     pub async fn connect_cluster<T>(nodes: impl IntoIterator<Item = T>) -> Result<Self>
     where
         T: redis::IntoConnectionInfo,
@@ -71,17 +76,37 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
             .into_iter()
             .map(|node| node.into_connection_info())
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let subscriber = nodes
-            .first()
-            .cloned()
-            .map(redis::Client::open)
-            .transpose()?;
-        let client = Self::cluster_client_builder(nodes).build()?;
-        let store = Self::new(client.get_async_connection().await?);
-        Ok(match subscriber {
-            Some(subscriber) => store.notifications(subscriber),
+        let client = Self::cluster_client_builder(nodes.clone()).build()?;
+        let mut conn = client.get_async_connection().await?;
+        let store = Self::new(conn.clone());
+        if super::sharded::supported(&mut conn).await.unwrap_or(false) {
+            return store.sharded_notifications(Self::cluster_client_builder(nodes));
+        }
+        Ok(match nodes.into_iter().next() {
+            Some(subscriber) => store.notifications(redis::Client::open(subscriber)?),
             None => store,
         })
+    }
+
+    /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
+    /// another process, through sharded channels: the scripts publish with `SPUBLISH`, and one
+    /// subscriber connection, a cluster connection made from `builder` (set to RESP3 with a push
+    /// sender of its own), subscribes with `SSUBSCRIBE` on the master that owns each waited-for
+    /// name. It follows the cluster: it subscribes again on a node it reconnects to, and on the
+    /// new owner of a slot that moved.
+    ///
+    /// Needs Redis 7.0 on every master (`SPUBLISH` fails the scripts' releases on older ones);
+    /// [`connect_cluster`](Self::connect_cluster) checks, and falls back to
+    /// [`notifications`](Self::notifications) below it. Fails when `builder` does.
+    pub fn sharded_notifications(
+        mut self,
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> Result<Self> {
+        let sharded = super::sharded::Sharded::new(builder)?;
+        let subscriber = super::notify::Subscriber::Sharded(sharded);
+        self.notifier = Some(super::notify::Notifier::new(subscriber));
+        self.sharded = true;
+        Ok(self)
     }
 
     /// A cluster client builder set up for a lock store: retry waits capped at 100 ms, and

@@ -33,6 +33,9 @@ mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod set_nx;
+#[cfg(feature = "cluster")]
+mod sharded;
+mod subscriber;
 pub(crate) mod watchdog;
 
 pub use self::check::Warning;

@@ -14,6 +14,18 @@
 //! - **Stops** when the store is dropped: the task holds only a weak handle on the notifier.
 //!
 //! Without it (a store built from a bare connection, or a failed subscription) waiters poll.
+//!
+//! # On a cluster
+//!
+//! With sharded notifications (`sharded.rs`: Redis 7.0 on every master) the subscriber is one
+//! cluster connection, which subscribes with `SSUBSCRIBE` on the master that owns each name and
+//! reconnects to its nodes by itself; it never ends, so the lifecycle above reads differently:
+//!
+//! - a lost node (a `Disconnection` push) wakes every watcher, and redis-rs subscribes to that
+//!   node's channels again once it is back; each confirmation wakes its watcher once more, since
+//!   a release may have gone unheard in between;
+//! - a slot that moved to another master ends its subscriptions there (an `sunsubscribe` the
+//!   server sends): the watcher is woken and the channel subscribed again, on the new owner.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,8 +34,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+#[cfg(feature = "cluster")]
+use super::sharded::Push;
+pub(crate) use super::subscriber::Subscriber;
+use super::subscriber::{Reader, Sink};
 use super::{Intents, KeyLayout, KeyRole, Mode};
-use redis::aio::{PubSubSink, PubSubStream};
+use redis::aio::PubSubStream;
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
@@ -37,7 +53,7 @@ const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A store's subscriber connection, and the names this process watches.
 pub(crate) struct Notifier {
-    client: redis::Client,
+    subscriber: Subscriber,
     /// Where intent messages go: the listening shares of this process.
     intents: Arc<Intents>,
     state: Mutex<State>,
@@ -49,8 +65,12 @@ pub(crate) struct Notifier {
 #[derive(Default)]
 struct State {
     /// The live connection's sink; `None` before the first watch and while reconnecting.
-    sink: Option<PubSubSink>,
+    sink: Option<Sink>,
     channels: HashMap<Vec<u8>, Arc<Notify>>,
+    /// Sharded channels whose subscription a lost node or a moved slot ended, until it is
+    /// confirmed again.
+    #[cfg(feature = "cluster")]
+    stale: std::collections::HashSet<Vec<u8>>,
 }
 
 impl fmt::Debug for Notifier {
@@ -78,9 +98,9 @@ pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u
 }
 
 impl Notifier {
-    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+    pub(crate) fn new(subscriber: Subscriber) -> Arc<Self> {
         Arc::new(Notifier {
-            client,
+            subscriber,
             intents: Arc::default(),
             state: Mutex::default(),
             commands: tokio::sync::Mutex::new(()),
@@ -116,7 +136,7 @@ impl Notifier {
         }
         let _commands = self.commands.lock().await;
         let mut sink = self.sink().await?;
-        match sink.subscribe(&watch.channel).await {
+        match sink.subscribe(std::slice::from_ref(&watch.channel)).await {
             Ok(()) => Some(watch),
             Err(error) => {
                 tracing::debug!(%error, "subscribing to release notifications failed; polling");
@@ -127,20 +147,42 @@ impl Notifier {
 
     /// The live connection's sink, connecting first if there is none. Called under
     /// `commands`.
-    async fn sink(self: &Arc<Self>) -> Option<PubSubSink> {
+    async fn sink(self: &Arc<Self>) -> Option<Sink> {
         if let Some(sink) = self.state().sink.clone() {
             return Some(sink);
         }
-        let (sink, stream) = match self.client.get_async_pubsub().await {
-            Ok(pubsub) => pubsub.split(),
+        match self.subscriber.connect().await {
+            Ok((sink, reader)) => {
+                self.state().sink = Some(sink.clone());
+                match reader {
+                    Reader::Plain(plain) => {
+                        let (client, stream) = *plain;
+                        tokio::spawn(read(Arc::downgrade(self), client, stream));
+                    }
+                    #[cfg(feature = "cluster")]
+                    Reader::Sharded(pushes) => {
+                        tokio::spawn(read_sharded(Arc::downgrade(self), pushes));
+                    }
+                    #[cfg(feature = "cluster")]
+                    Reader::Running => {}
+                }
+                Some(sink)
+            }
             Err(error) => {
                 tracing::debug!(%error, "no release notifications: the subscriber could not connect");
-                return None;
+                None
             }
-        };
-        self.state().sink = Some(sink.clone());
-        tokio::spawn(read(Arc::downgrade(self), stream));
-        Some(sink)
+        }
+    }
+
+    /// A message on `channel`: a write intent for the shares, a release for the watcher.
+    fn heard(&self, channel: &[u8], payload: &[u8]) {
+        // A write intent, not a release: it frees nothing a waiter could take.
+        if payload == INTENT {
+            self.intents.raise(channel);
+        } else {
+            self.released(channel);
+        }
     }
 
     /// Wakes the watcher of `channel`.
@@ -164,7 +206,7 @@ impl Notifier {
 
 /// The subscriber task: hands each message to its watcher; when the connection ends, wakes
 /// them all and reconnects while any name is watched (see the module docs).
-async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
+async fn read(notifier: Weak<Notifier>, client: redis::Client, mut stream: PubSubStream) {
     loop {
         while let Some(message) = stream.next().await {
             let Some(notifier) = notifier.upgrade() else {
@@ -173,12 +215,7 @@ async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
             let Ok(channel) = message.get_channel::<Vec<u8>>() else {
                 continue;
             };
-            // A write intent, not a release: it frees nothing a waiter could take.
-            if message.get_payload_bytes() == INTENT {
-                notifier.intents.raise(&channel);
-            } else {
-                notifier.released(&channel);
-            }
+            notifier.heard(&channel, message.get_payload_bytes());
         }
         let mut backoff = FIRST_RECONNECT;
         stream = loop {
@@ -196,17 +233,96 @@ async fn read(notifier: Weak<Notifier>, mut stream: PubSubStream) {
             // Bounded, since redis-rs bounds neither: a connection or a `SUBSCRIBE` that hangs
             // (a network cut) would hold `commands`, and so every new watch, for good.
             let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, async {
-                let (mut sink, stream) = notifier.client.get_async_pubsub().await?.split();
+                let (mut sink, stream) = client.get_async_pubsub().await?.split();
                 sink.subscribe(&watched).await?;
                 Ok::<_, redis::RedisError>((sink, stream))
             });
             let Ok(Ok((sink, stream))) = subscribed.await else {
                 continue;
             };
-            notifier.state().sink = Some(sink);
+            notifier.state().sink = Some(Sink::Plain(sink));
             tracing::debug!(channels = watched.len(), "release notifications resumed");
             break stream;
         };
+    }
+}
+
+/// The sharded subscriber's task: hands each message to its watcher, and wakes and subscribes
+/// again the watchers whose subscription a lost node or a moved slot ended (see the module docs).
+/// The pushes end with the notifier, whose connection holds their sender.
+#[cfg(feature = "cluster")]
+async fn read_sharded(
+    notifier: Weak<Notifier>,
+    mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+) {
+    while let Some(push) = pushes.recv().await {
+        let Some(notifier) = notifier.upgrade() else {
+            return;
+        };
+        match Push::from(push) {
+            Push::Message { channel, payload } => notifier.heard(&channel, &payload),
+            Push::Subscribed(channel) => {
+                let mut state = notifier.state();
+                if state.stale.remove(&channel)
+                    && let Some(notify) = state.channels.get(&channel)
+                {
+                    notify.notify_one();
+                }
+            }
+            // Ours (a watch dropped) when nobody watches the channel any more.
+            Push::Unsubscribed(channel) => {
+                let mut state = notifier.state();
+                let Some(notify) = state.channels.get(&channel) else {
+                    continue;
+                };
+                notify.notify_one();
+                state.stale.insert(channel.clone());
+                drop(state);
+                tokio::spawn(resubscribe(notifier.clone(), channel));
+            }
+            Push::Disconnected => {
+                let mut state = notifier.state();
+                let State {
+                    channels, stale, ..
+                } = &mut *state;
+                for (channel, notify) in channels.iter() {
+                    notify.notify_one();
+                    stale.insert(channel.clone());
+                }
+            }
+            Push::Other => {}
+        }
+    }
+}
+
+/// Subscribes to `channel` again after the server ended its subscription (its slot moved), with
+/// a backoff while that fails, for as long as it is watched.
+#[cfg(feature = "cluster")]
+async fn resubscribe(notifier: Arc<Notifier>, channel: Vec<u8>) {
+    let mut backoff = FIRST_RECONNECT;
+    loop {
+        {
+            let _commands = notifier.commands.lock().await;
+            let sink = {
+                let state = notifier.state();
+                if !state.channels.contains_key(&channel) {
+                    return;
+                }
+                state.sink.clone()
+            };
+            let Some(mut sink) = sink else {
+                return;
+            };
+            let channels = std::slice::from_ref(&channel);
+            // Bounded as the plain subscriber's resubscription is, for the same reason.
+            let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, sink.subscribe(channels));
+            if let Ok(Ok(())) = subscribed.await {
+                tracing::debug!("a moved channel's release notifications resumed");
+                return;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RECONNECT);
     }
 }
 
@@ -250,6 +366,8 @@ impl Drop for Watch {
                 return;
             }
             state.channels.remove(&self.channel);
+            #[cfg(feature = "cluster")]
+            state.stale.remove(&self.channel);
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -266,7 +384,7 @@ impl Drop for Watch {
                 state.sink.clone()
             };
             if let Some(mut sink) = sink {
-                let _ = sink.unsubscribe(channel).await;
+                let _ = sink.unsubscribe(&channel).await;
             }
         });
     }

@@ -64,7 +64,9 @@ pub struct RedisStore<C> {
     pub(super) bound: Bound,
     pub(super) watchdog: Arc<watchdog::Watchdog>,
     /// The subscriber for release notifications, when the store was given a client for it.
-    notifier: Option<Arc<notify::Notifier>>,
+    pub(super) notifier: Option<Arc<notify::Notifier>>,
+    /// Whether the scripts publish with `SPUBLISH`, for a sharded subscriber on a cluster.
+    pub(super) sharded: bool,
     /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
     pub(super) contended: Arc<ContendedNames>,
     /// The replicas an acquisition or extension waits for, if any.
@@ -95,6 +97,7 @@ where
             bound,
             watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
             notifier: None,
+            sharded: false,
             contended: Arc::new(ContendedNames::new()),
             replicas: None,
         }
@@ -140,7 +143,8 @@ where
     /// Every release publishes on its lock's channel (the lock's key without its role suffix),
     /// whether or not anyone subscribes.
     pub fn notifications(mut self, client: redis::Client) -> Self {
-        self.notifier = Some(notify::Notifier::new(client));
+        self.notifier = Some(notify::Notifier::new(notify::Subscriber::Plain(client)));
+        self.sharded = false;
         self
     }
 

@@ -123,7 +123,7 @@ where
         let started = self.started();
         let mut conn = self.conn.clone();
         let Some(wait) = wait else {
-            let evalsha = command("EVALSHA", script.sha());
+            let evalsha = command("EVALSHA", script.variant(self.sharded).0);
             let mut reply = conn.req_packed_command(&evalsha).await;
             if self.retry(&reply, &mut conn, started)? {
                 reply = conn.req_packed_command(&evalsha).await;
@@ -131,13 +131,13 @@ where
             return match reply.and_then(redis::Value::extract_error) {
                 Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
                     self.second_trip(&mut conn, started)?;
-                    let eval = command("EVAL", script.code);
+                    let eval = command("EVAL", script.variant(self.sharded).1);
                     Ok((self.reply(conn.req_packed_command(&eval).await)?, None))
                 }
                 reply => Ok((self.reply(reply)?, None)),
             };
         };
-        let evalsha = then_wait(command("EVALSHA", script.sha()), wait);
+        let evalsha = then_wait(command("EVALSHA", script.variant(self.sharded).0), wait);
         let mut reply = conn.req_packed_commands(&evalsha, 0, 2).await;
         if self.retry(&reply, &mut conn, started)? {
             reply = conn.req_packed_commands(&evalsha, 0, 2).await;
@@ -146,7 +146,7 @@ where
         let mut reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();
         if matches!(&reply, Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT)) {
             self.second_trip(&mut conn, started)?;
-            let eval = then_wait(command("EVAL", script.code), wait);
+            let eval = then_wait(command("EVAL", script.variant(self.sharded).1), wait);
             (replies, waited) =
                 split_wait(self.reply(conn.req_packed_commands(&eval, 0, 2).await)?)?;
             reply = replies.pop().unwrap_or(redis::Value::Nil).extract_error();

@@ -23,6 +23,12 @@ pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_i
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
 ///
+/// Each script comes in two variants from its one file: as written, publishing with `PUBLISH`
+/// (a single Redis, or a cluster before 7.0), and sharded, the same with `SPUBLISH` (a cluster
+/// whose notifier listens with `SSUBSCRIBE`: the message stays on the shard that owns the name
+/// instead of crossing the cluster bus to every node). A channel shares its name's hash tag, so
+/// `SPUBLISH` in a script stays in the slot of the script's keys, as Redis requires.
+///
 /// `redis::Script`'s fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails when another
 /// `SCRIPT FLUSH` lands between the two, and in a cluster `SCRIPT LOAD` goes to every node, so
 /// one node down would fail calls for the slots of the others. `EVAL` runs the script in one
@@ -30,17 +36,36 @@ pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_i
 pub(super) struct Lua {
     pub(super) code: &'static str,
     sha: OnceLock<String>,
+    /// The sharded variant's code and hash, made on first use.
+    sharded: OnceLock<(String, String)>,
 }
 
 impl Lua {
     const fn new(code: &'static str) -> Self {
-        let sha = OnceLock::new();
-        Self { code, sha }
+        Self {
+            code,
+            sha: OnceLock::new(),
+            sharded: OnceLock::new(),
+        }
     }
 
     pub(super) fn sha(&self) -> &str {
         let hash = || Script::new(self.code).get_hash().to_owned();
         self.sha.get_or_init(hash)
+    }
+
+    /// The variant's hash and code: sharded (`SPUBLISH`) or as written (`PUBLISH`).
+    pub(super) fn variant(&self, sharded: bool) -> (&str, &str) {
+        if !sharded {
+            return (self.sha(), self.code);
+        }
+        let (sha, code) = self.sharded.get_or_init(|| {
+            let code = self
+                .code
+                .replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'");
+            (Script::new(&code).get_hash().to_owned(), code)
+        });
+        (sha, code)
     }
 }
 
@@ -72,3 +97,29 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
 /// The error Redis answers an `EVALSHA` whose script it does not have (after `SCRIPT FLUSH`, a
 /// restart, or on a new cluster node): the call is sent again as `EVAL`.
 pub(super) const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sharded_variant_of_every_publishing_script_publishes_with_spublish_only() {
+        let publishing = [
+            &RELEASE,
+            &READ_RELEASE,
+            &WRITE_ACQUIRE,
+            &WITHDRAW_INTENT,
+            &PERMIT_RELEASE,
+            &IDEM_COMPLETE,
+        ];
+        for script in publishing {
+            let (sha, code) = script.variant(true);
+            assert!(code.contains("redis.call('SPUBLISH'"), "{code}");
+            assert!(!code.contains("redis.call('PUBLISH'"), "{code}");
+            assert_ne!(sha, script.sha());
+            assert_eq!(script.variant(false), (script.sha(), script.code));
+        }
+        // A script that publishes nothing is one script either way.
+        assert_eq!(ACQUIRE.variant(true).0, ACQUIRE.sha());
+    }
+}

@@ -14,5 +14,7 @@ mod options;
 mod responses;
 mod rw;
 mod semaphore;
+#[cfg(feature = "cluster")]
+mod sharded;
 mod wait;
 mod writer;

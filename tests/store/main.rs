@@ -11,4 +11,6 @@ mod conformance;
 mod definitions;
 mod extend_many;
 mod keys;
+#[cfg(feature = "cluster")]
+mod sharded;
 mod wait;

@@ -156,3 +156,69 @@ impl Drop for RedisCluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Moving a slot between masters, for tests that follow a name to its new owner.
+impl RedisCluster {
+    /// The slot `key` hashes to (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &[u8]) -> u16 {
+        let mut conn = self.nodes[0].client().get_connection().unwrap();
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap()
+    }
+
+    /// Node `i`'s cluster id (`CLUSTER MYID`).
+    pub fn node_id(&self, i: usize) -> String {
+        let mut conn = self.nodes[i].client().get_connection().unwrap();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
+    }
+
+    /// Moves `slot` from node `from` to node `to` with its keys, the way `redis-cli --cluster
+    /// reshard` does (`SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE`, then `SETSLOT NODE` on every
+    /// node), and waits until every node reports `cluster_state:ok`.
+    pub fn move_slot(&self, slot: u16, from: usize, to: usize) {
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let conn = |i: usize| self.nodes[i].client().get_connection().unwrap();
+        let (mut source, mut target) = (conn(from), conn(to));
+        let setslot = |conn: &mut redis::Connection, how: &str, id: &str| {
+            let () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(how)
+                .arg(id)
+                .query(conn)
+                .unwrap();
+        };
+        setslot(&mut target, "IMPORTING", &from_id);
+        setslot(&mut source, "MIGRATING", &to_id);
+        loop {
+            let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut source)
+                .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.nodes[to].port())
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut source)
+                .unwrap();
+        }
+        setslot(&mut target, "NODE", &to_id);
+        setslot(&mut source, "NODE", &to_id);
+        for i in (0..self.nodes.len()).filter(|&i| i != from && i != to) {
+            setslot(&mut conn(i), "NODE", &to_id);
+        }
+        self.wait_ok();
+    }
+}

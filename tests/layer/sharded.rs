@@ -1,0 +1,76 @@
+//! A write intent on a cluster with sharded notifications: a writer-preferred `PUT` refused in
+//! one process `SPUBLISH`es its intent on the name's shard channel, and the lingering share of
+//! another process, listening there with `SSUBSCRIBE`, ends its linger at once.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use http::StatusCode;
+use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
+
+use crate::support::Endpoint;
+use crate::support::cluster::RedisCluster;
+use crate::support::http::{Http, serve};
+
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5)).writer_preferred();
+/// Far longer than the writer's wait below: only the intent can end it in time.
+const LINGER: Duration = Duration::from_millis(1500);
+
+async fn replica(cluster: &RedisCluster, linger: Duration) -> std::net::SocketAddr {
+    let store: Store = RedisStore::connect_cluster(cluster.urls())
+        .await
+        .unwrap()
+        .into();
+    let layer = RwLockLayer::new(store, DOCS, extract::path_segment(1)).linger_reads(linger);
+    let app = Router::new()
+        .route(
+            "/docs/{id}",
+            get(|| async { "read" }).put(|| async { "written" }),
+        )
+        .route_layer(layer);
+    serve(app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_writers_intent_ends_a_share_lingering_in_another_process() {
+    let cluster = RedisCluster::start();
+    let (readers, writers) = (
+        replica(&cluster, LINGER).await,
+        replica(&cluster, Duration::ZERO).await,
+    );
+    let http = Http::new();
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        let path = format!("/docs/{name}");
+        assert_eq!(http.get(readers, &path).await.text(), "read");
+        // The lingering share listens for intents on the master that owns the name.
+        let mut channel = KeyLayout::default().key(KeyRole::Writer, "docs", name.as_bytes());
+        channel.truncate(channel.len() - b":w".len());
+        let owner = cluster.node_for(&channel);
+        let mut conn = owner.client().get_connection().unwrap();
+        let (_, subscribers): (Vec<u8>, i64) = redis::cmd("PUBSUB")
+            .arg("SHARDNUMSUB")
+            .arg(&channel)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(subscribers, 1, "{name}: the share's shard subscription");
+
+        let started = Instant::now();
+        let refused = http.put(writers, &path).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{name}: {refused:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let written = http.put(writers, &path).await;
+        let took = started.elapsed();
+        assert_eq!(
+            written.text(),
+            "written",
+            "{name}: {written:?} after {took:?}"
+        );
+        println!(
+            "{name} (node {}): the writer in after {took:?}",
+            owner.port()
+        );
+        assert!(took < LINGER / 2, "{name}: in after {took:?}");
+    }
+}
