@@ -98,6 +98,11 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
     /// Needs Redis 7.0 on every master (`SPUBLISH` fails the scripts' releases on older ones);
     /// [`connect_cluster`](Self::connect_cluster) checks, and falls back to
     /// [`notifications`](Self::notifications) below it. Fails when `builder` does.
+    ///
+    /// Every store of the cluster should publish alike: a sharded subscriber does not hear a
+    /// plain `PUBLISH` (from a store made by [`new`](Self::new) alone, or one of an older
+    /// release during a rolling upgrade), nor a plain subscriber a `SPUBLISH`. Waiters that miss
+    /// a release still get in, at the holder's lease end or within a second.
     pub fn sharded_notifications(
         mut self,
         builder: redis::cluster::ClusterClientBuilder,

@@ -49,12 +49,20 @@ async fn a_refused_writers_intent_ends_a_share_lingering_in_another_process() {
         channel.truncate(channel.len() - b":w".len());
         let owner = cluster.node_for(&channel);
         let mut conn = owner.client().get_connection().unwrap();
-        let (_, subscribers): (Vec<u8>, i64) = redis::cmd("PUBSUB")
-            .arg("SHARDNUMSUB")
-            .arg(&channel)
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(subscribers, 1, "{name}: the share's shard subscription");
+        // The share subscribes once it holds its lease, beside the answer: give it a moment.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let (_, subscribers): (Vec<u8>, i64) = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(&channel)
+                .query(&mut conn)
+                .unwrap();
+            if subscribers == 1 || Instant::now() > deadline {
+                assert_eq!(subscribers, 1, "{name}: the share's shard subscription");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
 
         let started = Instant::now();
         let refused = http.put(writers, &path).await;
