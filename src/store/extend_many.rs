@@ -125,6 +125,13 @@ where
 const CROSS_SLOT: redis::ServerErrorKind = redis::ServerErrorKind::CrossSlot;
 
 /// Whether `C` is redis-rs's cluster connection, whose pipelines cannot span slots.
+#[cfg_attr(
+    not(feature = "cluster"),
+    allow(
+        clippy::extra_unused_type_parameters,
+        reason = "without the feature no type is a cluster connection"
+    )
+)]
 fn is_cluster<C: 'static>() -> bool {
     #[cfg(feature = "cluster")]
     {
