@@ -13,6 +13,8 @@
 //! - The resource: in the order the fenced register accepted writes, fences never go back.
 //! - Releases: a release the store acknowledged is inside a holding that overlaps no other
 //!   (the first check, with the holding stretched to the release).
+//! - Requests through the layer: a `200` comes from a handler that ran (its holding is in
+//!   the history), and a refused request (`409`, `423`, `429`) never reached its handler.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +57,12 @@ pub fn check(history: &[Value]) -> Verdict {
                     logs.entry(name.to_owned())
                         .or_default()
                         .push((fence, process));
+                }
+            }
+            // A request's handler: the request itself is counted as one operation below.
+            Some("hold") if v["request"].is_u64() => {
+                if let Some(hold) = Hold::from_json(v) {
+                    holds.entry(hold.name.clone()).or_default().push(hold);
                 }
             }
             Some("hold") => {
@@ -179,6 +187,7 @@ pub fn check(history: &[Value]) -> Verdict {
             }
         }
     }
+    requests(history, &mut verdict);
     for (name, log) in &logs {
         let mut highest = (0, 0);
         for &(fence, process) in log {
@@ -195,4 +204,34 @@ pub fn check(history: &[Value]) -> Verdict {
         }
     }
     verdict
+}
+
+/// Requests through the layer against what their handlers recorded.
+fn requests(history: &[Value], verdict: &mut Verdict) {
+    let handled: std::collections::BTreeSet<u64> = history
+        .iter()
+        .filter(|v| v["op"] == "hold")
+        .filter_map(|v| v["request"].as_u64())
+        .collect();
+    for v in history.iter().filter(|v| v["op"] == "http") {
+        let Some(request) = v["request"].as_u64() else {
+            continue;
+        };
+        let ran = handled.contains(&request);
+        let wrong = match v["outcome"].as_str() {
+            Some("ok") => !ran,
+            Some("fail") => ran,
+            _ => false,
+        };
+        if wrong {
+            verdict.violations.push(format!(
+                "request {request} ({} {}, sent at {} µs) answered {} though its handler {}",
+                v["method"],
+                v["name"],
+                v["invoked"],
+                v["status"],
+                if ran { "ran" } else { "never ran" },
+            ));
+        }
+    }
 }
