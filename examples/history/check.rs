@@ -235,3 +235,72 @@ fn requests(history: &[Value], verdict: &mut Verdict) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::check;
+
+    fn request(request: u64, outcome: &str, status: u16) -> Value {
+        json!({
+            "op": "http", "process": 1_000_000 + request, "request": request, "method": "PUT",
+            "name": "a", "status": status, "outcome": outcome, "invoked": 10, "completed": 1_000,
+        })
+    }
+
+    /// A holding of lock `a`; a request's handler's when `request` is given.
+    fn hold(process: u64, request: Option<u64>, acquired: u64, confirmed: u64) -> Value {
+        let mut hold = json!({
+            "op": "hold", "process": process, "kind": "lock", "name": "a", "fence": acquired,
+            "invoked": acquired - 5, "acquired": acquired, "confirmed": confirmed,
+            "release_invoked": 0, "released": null,
+        });
+        if let Some(request) = request {
+            hold["request"] = json!(request);
+        }
+        hold
+    }
+
+    #[test]
+    fn an_ok_whose_handler_never_ran_is_a_violation() {
+        let verdict = check(&[request(7, "ok", 200)]);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(verdict.violations[0].contains("never ran"));
+        let ran = check(&[request(7, "ok", 200), hold(1_000_007, Some(7), 100, 300)]);
+        assert!(ran.violations.is_empty(), "{:?}", ran.violations);
+    }
+
+    #[test]
+    fn a_refused_request_whose_handler_ran_is_a_violation() {
+        let verdict = check(&[request(7, "fail", 409), hold(1_000_007, Some(7), 100, 300)]);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        // An unknown outcome may have run its handler, or not.
+        let unknown = check(&[
+            request(7, "unknown", 503),
+            hold(1_000_007, Some(7), 100, 300),
+        ]);
+        assert!(unknown.violations.is_empty(), "{:?}", unknown.violations);
+    }
+
+    #[test]
+    fn a_request_holds_only_while_its_handler_saw_the_lease() {
+        // The request spans [10, 1000]; its handler saw the lease over [100, 150] only, before
+        // the next holder's answer at 200.
+        let apart = [
+            request(7, "unknown", 503),
+            hold(1_000_007, Some(7), 100, 150),
+            hold(0, None, 200, 400),
+        ];
+        let verdict = check(&apart);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+        let overlapping = [
+            request(7, "ok", 200),
+            hold(1_000_007, Some(7), 100, 300),
+            hold(0, None, 200, 400),
+        ];
+        let verdict = check(&overlapping);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(verdict.violations[0].starts_with("exclusion"));
+    }
+}

@@ -264,7 +264,7 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let mut faults = Vec::new();
     let end = now_us() + secs * 1_000_000;
     while now_us() + 1_500_000 < end {
-        faults.push(store.inject(&mut rng, &clients, ttl, &runtime));
+        faults.extend(store.inject(&mut rng, &clients, ttl, &runtime));
     }
     for (p, client) in clients.iter_mut().enumerate() {
         if p as u64 != SERVER {

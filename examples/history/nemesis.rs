@@ -59,14 +59,15 @@ impl LockStore {
         }
     }
 
-    /// Waits a little, injects one fault and answers its record.
+    /// Waits a little, injects one fault and answers its record; `None` when the sentinels
+    /// refused to fail over again so soon.
     pub fn inject(
         &mut self,
         rng: &mut StdRng,
         clients: &[Child],
         ttl: Duration,
         runtime: &tokio::runtime::Runtime,
-    ) -> Value {
+    ) -> Option<Value> {
         std::thread::sleep(Duration::from_millis(rng.random_range(300..900)));
         let at = now_us();
         let choice = rng.random_range(0..13);
@@ -79,7 +80,7 @@ impl LockStore {
             unsafe { libc::kill(pid, libc::SIGSTOP) };
             std::thread::sleep(pause);
             unsafe { libc::kill(pid, libc::SIGCONT) };
-            return fault("pause", at, now_us(), false);
+            return Some(fault("pause", at, now_us(), false));
         }
         // Every cached script forgotten.
         if choice == 12 {
@@ -91,10 +92,12 @@ impl LockStore {
                 .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
                 .stdout(Stdio::null())
                 .status();
-            return fault("script_flush", at, now_us(), false);
+            return Some(fault("script_flush", at, now_us(), false));
         }
         match self {
-            LockStore::Single { server, aof, proxy } => single(choice, rng, server, aof, proxy, at),
+            LockStore::Single { server, aof, proxy } => {
+                Some(single(choice, rng, server, aof, proxy, at))
+            }
             LockStore::Replicated(topology) => failover(choice, topology, runtime, at),
         }
     }
@@ -155,7 +158,7 @@ fn failover(
     topology: &mut Topology,
     runtime: &tokio::runtime::Runtime,
     at: u64,
-) -> Value {
+) -> Option<Value> {
     let kind = if choice <= 8 {
         runtime.block_on(topology.kill_primary_and_fail_over());
         std::mem::swap(&mut topology.primary, &mut topology.replica);
@@ -178,14 +181,14 @@ fn failover(
         });
         if refused {
             // The sentinels are still busy with the last one: no fault.
-            return fault("failover_refused", at, now_us(), false);
+            return None;
         }
         runtime.block_on(until_promoted(topology));
         std::mem::swap(&mut topology.primary, &mut topology.replica);
         "sentinel_failover"
     };
     runtime.block_on(topology.until_synced());
-    fault(kind, at, now_us(), false)
+    Some(fault(kind, at, now_us(), false))
 }
 
 /// Waits until the replica answers as the primary and every sentinel names it, up for all.
