@@ -185,6 +185,19 @@ fn failover(
         }
         runtime.block_on(until_promoted(topology));
         std::mem::swap(&mut topology.primary, &mut topology.replica);
+        // The sentinels turn the old primary into a replica only once they notice it still
+        // answers as one, which can take longer than the next fault: do it for them. Until then
+        // it takes writes that no replica acknowledges, which `WAIT` refuses.
+        let _ = Command::new("redis-cli")
+            .args([
+                "-p",
+                &topology.replica.port().to_string(),
+                "REPLICAOF",
+                "127.0.0.1",
+            ])
+            .arg(topology.primary.port().to_string())
+            .stdout(Stdio::null())
+            .status();
         "sentinel_failover"
     };
     runtime.block_on(topology.until_synced());
