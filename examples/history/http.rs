@@ -242,7 +242,9 @@ impl Driver {
                         "method": method.as_str(), "name": name, "status": status,
                         "outcome": outcome, "invoked": invoked, "completed": now_us(),
                     }));
-                    if status.is_none() {
+                    // A store that is down answers every request at once: wait a little, as
+                    // the library's clients do after an error, instead of spinning.
+                    if outcome == "unknown" {
                         tokio::time::sleep(scaled(ttl, 20)).await;
                     }
                 }

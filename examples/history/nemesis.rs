@@ -25,15 +25,21 @@ pub enum LockStore {
     },
     /// A primary and a replica under three sentinels; the clients find the primary through
     /// them and count a lease once the replica has it.
-    Replicated(Box<Topology>),
+    Replicated {
+        topology: Box<Topology>,
+        /// When the last failover ended.
+        last_failover: Option<Instant>,
+    },
 }
 
 impl LockStore {
     pub fn start(replicated: bool, dir: &Path, runtime: &tokio::runtime::Runtime) -> Self {
         if replicated {
-            return LockStore::Replicated(Box::new(
-                runtime.block_on(Topology::with_sentinels(Link::Direct)),
-            ));
+            let topology = runtime.block_on(Topology::with_sentinels(Link::Direct));
+            return LockStore::Replicated {
+                topology: Box::new(topology),
+                last_failover: None,
+            };
         }
         let aof = dir.join("aof");
         std::fs::create_dir_all(&aof).expect("a directory for the append-only file");
@@ -55,7 +61,7 @@ impl LockStore {
     pub fn locks(&self) -> Locks {
         match self {
             LockStore::Single { proxy, .. } => Locks::Url(format!("redis://{}/", proxy.addr())),
-            LockStore::Replicated(topology) => Locks::Sentinel(topology.sentinel_urls()),
+            LockStore::Replicated { topology, .. } => Locks::Sentinel(topology.sentinel_urls()),
         }
     }
 
@@ -86,7 +92,7 @@ impl LockStore {
         if choice == 12 {
             let port = match self {
                 LockStore::Single { server, .. } => server.port(),
-                LockStore::Replicated(topology) => topology.primary.port(),
+                LockStore::Replicated { topology, .. } => topology.primary.port(),
             };
             let _ = Command::new("redis-cli")
                 .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
@@ -98,7 +104,10 @@ impl LockStore {
             LockStore::Single { server, aof, proxy } => {
                 Some(single(choice, rng, server, aof, proxy, at))
             }
-            LockStore::Replicated(topology) => failover(choice, topology, runtime, at),
+            LockStore::Replicated {
+                topology,
+                last_failover,
+            } => failover(choice, topology, last_failover, runtime, at),
         }
     }
 }
@@ -150,17 +159,25 @@ fn single(
 
 /// A failover: the primary killed (`SIGKILL`) and, once the sentinels promoted the replica,
 /// restarted empty as the new primary's replica; or one the sentinels run on request
-/// (`SENTINEL FAILOVER`). Either way the next fault waits until the new replica has synced:
-/// a failover to a replica that has not would lose the leases it acknowledged before it died,
-/// which `WAIT` does not cover.
+/// (`SENTINEL FAILOVER`). Each starts and ends with the sentinels settled (below), and none
+/// starts within 8 s of the last one's end, twice the sentinels' `failover-timeout`: a
+/// failover to a replica that has not synced would lose the leases it acknowledged before it
+/// died, which `WAIT` does not cover, and sentinels still busy with the last failover may
+/// undo the next one.
 fn failover(
     choice: u32,
     topology: &mut Topology,
+    last: &mut Option<Instant>,
     runtime: &tokio::runtime::Runtime,
     at: u64,
 ) -> Option<Value> {
+    if last.is_some_and(|last| last.elapsed() < Duration::from_secs(8)) {
+        return None;
+    }
+    runtime.block_on(settle(topology));
     let kind = if choice <= 8 {
-        runtime.block_on(topology.kill_primary_and_fail_over());
+        topology.primary.stop();
+        runtime.block_on(until_promoted(topology));
         std::mem::swap(&mut topology.primary, &mut topology.replica);
         let primary = topology.primary.port().to_string();
         topology.replica.restart_with(&[
@@ -180,28 +197,105 @@ fn failover(
             !String::from_utf8_lossy(&out.stdout).contains("OK")
         });
         if refused {
-            // The sentinels are still busy with the last one: no fault.
             return None;
         }
         runtime.block_on(until_promoted(topology));
         std::mem::swap(&mut topology.primary, &mut topology.replica);
-        // The sentinels turn the old primary into a replica only once they notice it still
-        // answers as one, which can take longer than the next fault: do it for them. Until then
-        // it takes writes that no replica acknowledges, which `WAIT` refuses.
-        let _ = Command::new("redis-cli")
-            .args([
-                "-p",
-                &topology.replica.port().to_string(),
-                "REPLICAOF",
-                "127.0.0.1",
-            ])
-            .arg(topology.primary.port().to_string())
-            .stdout(Stdio::null())
-            .status();
         "sentinel_failover"
     };
-    runtime.block_on(topology.until_synced());
+    runtime.block_on(settle(topology));
+    *last = Some(Instant::now());
     Some(fault(kind, at, now_us(), false))
+}
+
+/// Waits (at most 30 s) until every sentinel names one primary, flagged neither down nor in a
+/// failover, that answers as the primary, with the other server its replica, link up; then
+/// names them so in `topology`. The sentinels turn an old primary into a replica only once
+/// they notice it still answers as one: that is done for them here, as they would.
+async fn settle(topology: &mut Topology) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = settled(topology).await;
+        if let Ok(primary) = state {
+            if primary == topology.replica.port() {
+                std::mem::swap(&mut topology.primary, &mut topology.replica);
+            }
+            return;
+        }
+        if let Err(Some(primary)) = state {
+            let other = if primary == topology.primary.port() {
+                &topology.replica
+            } else {
+                &topology.primary
+            };
+            if let Ok(mut conn) = other.client().get_multiplexed_async_connection().await {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                if info.contains("role:master") {
+                    let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
+                        .arg("127.0.0.1")
+                        .arg(primary)
+                        .query_async(&mut conn)
+                        .await;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sentinels did not settle within 30 s: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The settled primary's port; else the primary the sentinels agree on, if they do.
+async fn settled(topology: &Topology) -> Result<u16, Option<u16>> {
+    let mut named = None;
+    for url in topology.sentinel_urls() {
+        let client = redis::Client::open(url).expect("a sentinel URL");
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            return Err(None);
+        };
+        let master: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(MASTER)
+            .query_async(&mut conn)
+            .await
+            .map_err(|_| None)?;
+        let port: Option<u16> = master.get("port").and_then(|p| p.parse().ok());
+        if port.is_none() || named.is_some_and(|named| Some(named) != port) {
+            return Err(None);
+        }
+        named = port;
+        let flags = master.get("flags").map_or("", String::as_str);
+        if flags.contains("down") || flags.contains("failover") {
+            return Err(named);
+        }
+    }
+    let primary = named.ok_or(None)?;
+    let other = if primary == topology.primary.port() {
+        &topology.replica
+    } else {
+        &topology.primary
+    };
+    let info: String = match other.client().get_multiplexed_async_connection().await {
+        Ok(mut conn) => redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let synced =
+        info.contains("master_link_status:up") && info.contains(&format!("master_port:{primary}"));
+    if synced {
+        Ok(primary)
+    } else {
+        Err(Some(primary))
+    }
 }
 
 /// Waits until the replica answers as the primary and every sentinel names it, up for all.
