@@ -7,7 +7,8 @@
 //! register at each step. The driver records each request with what came back: `200` ok,
 //! `409`/`423`/`429` fail (the layer refused it), `503`, a timeout or a connection error
 //! unknown. The checker claims for a request only the handler's own holding: the layer took the
-//! lease between the request's sending and the handler's first poll, and a `503` for a lost
+//! lease between the request's sending and the handler's first poll (a read that shares a
+//! lease may join one taken before), and a `503` for a lost
 //! lease may come after the lease ended, so neither the driver's times nor its outcome bound
 //! the holding; the fenced register protects the write either way.
 

@@ -65,8 +65,8 @@ impl LockStore {
         }
     }
 
-    /// Waits a little, injects one fault and answers its record; `None` when the sentinels
-    /// refused to fail over again so soon.
+    /// Waits a little, injects one fault and answers its record; `None` for a failover that
+    /// came too soon after the last one, or that the sentinels refused.
     pub fn inject(
         &mut self,
         rng: &mut StdRng,
@@ -150,6 +150,17 @@ fn single(
             } else {
                 proxy.set(chosen);
                 std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
+                if !matches!(chosen, Fault::Delay(_)) {
+                    // The proxy discards what it blackholes or drops, inside a connection that
+                    // stays open, which TCP never does: a client's later commands would get the
+                    // replies of earlier ones (a history once had a layer take a lease on the
+                    // reply to another name's acquisition). A real network loses bytes only
+                    // with the connection, so the connections that lost some are cut, and any
+                    // opened meanwhile refused, before traffic passes again.
+                    proxy.sever();
+                    proxy.set(Fault::Reset);
+                    proxy.sever();
+                }
                 proxy.set(Fault::Pass);
             }
             fault(kind, at, now_us(), false)
