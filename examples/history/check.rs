@@ -13,6 +13,8 @@
 //! - The resource: in the order the fenced register accepted writes, fences never go back.
 //! - Releases: a release the store acknowledged is inside a holding that overlaps no other
 //!   (the first check, with the holding stretched to the release).
+//! - Requests through the layer: a `200` comes from a handler that ran (its holding is in
+//!   the history), and a refused request (`409`, `423`, `429`) never reached its handler.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +57,12 @@ pub fn check(history: &[Value]) -> Verdict {
                     logs.entry(name.to_owned())
                         .or_default()
                         .push((fence, process));
+                }
+            }
+            // A request's handler: the request itself is counted as one operation below.
+            Some("hold") if v["request"].is_u64() => {
+                if let Some(hold) = Hold::from_json(v) {
+                    holds.entry(hold.name.clone()).or_default().push(hold);
                 }
             }
             Some("hold") => {
@@ -179,6 +187,7 @@ pub fn check(history: &[Value]) -> Verdict {
             }
         }
     }
+    requests(history, &mut verdict);
     for (name, log) in &logs {
         let mut highest = (0, 0);
         for &(fence, process) in log {
@@ -195,4 +204,103 @@ pub fn check(history: &[Value]) -> Verdict {
         }
     }
     verdict
+}
+
+/// Requests through the layer against what their handlers recorded.
+fn requests(history: &[Value], verdict: &mut Verdict) {
+    let handled: std::collections::BTreeSet<u64> = history
+        .iter()
+        .filter(|v| v["op"] == "hold")
+        .filter_map(|v| v["request"].as_u64())
+        .collect();
+    for v in history.iter().filter(|v| v["op"] == "http") {
+        let Some(request) = v["request"].as_u64() else {
+            continue;
+        };
+        let ran = handled.contains(&request);
+        let wrong = match v["outcome"].as_str() {
+            Some("ok") => !ran,
+            Some("fail") => ran,
+            _ => false,
+        };
+        if wrong {
+            verdict.violations.push(format!(
+                "request {request} ({} {}, sent at {} µs) answered {} though its handler {}",
+                v["method"],
+                v["name"],
+                v["invoked"],
+                v["status"],
+                if ran { "ran" } else { "never ran" },
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::check;
+
+    fn request(request: u64, outcome: &str, status: u16) -> Value {
+        json!({
+            "op": "http", "process": 1_000_000 + request, "request": request, "method": "PUT",
+            "name": "a", "status": status, "outcome": outcome, "invoked": 10, "completed": 1_000,
+        })
+    }
+
+    /// A holding of lock `a`; a request's handler's when `request` is given.
+    fn hold(process: u64, request: Option<u64>, acquired: u64, confirmed: u64) -> Value {
+        let mut hold = json!({
+            "op": "hold", "process": process, "kind": "lock", "name": "a", "fence": acquired,
+            "invoked": acquired - 5, "acquired": acquired, "confirmed": confirmed,
+            "release_invoked": 0, "released": null,
+        });
+        if let Some(request) = request {
+            hold["request"] = json!(request);
+        }
+        hold
+    }
+
+    #[test]
+    fn an_ok_whose_handler_never_ran_is_a_violation() {
+        let verdict = check(&[request(7, "ok", 200)]);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(verdict.violations[0].contains("never ran"));
+        let ran = check(&[request(7, "ok", 200), hold(1_000_007, Some(7), 100, 300)]);
+        assert!(ran.violations.is_empty(), "{:?}", ran.violations);
+    }
+
+    #[test]
+    fn a_refused_request_whose_handler_ran_is_a_violation() {
+        let verdict = check(&[request(7, "fail", 409), hold(1_000_007, Some(7), 100, 300)]);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        // An unknown outcome may have run its handler, or not.
+        let unknown = check(&[
+            request(7, "unknown", 503),
+            hold(1_000_007, Some(7), 100, 300),
+        ]);
+        assert!(unknown.violations.is_empty(), "{:?}", unknown.violations);
+    }
+
+    #[test]
+    fn a_request_holds_only_while_its_handler_saw_the_lease() {
+        // The request spans [10, 1000]; its handler saw the lease over [100, 150] only, before
+        // the next holder's answer at 200.
+        let apart = [
+            request(7, "unknown", 503),
+            hold(1_000_007, Some(7), 100, 150),
+            hold(0, None, 200, 400),
+        ];
+        let verdict = check(&apart);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+        let overlapping = [
+            request(7, "ok", 200),
+            hold(1_000_007, Some(7), 100, 300),
+            hold(0, None, 200, 400),
+        ];
+        let verdict = check(&overlapping);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(verdict.violations[0].starts_with("exclusion"));
+    }
 }

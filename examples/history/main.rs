@@ -1,24 +1,31 @@
 //! A history checker with a nemesis, as Jepsen checks a lock: client processes take leases
 //! through the public API (a fenced `Lock`, a fenced `RwLock`'s reads and writes, a `Semaphore`'s
-//! permits, each kept with `keep_alive`) and the exclusive holders write to a fenced register in
-//! a second Redis, while
-//! faults are injected all along; every operation is recorded with its invoke and complete
-//! times on one monotonic clock, and a checker decides afterwards whether the history is
-//! possible under the lock's promises (see `check.rs`).
+//! permits, each kept with `keep_alive`, and the same locks through `LockLayer` and
+//! `RwLockLayer` over HTTP) and the exclusive holders write to a fenced register in a second
+//! Redis, while faults are injected all along; every operation is recorded with its invoke and
+//! complete times on one monotonic clock, and a checker decides afterwards whether the history
+//! is possible under the lock's promises (see `check.rs`).
 //!
 //! ```text
-//! cargo run --example history -- run [--quick] [--control] [--seed N]
+//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--seed N]
 //! cargo run --example history -- check <history.jsonl>
 //! ```
 //!
 //! Faults: `SIGSTOP`/`SIGCONT` of a client for longer than its lease, `SIGKILL` and restart of
 //! the lock store's redis-server with persistence (every write fsynced) and without it (its
 //! data gone), `SCRIPT FLUSH`, and on the clients' way to the store (a proxy) delays, a
-//! blackhole, replies dropped (the store acts, the client never learns) and cut connections. `--control` runs clients that are broken on purpose (no
-//! heartbeat, no deadline check, unconditional writes): the checker must find violations there.
-//! Each history is written to a JSON-lines file, whose path is printed; the last line printed is
-//! `N histories, M operations, K violations`, and the exit status is non-zero when K > 0
-//! (or, under `--control`, when K = 0).
+//! blackhole, replies dropped (the store acts, the client never learns) and cut connections.
+//! One history in every run keeps its leases on a primary and a replica under three sentinels
+//! instead, the clients following the primary through them with `wait_for_replicas(1, ..)`,
+//! and fails over (`SIGKILL` of the primary, restarted as the new one's replica, or
+//! `SENTINEL FAILOVER`); `--sentinel` runs only such histories.
+//!
+//! `--control` runs two histories broken on purpose, in which the checker must find violations:
+//! one of broken clients (no heartbeat, no deadline check, unconditional writes), one of
+//! correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
+//! comparing the secret). Each history is written to a JSON-lines file, whose path is printed;
+//! the last line printed is `N histories, M operations, K violations`, and the exit status is
+//! non-zero when K > 0 (or, under `--control`, when a history has none).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufWriter, Write};
@@ -26,23 +33,51 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
+mod broken;
 mod check;
+mod connect;
+mod http;
+mod nemesis;
 #[allow(dead_code, reason = "shared with the tests, which use more of it")]
 #[path = "../../tests/support/proxy.rs"]
 mod proxy;
 mod record;
 #[allow(dead_code, reason = "shared with the tests, which use more of it")]
+#[path = "../../tests/support/sentinel.rs"]
+mod sentinel;
+#[allow(dead_code, reason = "shared with the tests, which use more of it")]
 #[path = "../../tests/support/server.rs"]
 mod server;
 mod worker;
 
-use crate::proxy::{Fault, Proxy};
-use crate::record::{fault, now_us};
-use crate::server::RedisServer;
+use crate::connect::Locks;
+use crate::nemesis::LockStore;
+use crate::record::now_us;
 
+/// The library's clients; the HTTP server and its driver come after them.
 const WORKERS: u64 = 8;
+const SERVER: u64 = WORKERS;
+const DRIVER: u64 = WORKERS + 1;
+
+/// Leases of the histories on one Redis, and of those that fail over: long enough to outlast
+/// most failovers (1–3 s here) on their heartbeat's retries.
+const TTL: Duration = Duration::from_millis(300);
+const REPLICATED_TTL: Duration = Duration::from_millis(3_000);
+
+/// What one history runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Correct clients on one Redis behind the fault proxy.
+    Single,
+    /// Correct clients on a primary and a replica under sentinels.
+    Replicated,
+    /// Broken clients on one Redis.
+    BrokenClient,
+    /// Correct clients over the broken lock.
+    BrokenLock,
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -53,25 +88,58 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    match args.first().map(String::as_str) {
-        Some("worker") => {
-            let worker = worker::Worker {
-                process: value("--process").and_then(|v| v.parse().ok()).unwrap_or(0),
-                locks_url: value("--locks").expect("--locks URL"),
-                register_url: value("--register").expect("--register URL"),
-                secs: value("--secs").and_then(|v| v.parse().ok()).unwrap_or(10),
-                control: flag("--control"),
-                seed: value("--seed").and_then(|v| v.parse().ok()).unwrap_or(0),
-            };
-            let out = value("--out").expect("--out FILE");
-            let mut out = BufWriter::new(std::fs::File::create(out).expect("history file"));
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(worker.run(&mut out));
-            out.flush().expect("history file");
+    let number = |f: &str| value(f).and_then(|v| v.parse::<u64>().ok());
+    let command = args.first().map(String::as_str);
+    if let Some(role @ ("worker" | "serve" | "drive")) = command {
+        let locks = || Locks::from_args(value("--locks"), value("--sentinels"));
+        let register_url = || value("--register").expect("--register URL");
+        let secs = number("--secs").unwrap_or(10);
+        let ttl = Duration::from_millis(number("--ttl-ms").unwrap_or(300));
+        let out = value("--out").expect("--out FILE");
+        let mut out = BufWriter::new(std::fs::File::create(out).expect("history file"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        match role {
+            "worker" => runtime.block_on(
+                worker::Worker {
+                    process: number("--process").unwrap_or(0),
+                    locks: locks(),
+                    register_url: register_url(),
+                    secs,
+                    control: flag("--control"),
+                    broken_lock: flag("--broken-lock"),
+                    seed: number("--seed").unwrap_or(0),
+                    ttl,
+                }
+                .run(&mut out),
+            ),
+            "serve" => runtime.block_on(
+                http::Server {
+                    locks: locks(),
+                    register_url: register_url(),
+                    port: number("--port").expect("--port") as u16,
+                    secs,
+                    broken_lock: flag("--broken-lock"),
+                    ttl,
+                }
+                .run(&mut out),
+            ),
+            _ => runtime.block_on(
+                http::Driver {
+                    port: number("--port").expect("--port") as u16,
+                    secs,
+                    seed: number("--seed").unwrap_or(0),
+                    ttl,
+                }
+                .run(&mut out),
+            ),
         }
+        out.flush().expect("history file");
+        return;
+    }
+    match command {
         // Checks a history file again, as written by a run.
         Some("check") => {
             let path = args.get(1).expect("history check FILE");
@@ -92,83 +160,100 @@ fn main() {
             std::process::exit(i32::from(!verdict.violations.is_empty()));
         }
         Some("run") => {
-            let quick = flag("--quick");
             let control = flag("--control");
-            let seed = value("--seed")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(now_us);
-            let (histories, secs) = match (quick, control) {
-                (_, true) => (1, 15),
-                (true, false) => (3, 40),
-                (false, false) => (4, 300),
+            let seed = number("--seed").unwrap_or_else(now_us);
+            let (modes, secs) = if control {
+                (vec![Mode::BrokenClient, Mode::BrokenLock], 15)
+            } else if flag("--sentinel") {
+                let n = if flag("--quick") { 1 } else { 2 };
+                (
+                    vec![Mode::Replicated; n],
+                    if flag("--quick") { 60 } else { 300 },
+                )
+            } else if flag("--quick") {
+                (vec![Mode::Single, Mode::Single, Mode::Replicated], 50)
+            } else {
+                (
+                    vec![Mode::Single, Mode::Single, Mode::Replicated, Mode::Single],
+                    300,
+                )
             };
+            // A shorter (or longer) history than the mode's, to look at one.
+            let secs = number("--secs").unwrap_or(secs);
             let mut operations = 0;
             let mut violations = 0;
-            for h in 0..histories {
-                let verdict = run_one(seed + h, secs, control);
+            let mut clean = 0;
+            for (h, &mode) in modes.iter().enumerate() {
+                let verdict = run_one(seed + h as u64, secs, mode);
                 operations += verdict.operations;
                 violations += verdict.violations.len();
+                clean += usize::from(verdict.violations.is_empty());
                 for violation in verdict.violations.iter().take(5) {
                     println!("  violation: {violation}");
                 }
             }
+            let histories = modes.len();
             println!("{histories} histories, {operations} operations, {violations} violations");
-            let failed = if control {
-                violations == 0
-            } else {
-                violations > 0
-            };
+            // Under `--control` every broken history must be caught.
+            let failed = if control { clean > 0 } else { violations > 0 };
             std::process::exit(i32::from(failed));
         }
         _ => {
-            eprintln!("usage: history run [--quick] [--control] [--seed N] | history check FILE");
+            eprintln!(
+                "usage: history run [--quick] [--control] [--sentinel] [--seed N] | history check FILE"
+            );
             std::process::exit(2);
         }
     }
 }
 
 /// One history: the servers, the clients and the nemesis for `secs`, then the check.
-fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
+fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
+    let started = std::time::Instant::now();
     let dir =
         std::env::temp_dir().join(format!("tower-lease-history-{}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a directory for the history");
-    let aof = dir.join("aof");
-    std::fs::create_dir_all(&aof).expect("a directory for the append-only file");
-    let aof_dir = aof.to_string_lossy().into_owned();
-    let mut locks = RedisServer::start_with(&[
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--dir",
-        &aof_dir,
-    ]);
-    let register = RedisServer::start();
-    // The clients reach the lock store through a proxy that can delay, blackhole or cut.
+    // The proxy and the sentinels' waits run here.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("a runtime for the proxy");
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], locks.port()));
-    let proxy = runtime.block_on(Proxy::start(upstream));
-    let locks_url = format!("redis://{}/", proxy.addr());
+    let replicated = mode == Mode::Replicated;
+    let ttl = if replicated { REPLICATED_TTL } else { TTL };
+    let mut store = LockStore::start(replicated, &dir, &runtime);
+    let register = server::RedisServer::start();
     let register_url = format!("redis://127.0.0.1:{}/", register.port());
+    let locks = store.locks();
+    let port = server::free_port().to_string();
     let exe = std::env::current_exe().expect("this program");
-    let mut clients: Vec<Child> = (0..WORKERS)
+    let mut clients: Vec<Child> = (0..=DRIVER)
         .map(|p| {
             let mut command = Command::new(&exe);
+            let role = match p {
+                SERVER => "serve",
+                DRIVER => "drive",
+                _ => "worker",
+            };
             command
-                .arg("worker")
+                .arg(role)
                 .args(["--process", &p.to_string()])
-                .args(["--locks", &locks_url, "--register", &register_url])
+                .args(locks.to_args())
+                .args(["--register", &register_url, "--port", &port])
                 .args(["--secs", &secs.to_string()])
+                .args(["--ttl-ms", &ttl.as_millis().to_string()])
                 .args(["--seed", &(seed * 100 + p).to_string()])
                 .args(["--out", &dir.join(format!("{p}.jsonl")).to_string_lossy()])
                 .stdin(Stdio::null());
-            if control {
-                command.arg("--control");
+            match mode {
+                Mode::BrokenClient => {
+                    command.arg("--control");
+                }
+                Mode::BrokenLock => {
+                    command.arg("--broken-lock");
+                }
+                _ => {}
             }
             server::die_with_parent(&mut command);
             command.spawn().expect("a client process")
@@ -179,69 +264,21 @@ fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
     let mut faults = Vec::new();
     let end = now_us() + secs * 1_000_000;
     while now_us() + 1_500_000 < end {
-        std::thread::sleep(Duration::from_millis(rng.random_range(300..900)));
-        let at = now_us();
-        match rng.random_range(0..13) {
-            // A client frozen for longer than its lease.
-            0..=3 => {
-                let client = &clients[rng.random_range(0..clients.len())];
-                let pid = client.id() as libc::pid_t;
-                let pause = rng.random_range(400..900);
-                // SAFETY: signals to our own child processes.
-                unsafe { libc::kill(pid, libc::SIGSTOP) };
-                std::thread::sleep(Duration::from_millis(pause));
-                unsafe { libc::kill(pid, libc::SIGCONT) };
-                faults.push(fault("pause", at, now_us(), false));
-            }
-            // The store killed and restarted, with its data.
-            4 | 5 => {
-                locks.restart();
-                faults.push(fault("restart", at, now_us(), false));
-            }
-            // The store killed and restarted without its data.
-            6 => {
-                locks.stop();
-                let _ = std::fs::remove_dir_all(&aof);
-                std::fs::create_dir_all(&aof).expect("a directory for the append-only file");
-                locks.restart();
-                faults.push(fault("restart_empty", at, now_us(), true));
-            }
-            // The network between the clients and the store: slow, silent, one-way, or cut.
-            8..=11 => {
-                let (kind, chosen) = match rng.random_range(0..4) {
-                    0 => (
-                        "delay",
-                        Fault::Delay(Duration::from_millis(rng.random_range(20..200))),
-                    ),
-                    1 => ("blackhole", Fault::Blackhole),
-                    2 => ("drop_replies", Fault::DropReplies),
-                    _ => ("sever", Fault::Pass),
-                };
-                if chosen == Fault::Pass {
-                    proxy.sever();
-                } else {
-                    proxy.set(chosen);
-                    std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
-                    proxy.set(Fault::Pass);
-                }
-                faults.push(fault(kind, at, now_us(), false));
-            }
-            // Every cached script forgotten.
-            _ => {
-                let _ = Command::new("redis-cli")
-                    .args(["-p", &locks.port().to_string(), "SCRIPT", "FLUSH"])
-                    .stdout(Stdio::null())
-                    .status();
-                faults.push(fault("script_flush", at, now_us(), false));
-            }
+        faults.extend(store.inject(&mut rng, &clients, ttl, &runtime));
+    }
+    for (p, client) in clients.iter_mut().enumerate() {
+        if p as u64 != SERVER {
+            let _ = client.wait();
         }
     }
-    for client in &mut clients {
-        let _ = client.wait();
-    }
+    // The driver is done: the server writes what its handlers recorded and ends.
+    let server = &mut clients[SERVER as usize];
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
+    let _ = server.wait();
 
     let mut history = faults;
-    for p in 0..WORKERS {
+    for p in 0..=DRIVER {
         let file = std::fs::File::open(dir.join(format!("{p}.jsonl"))).expect("a client's history");
         for line in std::io::BufReader::new(file).lines() {
             let line = line.expect("a history line");
@@ -260,10 +297,17 @@ fn run_one(seed: u64, secs: u64, control: bool) -> check::Verdict {
     let path = dir.join("history.jsonl");
     write_history(&path, &history);
     let verdict = check::check(&history);
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in &history {
+        if v["op"] == "fault" {
+            *kinds.entry(v["kind"].as_str().unwrap_or("?")).or_default() += 1;
+        }
+    }
     println!(
-        "history {seed}{}: {} operations, {} faults, {} violations, {} stale writes refused by \
-         the register, {} overlaps after the store lost its data (excused); {}",
-        if control { " (control)" } else { "" },
+        "history {seed} ({mode:?}, {} s): {} operations, {} faults {kinds:?}, {} violations, {} \
+         stale writes refused by the register, {} overlaps after the store lost its data \
+         (excused); {}",
+        started.elapsed().as_secs(),
         verdict.operations,
         verdict.faults,
         verdict.violations.len(),

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tower_lease::{Held, Lock, LockToken, Permit, RedisStore, RwLock, Semaphore, Store};
+use tower_lease::{Held, Lock, LockToken, Permit, RwLock, Semaphore};
 
+use crate::connect::{Locks, connect, scaled};
 use crate::record::{Hold, acquire, now_us, op};
 
-pub const TTL: Duration = Duration::from_millis(300);
 /// The names each kind of client takes.
 pub const LOCK_NAMES: [&str; 2] = ["a", "b"];
 pub const RW_NAME: &str = "doc";
@@ -24,11 +24,25 @@ pub const POOL_NAME: &str = "pool";
 /// How many permits the semaphore has.
 pub const PERMITS: u32 = 2;
 
-const LOCK: Lock<str> = Lock::new("history", TTL).fenced();
-const DOCS: RwLock<str> = RwLock::new("history-docs", TTL).fenced();
-const POOL: Semaphore<str> = Semaphore::new("history-pool", PERMITS, TTL);
-const WAIT: Duration = Duration::from_millis(200);
 const REGISTER: &str = include_str!("register.lua");
+
+/// The locks every client takes, the layer's included, with leases of `ttl`.
+pub fn lock(ttl: Duration) -> Lock<str> {
+    Lock::new("history", ttl).fenced()
+}
+
+pub fn docs(ttl: Duration) -> RwLock<str> {
+    RwLock::new("history-docs", ttl).fenced()
+}
+
+fn pool(ttl: Duration) -> Semaphore<str> {
+    Semaphore::new("history-pool", PERMITS, ttl)
+}
+
+/// How long an acquisition waits for a held lock.
+pub fn wait(ttl: Duration) -> Duration {
+    scaled(ttl, 200)
+}
 
 /// Which lease a client takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,11 +66,15 @@ impl Kind {
 
 pub struct Worker {
     pub process: u64,
-    pub locks_url: String,
+    pub locks: Locks,
     pub register_url: String,
     pub secs: u64,
+    /// The broken client: no heartbeat, no deadline check, unconditional writes.
     pub control: bool,
+    /// The broken lock: see `broken.rs`.
+    pub broken_lock: bool,
     pub seed: u64,
+    pub ttl: Duration,
 }
 
 /// A lease taken: an exclusive one with its fence, a reader's, or a permit.
@@ -69,16 +87,14 @@ enum Taken {
 
 impl Worker {
     pub async fn run(self, out: &mut impl Write) {
-        let store: Store = loop {
-            match RedisStore::connect(&self.locks_url).await {
-                Ok(store) => break store.timeout(Duration::from_millis(250)).into(),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
-        let client = redis::Client::open(self.register_url.as_str()).expect("register URL");
-        let register = redis::aio::ConnectionManager::new(client)
-            .await
-            .expect("the register's Redis");
+        let store = connect(&self.locks, self.ttl, self.broken_lock).await;
+        let register = register(&self.register_url).await;
+        let (lock, docs, pool, wait) = (
+            lock(self.ttl),
+            docs(self.ttl),
+            pool(self.ttl),
+            wait(self.ttl),
+        );
         let mut rng = StdRng::seed_from_u64(self.seed);
         let end = now_us() + self.secs * 1_000_000;
         let kind = Kind::of(self.process);
@@ -91,20 +107,20 @@ impl Worker {
             };
             let invoked = now_us();
             let taken = match op_name {
-                "lock" => LOCK.try_lock_for(&store, name, WAIT).await.map(|t| {
+                "lock" => lock.try_lock_for(&store, name, wait).await.map(|t| {
                     t.map(|t| {
                         let fence = t.fence().expect("fenced");
                         Taken::Exclusive(t, fence)
                     })
                 }),
-                "write" => DOCS.try_write_for(&store, name, WAIT).await.map(|t| {
+                "write" => docs.try_write_for(&store, name, wait).await.map(|t| {
                     t.map(|t| {
                         let fence = t.fence().expect("fenced");
                         Taken::Write(t, fence)
                     })
                 }),
-                "read" => (DOCS.try_read_for(&store, name, WAIT).await).map(|t| t.map(Taken::Read)),
-                _ => (POOL.try_acquire_for(&store, name, WAIT).await).map(|t| t.map(Taken::Permit)),
+                "read" => (docs.try_read_for(&store, name, wait).await).map(|t| t.map(Taken::Read)),
+                _ => (pool.try_acquire_for(&store, name, wait).await).map(|t| t.map(Taken::Permit)),
             };
             let acquired = now_us();
             let taken = match taken {
@@ -122,7 +138,7 @@ impl Worker {
                 Err(_) => {
                     let line = acquire(self.process, op_name, name, "unknown", invoked, acquired);
                     writeln!(out, "{line}").expect("history file");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(scaled(self.ttl, 20)).await;
                     continue;
                 }
             };
@@ -144,6 +160,7 @@ impl Worker {
                 rng: &mut rng,
                 out: &mut *out,
                 control: self.control,
+                ttl: self.ttl,
             };
             match taken {
                 Taken::Exclusive(token, fence) => {
@@ -194,6 +211,7 @@ struct Work<'a, W> {
     rng: &'a mut StdRng,
     out: &'a mut W,
     control: bool,
+    ttl: Duration,
 }
 
 impl<W: Write> Work<'_, W> {
@@ -227,7 +245,7 @@ impl<W: Write> Work<'_, W> {
                         now_us(),
                     ));
                 }
-                let pause = Duration::from_millis(self.rng.random_range(50..250));
+                let pause = scaled(self.ttl, self.rng.random_range(50..250));
                 tokio::time::sleep(pause).await;
             }
             hold.confirmed = now_us();
@@ -273,7 +291,7 @@ impl<W: Write> Work<'_, W> {
                 )),
                 Some(None) => {}
             }
-            let pause = Duration::from_millis(self.rng.random_range(20..200));
+            let pause = scaled(self.ttl, self.rng.random_range(20..200));
             tokio::time::sleep(pause).await;
         }
         let at = now_us();
@@ -289,9 +307,17 @@ impl<W: Write> Work<'_, W> {
     }
 }
 
+/// A connection to the fenced register.
+pub async fn register(url: &str) -> redis::aio::ConnectionManager {
+    let client = redis::Client::open(url).expect("register URL");
+    redis::aio::ConnectionManager::new(client)
+        .await
+        .expect("the register's Redis")
+}
+
 /// Writes `fence` to the register of `name`: only if no later fence was accepted, when
 /// `conditional`.
-async fn write(
+pub async fn write(
     register: &redis::aio::ConnectionManager,
     name: &str,
     fence: u64,
@@ -309,7 +335,7 @@ async fn write(
         .await
 }
 
-fn outcome(accepted: &redis::RedisResult<i64>) -> &'static str {
+pub fn outcome(accepted: &redis::RedisResult<i64>) -> &'static str {
     match accepted {
         Ok(1) => "accepted",
         Ok(_) => "stale",

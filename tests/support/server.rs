@@ -114,6 +114,14 @@ impl RedisServer {
         }
     }
 
+    /// Starts the server again on the same port like [`restart`](Self::restart), with
+    /// `extra_args` from now on instead of those it was started with (a primary brought back
+    /// as a replica: `--replicaof 127.0.0.1 <port>`).
+    pub fn restart_with(&mut self, extra_args: &[&str]) {
+        self.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        self.restart();
+    }
+
     /// The OS process id, for tests that signal the server.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
