@@ -91,6 +91,18 @@ pub fn check(history: &[Value]) -> Verdict {
                 .iter()
                 .any(|&(at, until)| at <= to && until >= from)
         };
+        // A read the layer served may have joined a share its server took before a loss of
+        // the store's data: it counts as held from the first served read of its fence (the
+        // same writer generation, so perhaps the same share), for excusing only.
+        let mut share_from: BTreeMap<u64, u64> = BTreeMap::new();
+        for h in holds.iter().filter(|h| h.served && h.kind == "read") {
+            let from = share_from.entry(h.fence).or_insert(h.acquired);
+            *from = (*from).min(h.acquired);
+        }
+        let from_of = |h: &Hold| match (h.served && h.kind == "read", share_from.get(&h.fence)) {
+            (true, Some(&from)) => from.min(h.acquired),
+            _ => h.acquired,
+        };
         for (i, &(a, (a_from, a_to))) in held.iter().enumerate() {
             for &(b, (b_from, b_to)) in &held[i + 1..] {
                 // Sorted by start: no later holding overlaps `a` once one starts after its end.
@@ -102,7 +114,7 @@ pub fn check(history: &[Value]) -> Verdict {
                 if shared(a) && shared(b) {
                     continue;
                 }
-                if excused(a_from, b_from) {
+                if excused(a_from.min(from_of(a)).min(from_of(b)), b_from) {
                     verdict.excused += 1;
                     continue;
                 }
@@ -167,7 +179,9 @@ pub fn check(history: &[Value]) -> Verdict {
                     ("read", "read") => true,
                     // A store that lost its data lost the last writer's fence with it (the
                     // next writer's is still larger: fences follow the store's clock).
-                    (_, "read") => b.fence >= a.fence || excused(a.acquired, b.acquired),
+                    (_, "read") => {
+                        b.fence >= a.fence || excused(a.acquired.min(from_of(b)), b.acquired)
+                    }
                     _ => b.fence > a.fence,
                 };
                 if !ordered {
@@ -301,6 +315,34 @@ mod tests {
         ];
         let verdict = check(&overlapping);
         assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(verdict.violations[0].starts_with("exclusion"));
+    }
+
+    #[test]
+    fn a_served_read_on_a_share_taken_before_a_data_loss_is_excused() {
+        let read = |request: u64, acquired: u64, confirmed: u64| {
+            let mut hold = hold(1_000_000 + request, Some(request), acquired, confirmed);
+            hold["kind"] = json!("read");
+            hold["fence"] = json!(5);
+            hold
+        };
+        let lost = json!({"op": "fault", "loses_data": true, "invoked": 100, "completed": 110});
+        // The server's share (fence 5) served a read at 50, before the store lost its data at
+        // 100; a writer then took the lock at 120, and a read on the old share ran at 200.
+        let history = [
+            lost.clone(),
+            request(1, "ok", 200),
+            read(1, 50, 60),
+            request(2, "ok", 200),
+            read(2, 200, 400),
+            hold(0, None, 120, 300),
+        ];
+        let verdict = check(&history);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+        assert_eq!(verdict.excused, 1);
+        // Without the loss, the same overlap is a violation, and so is the read's old fence.
+        let verdict = check(&history[1..]);
+        assert_eq!(verdict.violations.len(), 2, "{:?}", verdict.violations);
         assert!(verdict.violations[0].starts_with("exclusion"));
     }
 }

@@ -129,6 +129,7 @@ async fn handle(
             confirmed: 0,
             release_invoked: 0,
             released: None,
+            served: true,
         },
         writes: Vec::new(),
     };

@@ -34,6 +34,9 @@ pub struct Hold {
     /// found the lease gone (`Some(false)`) or failed (`None`).
     pub release_invoked: u64,
     pub released: Option<bool>,
+    /// Held by a request the layer served: a read may have joined a share the server took
+    /// before the request came.
+    pub served: bool,
 }
 
 impl Hold {
@@ -68,6 +71,7 @@ impl Hold {
             confirmed: v["confirmed"].as_u64()?,
             release_invoked: v["release_invoked"].as_u64()?,
             released: v["released"].as_bool(),
+            served: v["request"].is_u64(),
         })
     }
 }

@@ -152,6 +152,7 @@ impl Worker {
                 confirmed: 0,
                 release_invoked: 0,
                 released: None,
+                served: false,
             };
             let mut work = Work {
                 process: self.process,
