@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::connect::{Locks, scaled};
 use crate::proxy::{Fault, Proxy};
 use crate::record::{fault, now_us};
-use crate::sentinel::{Link, MASTER, Topology};
+use crate::sentinel::{Link, MASTER, Topology, is_primary, role};
 use crate::server::{Endpoint, RedisServer};
 
 /// Where one history's leases live.
@@ -344,18 +344,7 @@ async fn until_promoted(topology: &Topology, within: Duration) -> bool {
                         .is_some_and(|flags| !flags.contains("s_down") && !flags.contains("o_down"))
             });
         }
-        let role: Option<redis::Value> = match topology
-            .replica
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-        {
-            Ok(mut conn) => redis::cmd("ROLE").query_async(&mut conn).await.ok(),
-            Err(_) => None,
-        };
-        let promoted = matches!(&role, Some(redis::Value::Array(fields))
-            if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"master"));
-        if agreed && promoted {
+        if agreed && is_primary(&role(&topology.replica).await) {
             return true;
         }
         if Instant::now() > deadline {

@@ -182,19 +182,8 @@ impl Topology {
                 .query_async(&mut sentinel)
                 .await
                 .ok();
-            // A connection of its own each time: the promotion kills the replica's clients.
-            let role: Option<redis::Value> = match self
-                .replica
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-            {
-                Ok(mut replica) => redis::cmd("ROLE").query_async(&mut replica).await.ok(),
-                Err(_) => None,
-            };
-            let promoted = matches!(&role, Some(redis::Value::Array(fields))
-                if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"master"));
-            if promoted
+            let seen = role(&self.replica).await;
+            if is_primary(&seen)
                 && addr.as_ref().is_some_and(|(_, port)| *port == wanted)
                 && self.no_sentinel_marks_it_down().await
             {
@@ -202,7 +191,7 @@ impl Topology {
             }
             assert!(
                 killed.elapsed() < Duration::from_secs(20),
-                "no failover within 20 s: the sentinels name {addr:?}, the replica's role is {role:?}"
+                "no failover within 20 s: the sentinels name {addr:?}, the replica's role is {seen:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -334,4 +323,21 @@ impl Drop for Sentinel {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `server`'s answer to `ROLE`, on a connection of its own (a promotion kills a replica's
+/// clients); `None` when it does not answer.
+pub async fn role(server: &RedisServer) -> Option<redis::Value> {
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    redis::cmd("ROLE").query_async(&mut conn).await.ok()
+}
+
+/// Whether a `ROLE` answer is a primary's.
+pub fn is_primary(role: &Option<redis::Value>) -> bool {
+    matches!(role, Some(redis::Value::Array(fields))
+        if matches!(fields.first(), Some(redis::Value::BulkString(role)) if role == b"master"))
 }
