@@ -34,6 +34,19 @@ struct Run {
     reads: usize,
 }
 
+impl Run {
+    /// Asserts that the writer got in, within `bound`, in every round.
+    fn writer_got_in_within(&self, bound: Duration) {
+        for (round, took) in self.rounds.iter().enumerate() {
+            let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
+            assert!(
+                took < bound,
+                "round {round}: in after {took:?}, over {bound:?}"
+            );
+        }
+    }
+}
+
 async fn run(preferred: bool, ttl_ms: &str) -> Run {
     run_with(preferred, ttl_ms, 12, ROUNDS).await
 }
@@ -147,13 +160,7 @@ async fn a_preferred_writer_gets_in_within_a_read_and_a_beat_across_three_replic
     // The extension that finds the intent closes each replica's share (within a beat), the
     // reads inside end (within a read), the last release lets the next attempt in (10 ms).
     let bound = READ + BEAT + Duration::from_millis(300);
-    for (round, took) in run.rounds.iter().enumerate() {
-        let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
-        assert!(
-            took < bound,
-            "round {round}: in after {took:?}, over {bound:?}"
-        );
-    }
+    run.writer_got_in_within(bound);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,13 +183,7 @@ async fn a_preferred_writer_gets_in_within_a_read_whatever_the_ttl() {
     assert!(run.reads > 50, "the readers kept reading: {run:?}");
     // The reads inside end (within a read), the last release lets the next attempt in (10 ms).
     let bound = READ + Duration::from_millis(300);
-    for (round, took) in run.rounds.iter().enumerate() {
-        let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
-        assert!(
-            took < bound,
-            "round {round}: in after {took:?}, over {bound:?}"
-        );
-    }
+    run.writer_got_in_within(bound);
 }
 
 /// Thirty looping readers on three replicas with a TTL of 9 s (a heartbeat every 3 s): a
@@ -194,11 +195,5 @@ async fn a_preferred_writer_gets_in_under_thirty_readers_with_a_nine_second_ttl(
     assert_eq!(run.overlaps, 0, "a read and a write were inside together");
     assert!(run.reads > 50, "the readers kept reading: {run:?}");
     let bound = Duration::from_millis(800);
-    for (round, took) in run.rounds.iter().enumerate() {
-        let took = took.unwrap_or_else(|| panic!("round {round}: the writer never got in"));
-        assert!(
-            took < bound,
-            "round {round}: in after {took:?}, over {bound:?}"
-        );
-    }
+    run.writer_got_in_within(bound);
 }
