@@ -47,13 +47,9 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
 });
 
 fn main() {
-    let settings = Settings::from_env(7, 700);
-    let redis = Redis::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(bench(&redis, settings));
+    support::run_on_redis(7, 700, |redis, settings| async move {
+        bench(&redis, settings).await
+    });
 }
 
 async fn work() -> &'static str {

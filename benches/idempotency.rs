@@ -30,13 +30,9 @@ const ORDERS: Idempotency = Idempotency::new("bench-orders", Duration::from_secs
 const JOBS: Lock<str> = Lock::new("bench-jobs", Duration::from_secs(10));
 
 fn main() {
-    let settings = Settings::from_env(7, 700);
-    let redis = Redis::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(bench(&redis, settings));
+    support::run_on_redis(7, 700, |redis, settings| async move {
+        bench(&redis, settings).await
+    });
 }
 
 async fn work() -> &'static str {

@@ -31,13 +31,9 @@ const CONNECTIONS: usize = 64;
 const HOT_NAMES: usize = 4;
 
 fn main() {
-    let settings = Settings::from_env(7, 700);
-    let redis = Redis::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(bench(&redis, settings));
+    support::run_on_redis(7, 700, |redis, settings| async move {
+        bench(&redis, settings).await
+    });
 }
 
 async fn read() -> &'static str {

@@ -193,6 +193,23 @@ where
     Arc::new(move |task, i| Box::pin(f(task, i)))
 }
 
+/// A benchmark's `main` on a fresh `redis-server` (or `REDIS_URL`): `bench` runs with it and
+/// the [`Settings`] (`rounds` of `round_ms` unless the environment says otherwise) on a
+/// multi-threaded runtime.
+pub fn run_on_redis<F, Fut>(rounds: usize, round_ms: u64, bench: F)
+where
+    F: FnOnce(Redis, Settings) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let settings = Settings::from_env(rounds, round_ms);
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(bench(redis, settings));
+}
+
 /// What one timed run of one variant did.
 #[derive(Clone, Debug, Default)]
 pub struct Run {
