@@ -10,7 +10,10 @@
 //!
 //! A run that starts before the first acknowledgement and is not the acknowledged one is a
 //! retry of a request whose response nobody got, which the default layer allows (its replica
-//! died, or its lease ran out): counted, not a violation.
+//! died, or its lease ran out): counted, not a violation. So is a run that starts after it
+//! under a lower fence than the acknowledged run's: a replica frozen between the layer's
+//! reservation and its handler's first step, which no layer can stop and the fence exposes
+//! (the "stale writes refused by the register" of the lock histories).
 
 use std::collections::BTreeMap;
 
@@ -27,6 +30,8 @@ pub struct Verdict {
     pub rerun: usize,
     /// Final answers that no run was acknowledged by: outcome unknown, not stored.
     pub unresolved: usize,
+    /// Runs after an acknowledgement under an older reservation (a lower fence).
+    pub stale: usize,
     pub faults: usize,
     pub violations: Vec<String>,
 }
@@ -41,7 +46,8 @@ pub fn check(history: &[Value]) -> Verdict {
     let mut verdict = Verdict::default();
     let mut at_most_once = false;
     let mut attempts: BTreeMap<&str, Vec<Attempt>> = BTreeMap::new();
-    let mut runs: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    // Per key: (start, run, fence).
+    let mut runs: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
     for v in history {
         match v["op"].as_str() {
             Some("idem_config") => at_most_once = v["at_most_once"].as_bool().unwrap_or(false),
@@ -67,7 +73,8 @@ pub fn check(history: &[Value]) -> Verdict {
                 if let (Some(key), Some(at), Some(run)) =
                     (v["key"].as_str(), v["at"].as_u64(), v["run"].as_str())
                 {
-                    runs.entry(key).or_default().push((at, run));
+                    let fence = v["fence"].as_u64().unwrap_or(0);
+                    runs.entry(key).or_default().push((at, run, fence));
                 }
             }
             _ => {}
@@ -79,7 +86,7 @@ pub fn check(history: &[Value]) -> Verdict {
         let ran = runs.get(key).unwrap_or(&none);
         verdict.rerun += usize::from(ran.len() > 1);
         if at_most_once && ran.len() > 1 {
-            let names: Vec<&str> = ran.iter().map(|(_, run)| *run).collect();
+            let names: Vec<&str> = ran.iter().map(|(_, run, _)| *run).collect();
             verdict.violations.push(format!(
                 "key {key}: {} runs under at_most_once ({})",
                 ran.len(),
@@ -97,15 +104,21 @@ pub fn check(history: &[Value]) -> Verdict {
             continue;
         };
         verdict.acknowledged += 1;
-        if !ran.iter().any(|(_, run)| *run == first.body) {
+        let Some(&(_, _, acked_fence)) = ran.iter().find(|(_, run, _)| *run == first.body) else {
             verdict.violations.push(format!(
                 "key {key}: acknowledged run {} is not in the ledger",
                 first.body
             ));
-        }
-        for (at, run) in ran.iter().filter(|(at, _)| *at > first.completed) {
+            continue;
+        };
+        for (at, run, fence) in ran.iter().filter(|(at, ..)| *at > first.completed) {
+            if *fence < acked_fence {
+                verdict.stale += 1;
+                continue;
+            }
             verdict.violations.push(format!(
-                "key {key}: run {run} started at {at}, {} µs after run {} was acknowledged",
+                "key {key}: run {run} (fence {fence}) started at {at}, {} µs after run {} \
+                 (fence {acked_fence}) was acknowledged",
                 at - first.completed,
                 first.body
             ));
@@ -134,7 +147,8 @@ mod tests {
     }
 
     fn run(key: &str, run: &str, at: u64) -> Value {
-        json!({ "op": "run", "key": key, "run": run, "at": at })
+        // Fences grow with the start, as the store issues them.
+        json!({ "op": "run", "key": key, "run": run, "at": at, "fence": at })
     }
 
     #[test]
@@ -161,6 +175,20 @@ mod tests {
         ];
         let verdict = check(&history);
         assert_eq!(verdict.violations.len(), 2, "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_frozen_replicas_late_run_under_an_older_fence_is_counted_not_a_violation() {
+        let mut stale = run("k", "1.a", 300);
+        stale["fence"] = json!(50);
+        let history = [
+            run("k", "2.b", 100),
+            attempt("k", Some(201), "2.b", 200),
+            stale,
+        ];
+        let verdict = check(&history);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+        assert_eq!(verdict.stale, 1);
     }
 
     #[test]

@@ -178,8 +178,8 @@ pub fn run_one(seed: u64, secs: u64, variant: Variant) -> idem_check::Verdict {
     }
     println!(
         "history {seed} (idempotency {variant:?}, {} s): {} attempts, {} runs of {} keys ({} \
-         acknowledged, {} run again before any acknowledgement, {} left unresolved), {} faults \
-         {kinds:?}, {} violations; {}",
+         acknowledged, {} run again before any acknowledgement, {} left unresolved, {} stale runs \
+         after one under an older fence), {} faults {kinds:?}, {} violations; {}",
         started.elapsed().as_secs(),
         verdict.attempts,
         verdict.runs,
@@ -187,6 +187,7 @@ pub fn run_one(seed: u64, secs: u64, variant: Variant) -> idem_check::Verdict {
         verdict.acknowledged,
         verdict.rerun,
         verdict.unresolved,
+        verdict.stale,
         verdict.faults,
         verdict.violations.len(),
         path.display(),

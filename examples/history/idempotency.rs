@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tower_lease::store::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, LeaseRef, LockRef,
 };
-use tower_lease::{Idempotency, IdempotencyLayer, Store};
+use tower_lease::{Idempotency, IdempotencyLayer, Lease, Store};
 
 use crate::connect::{Locks, connect};
 use crate::record::now_us;
@@ -66,7 +66,9 @@ impl Timing {
 
 /// The payments namespace: records kept longer than any history.
 fn payments(lease: Duration, at_most_once: bool) -> Idempotency {
-    let definition = Idempotency::new("history-payments", Duration::from_secs(3_600)).lease(lease);
+    let definition = Idempotency::new("history-payments", Duration::from_secs(3_600))
+        .lease(lease)
+        .fenced();
     let _ = at_most_once;
     definition
 }
@@ -133,6 +135,7 @@ impl Replica {
 /// `201` naming the run.
 async fn pay(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
+    axum::extract::Extension(lease): axum::extract::Extension<Lease>,
     headers: HeaderMap,
 ) -> (StatusCode, String) {
     let key = headers
@@ -143,7 +146,10 @@ async fn pay(
     let n = app.runs.fetch_add(1, Ordering::Relaxed);
     let run = format!("{}.{}.{n}", app.replica, std::process::id());
     // Taken before the effect is sent, so a run counts from no later than its effect.
-    let entry = json!({ "key": key, "run": run, "replica": app.replica, "at": now_us() });
+    // The fence tells a stale run (a replica frozen past its reservation) from a new one.
+    let entry = json!({
+        "key": key, "run": run, "replica": app.replica, "fence": lease.fence(), "at": now_us(),
+    });
     let mut ledger = app.ledger.clone();
     // The register has no faults; a failure here is this replica's own (frozen) trouble.
     while redis::cmd("RPUSH")

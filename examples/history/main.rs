@@ -7,7 +7,7 @@
 //! is possible under the lock's promises (see `check.rs`).
 //!
 //! ```text
-//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--seed N]
+//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency] [--seed N]
 //! cargo run --example history -- check <history.jsonl>
 //! ```
 //!
@@ -20,10 +20,16 @@
 //! and fails over (`SIGKILL` of the primary, restarted as the new one's replica, or
 //! `SENTINEL FAILOVER`); `--sentinel` runs only such histories.
 //!
-//! `--control` runs two histories broken on purpose, in which the checker must find violations:
-//! one of broken clients (no heartbeat, no deadline check, unconditional writes), one of
-//! correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
-//! comparing the secret). Each history is written to a JSON-lines file, whose path is printed;
+//! Two histories in every run (`--idempotency` runs only those) pay through
+//! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that
+//! retry, and check that an acknowledged payment never runs again (`idempotency.rs`,
+//! `idem_run.rs`, `idem_check.rs`).
+//!
+//! `--control` runs three histories broken on purpose, in which the checker must find
+//! violations: one of broken clients (no heartbeat, no deadline check, unconditional writes),
+//! one of correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
+//! comparing the secret), and one of payments over a store that acknowledges a completion
+//! before storing it. Each history is written to a JSON-lines file, whose path is printed;
 //! the last line printed is `N histories, M operations, K violations`, and the exit status is
 //! non-zero when K > 0 (or, under `--control`, when a history has none).
 
