@@ -91,7 +91,8 @@ enum Mode {
 }
 
 /// The idempotency histories: on one Redis, failing over, and failing over under
-/// `at_most_once`; the control's, over a store that acknowledges before storing.
+/// `at_most_once`; the control's, over a store that acknowledges before storing. `--quick`
+/// runs the first and the third.
 const IDEM_SINGLE: Mode = Mode::Idempotent(idem_run::Variant {
     replicated: false,
     at_most_once: false,
@@ -100,6 +101,11 @@ const IDEM_SINGLE: Mode = Mode::Idempotent(idem_run::Variant {
 const IDEM_REPLICATED: Mode = Mode::Idempotent(idem_run::Variant {
     replicated: true,
     at_most_once: false,
+    broken: false,
+});
+const IDEM_ONCE: Mode = Mode::Idempotent(idem_run::Variant {
+    replicated: true,
+    at_most_once: true,
     broken: false,
 });
 const IDEM_BROKEN: Mode = Mode::Idempotent(idem_run::Variant {
@@ -240,18 +246,23 @@ fn main() {
                     (IDEM_BROKEN, 15),
                 ]
             } else if flag("--idempotency") {
-                let secs = if quick { 40 } else { 150 };
-                vec![(IDEM_SINGLE, secs), (IDEM_REPLICATED, secs)]
+                if quick {
+                    vec![(IDEM_SINGLE, 40), (IDEM_ONCE, 45)]
+                } else {
+                    [IDEM_SINGLE, IDEM_REPLICATED, IDEM_ONCE]
+                        .map(|m| (m, 120))
+                        .to_vec()
+                }
             } else if flag("--sentinel") {
                 let n = if quick { 1 } else { 2 };
                 vec![(Mode::Replicated, if quick { 60 } else { 300 }); n]
             } else if quick {
                 let lock = [Mode::Single, Mode::Single, Mode::Replicated].map(|m| (m, 50));
-                let idem = [(IDEM_SINGLE, 40), (IDEM_REPLICATED, 40)];
+                let idem = [(IDEM_SINGLE, 40), (IDEM_ONCE, 45)];
                 lock.into_iter().chain(idem).collect()
             } else {
                 let lock = [Mode::Single, Mode::Single, Mode::Replicated, Mode::Single];
-                let idem = [(IDEM_SINGLE, 150), (IDEM_REPLICATED, 150)];
+                let idem = [IDEM_SINGLE, IDEM_REPLICATED, IDEM_ONCE].map(|m| (m, 120));
                 lock.map(|m| (m, 300)).into_iter().chain(idem).collect()
             };
             let mut operations = 0;
