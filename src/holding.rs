@@ -98,10 +98,12 @@ impl Holding {
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
             let sent = Moment::now();
-            let acquisition = store
-                .backend()
-                .acquire(LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret))
-                .await;
+            let lease = LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret);
+            let acquisition = store.backend().acquire(lease).await;
+            if let Err(error) = &acquisition {
+                // A call that timed out may still land: what it takes is given back.
+                store.give_back(lease, error);
+            }
             let answered = Moment::now();
             let answer = acquisition.map(|acquisition| match acquisition {
                 Acquisition::Acquired { fence } => Attempt::Acquired(fence),

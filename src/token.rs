@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::holding::Holding;
 use crate::lease::Held;
 
@@ -25,9 +26,12 @@ macro_rules! token {
             /// Gives the lease up so others can take it at once.
             ///
             /// Answers `false` when the lease had already run out (someone else may hold the lock
-            /// now, and their lease is left alone).
+            /// now, and their lease is left alone). Once polled, the release runs to its end even
+            /// if this future is dropped (a `select!` whose other branch won, a timeout): it goes
+            /// on in a spawned task.
             pub async fn release(self) -> Result<bool> {
-                self.holding.release().await
+                let holding = self.holding;
+                FinishOnDrop::to_the_end(Box::pin(async move { holding.release().await })).await
             }
 
             /// Restarts the lease for one full TTL from now.

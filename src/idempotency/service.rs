@@ -229,6 +229,8 @@ where
             Ok(begun) => begun,
             Err(error) => {
                 tracing::warn!(namespace, %error, "idempotency key look-up failed");
+                // A look-up that timed out may still reserve the key: given back.
+                config.store.give_back(lease, &error);
                 let reason = match error {
                     crate::Error::NotReplicated { .. } => Reason::NotReplicated,
                     _ => Reason::StoreUnavailable,

@@ -17,6 +17,7 @@ use super::heartbeat::HeartbeatTiming;
 use super::own::OwnLease;
 use super::state::LeaseState;
 use crate::Result;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::holding::Holding;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
@@ -139,10 +140,13 @@ impl<T> Held<T> {
     /// Stops the heartbeat and gives the lease up so others can take it at once.
     ///
     /// Answers `false` when the lease had already run out (someone else may hold the lock now,
-    /// and their lease is left alone).
+    /// and their lease is left alone). Once polled, the release runs to its end even if this
+    /// future is dropped (a `select!` with a shutdown branch, a timeout): the heartbeat has
+    /// stopped by then, so the release goes on in a spawned task rather than leave the lease
+    /// to its TTL.
     pub async fn release(self) -> Result<bool> {
         let state = self.own.stop();
-        state.holding.release().await
+        FinishOnDrop::to_the_end(Box::pin(async move { state.holding.release().await })).await
     }
 }
 

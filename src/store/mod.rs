@@ -18,6 +18,7 @@ mod contended;
 mod deadline;
 mod extend_many;
 mod fence_counters;
+mod ghosts;
 mod handle;
 mod idempotency;
 mod intents;
