@@ -270,6 +270,10 @@ impl<'a> LeaseRef<'a> {
 /// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
 ///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
 ///   counter is lost.
+/// - An `acquire` or `idempotency_begin` that fails with an error that leaves open whether it
+///   acted (a timeout, an [`Error::Backend`](crate::Error::Backend), a reply not understood) is
+///   followed by `release` calls with the same secret, in the background, until one answers:
+///   what it may still take is given back.
 pub trait Backend: Send + Sync + 'static {
     /// Takes `lease` if it is free.
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;

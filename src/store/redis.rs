@@ -53,6 +53,13 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// extend and release compare the secret before they act (a release retried after it went
 /// through answers `false`).
 ///
+/// A call that timed out is not undone: a slow or paused Redis runs it when it gets to it. So
+/// when an acquisition (or an idempotency key's reservation) times out, or its connection breaks
+/// with it on the wire, the store releases its secret right after, on the same connection,
+/// and again with backoff until Redis answers, for at most the lease's TTL: the lease it may
+/// take is given back rather than left to refuse every retry. Redis runs one connection's
+/// commands in order, so the release lands after the acquisition it undoes.
+///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
 /// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a
 /// key, whatever bytes the name holds, because the suffixes after the last `}` never contain one.
