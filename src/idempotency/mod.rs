@@ -128,9 +128,12 @@ use std::time::Duration;
 
 use crate::spec::Spec;
 
+mod background;
 mod body;
 mod cache;
+mod complete;
 mod config;
+mod extension;
 mod fingerprint;
 mod future;
 mod key;
@@ -140,6 +143,7 @@ mod run;
 mod service;
 
 pub use self::body::IdempotentBody;
+pub use self::extension::IdempotencyKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{IdempotencyLayer, Unscoped};
 pub use self::service::IdempotencyService;
@@ -162,6 +166,7 @@ const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 pub struct Idempotency {
     pub(crate) spec: Spec,
     pub(crate) retention: Duration,
+    pub(crate) at_most_once: bool,
 }
 
 impl Idempotency {
@@ -180,6 +185,7 @@ impl Idempotency {
         Self {
             spec: Spec::new(namespace, DEFAULT_LEASE),
             retention,
+            at_most_once: false,
         }
     }
 
@@ -203,6 +209,19 @@ impl Idempotency {
         self
     }
 
+    /// Never runs a key twice, even when its first request's replica died mid-request: a
+    /// reservation whose holder died (its lease ran out without a completion) makes the key's
+    /// outcome unknown for the retention, and its retries get `409`
+    /// `urn:tower-lease:idempotency-outcome-unknown` instead of running again. Without it,
+    /// such a key runs again once the lease ran out. A `5xx` still frees the key.
+    ///
+    /// It costs one more key in the store per request (a marker, `PX` the retention) and the
+    /// reservation is taken by a script.
+    pub const fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
     /// The namespace.
     pub const fn namespace(&self) -> &'static str {
         self.spec.namespace
@@ -221,6 +240,7 @@ impl fmt::Debug for Idempotency {
             .field("retention", &self.retention)
             .field("lease", &self.spec.ttl)
             .field("fenced", &self.spec.fenced)
+            .field("at_most_once", &self.at_most_once)
             .finish()
     }
 }
