@@ -26,7 +26,7 @@ impl Default for Background {
 
 impl Background {
     /// Runs `task` until it ends or the layer is gone. The task must not hold the layer's
-    /// [`Config`](super::config::Config), which owns this guard.
+    /// configuration, which owns this guard: the task would then keep itself alive.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let token = self.token.clone();
         tokio::spawn(async move {
