@@ -97,6 +97,10 @@
 //! passed; then the client gets `503` outcome unknown, and the layer goes on trying in the
 //! background (at most for the retention, and while the layer lives).
 //!
+//! Not promised: a retry that comes while a record waits for its replicas' `WAIT` may be
+//! replayed that record from the primary (the look does not wait for replicas), and a
+//! layer dropped while its completions are still tried leaves their reservations to run out.
+//!
 //! # Exactly once, and at most once
 //!
 //! A replica that dies mid-request leaves a reservation that runs out; by default a retry
