@@ -80,6 +80,13 @@ pub enum Reason {
         /// The status the first request completed with.
         status: StatusCode,
     },
+    /// Whether the request with this idempotency key took effect is not known (yet).
+    IdempotencyOutcomeUnknown {
+        /// `Some` (`503`): the request ran, and its response is still being stored; a retry
+        /// then replays it. `None` (`409`): its holder died before it completed, under
+        /// [`at_most_once`](crate::Idempotency::at_most_once), so it is never run again.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// A refusal as the layer renders it: its [`Reason`], and for a bad name what is wrong with
@@ -129,6 +136,10 @@ impl Problem {
             Reason::IdempotencyInFlight { .. } => StatusCode::CONFLICT,
             Reason::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Reason::IdempotencyNotStored { .. } => StatusCode::GONE,
+            Reason::IdempotencyOutcomeUnknown {
+                retry_after: Some(_),
+            } => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::IdempotencyOutcomeUnknown { retry_after: None } => StatusCode::CONFLICT,
         }
     }
 
@@ -152,6 +163,9 @@ impl Problem {
             Reason::IdempotencyInFlight { .. } => "urn:tower-lease:idempotency-in-flight",
             Reason::IdempotencyKeyReused => "urn:tower-lease:idempotency-key-reused",
             Reason::IdempotencyNotStored { .. } => "urn:tower-lease:idempotency-not-stored",
+            Reason::IdempotencyOutcomeUnknown { .. } => {
+                "urn:tower-lease:idempotency-outcome-unknown"
+            }
         }
     }
 
@@ -174,6 +188,9 @@ impl Problem {
             Reason::IdempotencyKeyReused => "The idempotency key was used for another request",
             Reason::IdempotencyNotStored { .. } => {
                 "The request with this idempotency key completed, but its response was not kept"
+            }
+            Reason::IdempotencyOutcomeUnknown { .. } => {
+                "The outcome of the request with this idempotency key is unknown"
             }
         }
     }
@@ -254,6 +271,18 @@ impl Problem {
                  request is not run again.",
                 status.as_u16()
             ),
+            Reason::IdempotencyOutcomeUnknown {
+                retry_after: Some(retry_after),
+            } => format!(
+                "The first {namespace} request with this key ran, but its response could not \
+                 be stored yet; retry in {} s for it.",
+                retry_after_secs(retry_after)
+            ),
+            Reason::IdempotencyOutcomeUnknown { retry_after: None } => format!(
+                "The first {namespace} request with this key stopped before it completed, so \
+                 whether it took effect is unknown, and it is not run again; check the \
+                 resource before sending it with a new key."
+            ),
         }
     }
 
@@ -263,6 +292,7 @@ impl Problem {
             Reason::Busy { retry_after }
             | Reason::Full { retry_after, .. }
             | Reason::IdempotencyInFlight { retry_after } => Some(retry_after),
+            Reason::IdempotencyOutcomeUnknown { retry_after } => retry_after,
             // The store is usually back (or failed over) within a second; a client that waits
             // longer gains nothing.
             Reason::StoreUnavailable | Reason::NotReplicated => Some(Duration::from_secs(1)),

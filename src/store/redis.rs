@@ -306,6 +306,19 @@ where
         self.bounded(self.idem_complete(lease, completion))
     }
 
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin_once(lease, fingerprint, retention))
+    }
+
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_free(lease))
+    }
+
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
         self.bounded(async move {
             let roles = [KeyRole::Permits];
