@@ -136,6 +136,12 @@ impl<T> Held<T> {
         }
     }
 
+    /// Stops the heartbeat and answers the lease, still held, for a token (`into_token`).
+    pub(crate) fn into_holding(self) -> Holding {
+        let state = self.own.stop();
+        state.holding.hand_over()
+    }
+
     /// Stops the heartbeat and gives the lease up so others can take it at once.
     ///
     /// Answers `false` when the lease had already run out (someone else may hold the lock now,

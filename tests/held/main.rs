@@ -7,6 +7,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod into_token;
+mod no_expiry;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
