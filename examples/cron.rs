@@ -45,7 +45,7 @@ async fn replica(id: usize, store: Store, job: String, started: Instant, runs: R
         };
         let begun = Instant::now();
         let n = runs.lock().unwrap().len();
-        let work = if n % 2 == 0 {
+        let work = if n.is_multiple_of(2) {
             Duration::from_millis(200)
         } else {
             Duration::from_millis(1500)

@@ -115,3 +115,13 @@ impl Config {
         self.renderer.respond(problem, status, self.spec.namespace)
     }
 }
+
+/// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
+/// Anything else would tell clients the request failed on the server, or succeeded.
+pub(super) fn refusal_status(option: &str, status: StatusCode) -> StatusCode {
+    assert!(
+        status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
+        "tower-lease: {option} must be a 4xx status or 503, got {status}"
+    );
+    status
+}

@@ -31,7 +31,7 @@ impl HoldTimes {
         let ms = u32::try_from(held.as_millis()).unwrap_or(u32::MAX);
         // Never 0, which marks an empty slot.
         let ms = ms
-            .saturating_add(u32::from(held.subsec_nanos() % 1_000_000 > 0))
+            .saturating_add(u32::from(!held.subsec_nanos().is_multiple_of(1_000_000)))
             .max(1);
         let slot = self.recorded.fetch_add(1, Ordering::Relaxed) % RING;
         self.ring[slot].store(ms, Ordering::Relaxed);

@@ -176,7 +176,7 @@ macro_rules! busy_status {
             ///
             /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
             pub fn busy_status(mut self, status: StatusCode) -> Self {
-                self.config.busy_status = refusal_status("busy_status", status);
+                self.config.busy_status = super::config::refusal_status("busy_status", status);
                 self
             }
         }
@@ -185,13 +185,3 @@ macro_rules! busy_status {
 
 busy_status!(LockLayer<E, P>);
 busy_status!(RwLockLayer<E, R, P>);
-
-/// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
-/// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn refusal_status(option: &str, status: StatusCode) -> StatusCode {
-    assert!(
-        status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
-        "tower-lease: {option} must be a 4xx status or 503, got {status}"
-    );
-    status
-}

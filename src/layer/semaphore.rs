@@ -94,7 +94,7 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
     ///
     /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
     pub fn full_status(mut self, status: StatusCode) -> Self {
-        self.config.busy_status = super::options::refusal_status("full_status", status);
+        self.config.busy_status = super::config::refusal_status("full_status", status);
         self
     }
 

@@ -56,6 +56,8 @@ use crate::holding::Holding;
 /// Dropping a `Held` stops its heartbeat and releases the lease in a spawned task, bounded by
 /// the store's deadline (unlike a bare token, whose drop never talks to the store); outside a
 /// tokio runtime it can only log, and the TTL frees the lock.
+/// `into_token()` stops the heartbeat without releasing and gives the token back: the lease runs
+/// out one TTL after its last extension.
 #[must_use = "dropping a Held releases its lease at once"]
 pub struct Held<T> {
     own: OwnLease,
