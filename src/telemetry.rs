@@ -13,8 +13,7 @@ use crate::store::Mode;
 pub(crate) enum AcquireOutcome {
     /// The lease was taken.
     Acquired,
-    /// Someone else holds the lock (the label says `held`, the word the public
-    /// `held_status` uses for it).
+    /// Someone else holds the lock (the label says `held`).
     Busy,
     /// The name was refused before the store was asked.
     InvalidName,

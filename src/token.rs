@@ -68,6 +68,22 @@ macro_rules! token {
             }
         }
 
+        impl<L> Held<$ty<L>> {
+            /// Stops the heartbeat and gives the token back, without releasing: the lease runs
+            /// to its TTL from its last extension unless the token releases (or extends) it.
+            ///
+            /// For a job that runs at most once per interval however long it takes (the
+            /// `cron` example): take the lock with the interval as its TTL, keep it alive while
+            /// the job works, then let it run out, so the next run starts an interval after
+            /// the last extension at the soonest.
+            ///
+            /// The [`Lease`](crate::Lease) handles of this `Held` see the lease ended (not
+            /// lost) from now on.
+            pub fn into_token(self) -> $ty<L> {
+                $ty::new(self.into_holding())
+            }
+        }
+
         impl<L> fmt::Debug for $ty<L> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 fmt::Debug::fmt(&self.holding, f)

@@ -17,15 +17,17 @@ const PROBLEM_JSON: &str = "application/problem+json";
 pub enum Reason {
     /// Someone else holds the lock.
     Busy {
-        /// How long the holder's lease has left. Under the layer's heartbeat a holder keeps
-        /// extending, so this is about a TTL for as long as the holder works: a hint, not a
+        /// How long the request may expect to wait: the 90th percentile of the holds this
+        /// layer saw lately, never more than the holder's remaining lease (which is all there
+        /// is before any hold was seen). A holder keeps extending its lease while it works, so
+        /// the lease alone would say about a TTL for a job of milliseconds. A hint, not a
         /// promise that the lock is free then.
         retry_after: Duration,
     },
     /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
     Full {
-        /// How long until the earliest live permit's lease ends (a hint under the holders'
-        /// heartbeats, as for [`Busy`](Self::Busy)).
+        /// How long the request may expect to wait, as for [`Busy`](Self::Busy): the holds
+        /// seen lately, never more than the earliest live permit's remaining lease.
         retry_after: Duration,
         /// The limit this request was refused at.
         limit: u32,
@@ -115,7 +117,7 @@ impl Problem {
         }
     }
 
-    /// The status the layer answers this problem with: `refused` (the layer's `held_status`, or
+    /// The status the layer answers this problem with: `refused` (the layer's `busy_status`, or
     /// a semaphore's `full_status`) when the lock is taken, and for the rest the one status
     /// each problem has.
     pub(crate) fn status(self, refused: StatusCode) -> StatusCode {
@@ -294,8 +296,11 @@ impl Problem {
             | Reason::IdempotencyInFlight { retry_after } => Some(retry_after),
             Reason::IdempotencyOutcomeUnknown { retry_after } => retry_after,
             // The store is usually back (or failed over) within a second; a client that waits
-            // longer gains nothing.
-            Reason::StoreUnavailable | Reason::NotReplicated => Some(Duration::from_secs(1)),
+            // longer gains nothing. A lost lease was given back: the name is free (a retry
+            // still runs the request again, which the client must know is safe).
+            Reason::StoreUnavailable | Reason::NotReplicated | Reason::LeaseLost => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -57,6 +57,8 @@ use crate::holding::Holding;
 /// Dropping a `Held` stops its heartbeat and releases the lease in a spawned task, bounded by
 /// the store's deadline (unlike a bare token, whose drop never talks to the store); outside a
 /// tokio runtime it can only log, and the TTL frees the lock.
+/// `into_token()` stops the heartbeat without releasing and gives the token back: the lease runs
+/// out one TTL after its last extension.
 #[must_use = "dropping a Held releases its lease at once"]
 pub struct Held<T> {
     own: OwnLease,
@@ -135,6 +137,12 @@ impl<T> Held<T> {
             ended: state.ended().cancelled(),
             work,
         }
+    }
+
+    /// Stops the heartbeat and answers the lease, still held, for a token (`into_token`).
+    pub(crate) fn into_holding(self) -> Holding {
+        let state = self.own.stop();
+        state.holding.hand_over()
     }
 
     /// Stops the heartbeat and gives the lease up so others can take it at once.

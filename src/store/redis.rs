@@ -197,18 +197,28 @@ where
     }
 }
 
-fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
+fn acquisition(reply: redis::Value, lock: LockRef<'_>) -> Result<Acquisition> {
     let (acquired, value): (i64, i64) =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
     Ok(match acquired {
         1 => Acquisition::Acquired {
-            fence: fenced.then_some(value.max(0) as u64),
+            fence: lock.fenced.then_some(value.max(0) as u64),
         },
-        // PTTL is -1 for a key someone set without expiry: report "retry soon" rather than never.
         _ => Acquisition::Busy {
-            retry_after: Duration::from_millis(value.max(0) as u64),
+            retry_after: busy_for(value, lock),
         },
     })
+}
+
+/// How long a name whose blocking key has `pttl` left is busy. A key someone set without
+/// expiry (`PTTL` -1) is busy for the lock's TTL, as if just taken: "retry now" would make
+/// every wait on it a busy loop, and "never" is not ours to say. -2 (the key went away in
+/// between) is "retry now".
+pub(super) fn busy_for(pttl: i64, lock: LockRef<'_>) -> Duration {
+    match pttl {
+        -1 => lock.ttl,
+        pttl => Duration::from_millis(pttl.max(0) as u64),
+    }
 }
 
 pub(super) fn answered_one(reply: redis::Value) -> Result<bool> {
@@ -279,7 +289,7 @@ where
                 last,
             };
             let (reply, waited) = self.run_waiting(call, wait).await?;
-            let acquisition = acquisition(reply, lock.fenced)?;
+            let acquisition = acquisition(reply, lock)?;
             match wait {
                 None => Ok(acquisition),
                 Some(replicas) => {

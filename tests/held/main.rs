@@ -8,6 +8,8 @@
 mod support;
 
 mod cancelled;
+mod into_token;
+mod no_expiry;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
