@@ -69,8 +69,11 @@ fn payments(lease: Duration, at_most_once: bool) -> Idempotency {
     let definition = Idempotency::new("history-payments", Duration::from_secs(3_600))
         .lease(lease)
         .fenced();
-    let _ = at_most_once;
-    definition
+    if at_most_once {
+        definition.at_most_once()
+    } else {
+        definition
+    }
 }
 
 /// One app replica.
@@ -321,6 +324,23 @@ impl Backend for AckBeforeStore {
         fingerprint: &'a [u8; tower_lease::store::FINGERPRINT_LEN],
     ) -> BoxFuture<'a, tower_lease::Result<Begin>> {
         self.inner.backend().idempotency_begin(lease, fingerprint)
+    }
+
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; tower_lease::store::FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, tower_lease::Result<Begin>> {
+        let backend = self.inner.backend();
+        backend.idempotency_begin_once(lease, fingerprint, retention)
+    }
+
+    fn idempotency_free<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.inner.backend().idempotency_free(lease)
     }
 
     fn idempotency_complete<'a>(
