@@ -46,7 +46,7 @@ pub(super) async fn primary(
     let mut named: Vec<Named> = answers.into_iter().flatten().collect();
     named.retain(|n| n.epoch >= min_epoch);
     // Newest first; among equals the first sentinel's, as listed.
-    named.sort_by(|a, b| b.epoch.cmp(&a.epoch));
+    named.sort_by_key(|n| std::cmp::Reverse(n.epoch));
     let mut tried = Vec::new();
     let mut error = None;
     for Named { host, port, epoch } in named {

@@ -57,6 +57,8 @@ impl Sink {
 }
 
 /// Where a plain subscriber connects again after its connection ended.
+// One per subscriber task, inside its reader's box: boxing a variant would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Source {
     Client(redis::Client),
     /// The primary, as a Sentinel connection follows it.

@@ -169,8 +169,23 @@ async fn a_killed_primary_stops_writes_for_at_most_down_after_plus_4_s() {
     writers.until_writing().await;
 
     let began = Instant::now();
+    let old = topology.primary.port();
     topology.primary.stop();
-    tokio::time::sleep(DOWN_AFTER + Duration::from_secs(8)).await;
+    // When the sentinels name the promoted replica: the part of the gap that is theirs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while topology
+        .named_primary()
+        .await
+        .is_none_or(|port| port == old)
+    {
+        assert!(Instant::now() < deadline, "no promotion");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "the sentinels named the promoted replica {:?} after the kill",
+        began.elapsed()
+    );
+    tokio::time::sleep_until((began + DOWN_AFTER + Duration::from_secs(8)).into()).await;
     let (gap, second_holders) = writers.stop(began).await;
     assert!(
         gap <= DOWN_AFTER + Duration::from_secs(4),
