@@ -36,6 +36,37 @@ pub enum Warning {
         /// The configured `maxmemory`, in bytes.
         maxmemory: u64,
     },
+    /// The store waits for `wanted` replicas ([`wait_for_replicas`]) and fewer are connected to
+    /// the primary now: every acquisition fails with [`NotReplicated`] until enough are (a
+    /// replica still syncing, or one that is down).
+    ///
+    /// [`wait_for_replicas`]: crate::RedisStore::wait_for_replicas
+    /// [`NotReplicated`]: crate::Error::NotReplicated
+    ReplicasMissing {
+        /// The cluster node this is about, if the store is a cluster.
+        node: Option<String>,
+        /// The `n` of `wait_for_replicas(n, ..)`.
+        wanted: u32,
+        /// The replicas connected and in sync now.
+        connected: u32,
+    },
+    /// The store waits for `wanted` replicas and the primary has no more than that: when one
+    /// of them crashes, or becomes the primary in a failover, too few are left to acknowledge,
+    /// and every acquisition fails until one returns. Choose `n` below the replica count.
+    NoSpareReplica {
+        /// The cluster node this is about, if the store is a cluster.
+        node: Option<String>,
+        /// The `n` of `wait_for_replicas(n, ..)`.
+        wanted: u32,
+        /// The replicas connected and in sync now.
+        replicas: u32,
+    },
+    /// The store has no release notifications (it was built by [`RedisStore::new`] from a
+    /// connection alone): bounded waits find releases in other processes by polling, and
+    /// writers of a writer-preferred lock cannot hold readers back.
+    ///
+    /// [`RedisStore::new`]: crate::RedisStore::new
+    NoNotifications,
     /// The server's `INFO` did not report a field the check needs (a proxy or a managed
     /// service may hide it), so that part could not be checked.
     Unchecked {
@@ -72,6 +103,33 @@ impl fmt::Display for Warning {
                  maxmemory-policy to noeviction (or use a Redis instance of its own for locks)",
                 node(n)
             ),
+            Warning::ReplicasMissing {
+                node: n,
+                wanted,
+                connected,
+            } => write!(
+                f,
+                "wait_for_replicas({wanted}, ..) but only {connected} replica(s) are connected \
+                 and in sync{} now: every acquisition fails as not replicated until {wanted} are",
+                node(n)
+            ),
+            Warning::NoSpareReplica {
+                node: n,
+                wanted,
+                replicas,
+            } => write!(
+                f,
+                "wait_for_replicas({wanted}, ..) with {replicas} replicas{}: when one crashes or \
+                 is promoted in a failover too few are left to acknowledge, and every \
+                 acquisition fails until one returns; choose n below the replica count",
+                node(n)
+            ),
+            Warning::NoNotifications => write!(
+                f,
+                "no release notifications: waiters poll for releases in other processes; build \
+                 the store with RedisStore::connect, from_client, connect_cluster or \
+                 connect_sentinel, or add notifications(client)"
+            ),
             Warning::Unchecked { node: n, field } => write!(
                 f,
                 "Redis INFO{} does not report {field}; could not check it",
@@ -81,8 +139,20 @@ impl fmt::Display for Warning {
     }
 }
 
+/// What the store asks of its Redis, beyond the scripts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Asked {
+    /// The `n` of `wait_for_replicas(n, ..)`, if set.
+    pub(crate) replicas: Option<u32>,
+    /// Whether the store has release notifications.
+    pub(crate) notifications: bool,
+}
+
 /// Runs `INFO` on `conn` (on every primary, for a cluster connection) and lists what is wrong.
-pub(crate) async fn redis<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<Vec<Warning>> {
+pub(crate) async fn redis<C: ConnectionLike>(
+    conn: &mut C,
+    asked: Asked,
+) -> redis::RedisResult<Vec<Warning>> {
     // Plain `INFO`: its default sections hold both fields, and servers before 7.0 take only one
     // section argument.
     let reply: redis::Value = redis::cmd("INFO").query_async(conn).await?;
@@ -94,11 +164,63 @@ pub(crate) async fn redis<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult
                 let node: String = redis::from_redis_value(node)?;
                 let info: String = redis::from_redis_value(info)?;
                 warnings.extend(from_info(Some(&node), &info));
+                warnings.extend(replicas(Some(&node), &info, asked.replicas));
             }
         }
-        info => warnings.extend(from_info(None, &redis::from_redis_value::<String>(info)?)),
+        info => {
+            let info = redis::from_redis_value::<String>(info)?;
+            warnings.extend(from_info(None, &info));
+            warnings.extend(replicas(None, &info, asked.replicas));
+        }
+    }
+    if !asked.notifications {
+        warnings.push(Warning::NoNotifications);
     }
     Ok(warnings)
+}
+
+/// The warnings `wait_for_replicas(wanted, ..)` calls for on a primary whose `INFO
+/// replication` is in `info`: replicas count when their state is `online` (one still syncing
+/// acknowledges nothing).
+fn replicas(node: Option<&str>, info: &str, wanted: Option<u32>) -> Vec<Warning> {
+    let Some(wanted) = wanted else {
+        return Vec::new();
+    };
+    if !info
+        .lines()
+        .any(|line| line.starts_with("connected_slaves:"))
+    {
+        return vec![Warning::Unchecked {
+            node: node.map(str::to_owned),
+            field: "connected_slaves",
+        }];
+    }
+    let online = info
+        .lines()
+        .filter(|line| {
+            line.strip_prefix("slave")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                && line.contains("state=online")
+        })
+        .count();
+    let online = u32::try_from(online).unwrap_or(u32::MAX);
+    let node = node.map(str::to_owned);
+    let mut warnings = Vec::new();
+    if online < wanted {
+        warnings.push(Warning::ReplicasMissing {
+            node: node.clone(),
+            wanted,
+            connected: online,
+        });
+    }
+    if wanted >= online {
+        warnings.push(Warning::NoSpareReplica {
+            node,
+            wanted,
+            replicas: online,
+        });
+    }
+    warnings
 }
 
 /// The warnings one server's `INFO server` + `INFO memory` text calls for.
@@ -186,6 +308,29 @@ mod tests {
         assert_eq!(from_info(None, info), []);
         let info = "redis_version:10.1.0\r\nmaxmemory:1000\r\nmaxmemory_policy:noeviction\r\n";
         assert_eq!(from_info(None, info), []);
+    }
+
+    #[test]
+    fn replicas_count_when_online() {
+        let info = "connected_slaves:2\r\nslave0:ip=a,port=1,state=online,offset=9,lag=0\r\n\
+                    slave1:ip=b,port=2,state=wait_bgsave,offset=0,lag=0\r\n";
+        assert_eq!(replicas(None, info, None), []);
+        assert_eq!(
+            replicas(None, info, Some(1)),
+            [Warning::NoSpareReplica {
+                node: None,
+                wanted: 1,
+                replicas: 1
+            }]
+        );
+        assert_eq!(
+            replicas(None, info, Some(2))[0],
+            Warning::ReplicasMissing {
+                node: None,
+                wanted: 2,
+                connected: 1
+            }
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@ mod contended;
 mod deadline;
 mod extend_many;
 mod fence_counters;
+#[cfg(feature = "sentinel")]
+mod follow;
 mod ghosts;
 mod handle;
 mod idempotency;

@@ -13,6 +13,9 @@
 //!   backoff of 10 to 100 ms, and subscribes again to the names still watched.
 //! - **Stops** when the store is dropped: the task holds only a weak handle on the notifier.
 //!
+//! - **Follows the primary** on a Sentinel store: when the primary moves, the connection to
+//!   the old one is dropped as if it ended, and the new one is subscribed to.
+//!
 //! Without it (a store built from a bare connection, or a failed subscription) waiters poll.
 //!
 //! # On a cluster
@@ -37,7 +40,7 @@ use futures_util::StreamExt;
 #[cfg(feature = "cluster")]
 use super::sharded::Push;
 pub(crate) use super::subscriber::Subscriber;
-use super::subscriber::{Reader, Sink};
+use super::subscriber::{Reader, Sink, Source};
 use super::{Intents, KeyLayout, KeyRole, Mode};
 use redis::aio::PubSubStream;
 use tokio::sync::Notify;
@@ -156,8 +159,8 @@ impl Notifier {
                 self.state().sink = Some(sink.clone());
                 match reader {
                     Reader::Plain(plain) => {
-                        let (client, stream) = *plain;
-                        tokio::spawn(read(Arc::downgrade(self), client, stream));
+                        let (source, stream) = *plain;
+                        tokio::spawn(read(Arc::downgrade(self), source, stream));
                     }
                     #[cfg(feature = "cluster")]
                     Reader::Sharded(pushes) => {
@@ -204,11 +207,19 @@ impl Notifier {
     }
 }
 
-/// The subscriber task: hands each message to its watcher; when the connection ends, wakes
-/// them all and reconnects while any name is watched (see the module docs).
-async fn read(notifier: Weak<Notifier>, client: redis::Client, mut stream: PubSubStream) {
+/// The subscriber task: hands each message to its watcher; when the connection ends (or the
+/// primary moved away from it), wakes them all and reconnects while any name is watched (see
+/// the module docs).
+async fn read(notifier: Weak<Notifier>, mut source: Source, mut stream: PubSubStream) {
     loop {
-        while let Some(message) = stream.next().await {
+        loop {
+            let message = tokio::select! {
+                message = stream.next() => message,
+                () = source.moved() => None,
+            };
+            let Some(message) = message else {
+                break;
+            };
             let Some(notifier) = notifier.upgrade() else {
                 return;
             };
@@ -233,7 +244,7 @@ async fn read(notifier: Weak<Notifier>, client: redis::Client, mut stream: PubSu
             // Bounded, since redis-rs bounds neither: a connection or a `SUBSCRIBE` that hangs
             // (a network cut) would hold `commands`, and so every new watch, for good.
             let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, async {
-                let (mut sink, stream) = client.get_async_pubsub().await?.split();
+                let (mut sink, stream) = source.pubsub().await?.split();
                 sink.subscribe(&watched).await?;
                 Ok::<_, redis::RedisError>((sink, stream))
             });

@@ -133,10 +133,20 @@ where
     /// lose a lease; and `WAIT` counts replicas that hold the write in memory, not on disk
     /// (`WAITAOF`, which would, needs Redis 7.2, and the crate supports 5.0).
     ///
+    /// Choose `n` below the replica count: with `n` equal to it, a replica's crash or a
+    /// failover (which makes one of them the primary) leaves too few to acknowledge, and every
+    /// acquisition fails until one returns. After a graceful failover the other replicas need a
+    /// full sync, which Redis 7 delays 5 s by default: set `repl-diskless-sync-delay 0` on the
+    /// data nodes. [`Store::check`](crate::Store::check) warns when `n` replicas are not
+    /// connected now, or when `n` leaves none to spare.
+    ///
     /// `WAIT` holds back every command sent after it on the same connection until it answers.
     /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
     /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
-    /// them (`benches/README.md`): give a replicated store a connection of its own.
+    /// them (`benches/README.md`): give a replicated store a connection of its own. A
+    /// [`SentinelConnection`](super::SentinelConnection) does so by itself: each `WAIT`
+    /// pipeline runs on a spare connection of its own, and the response timeout of each is the
+    /// store's deadline.
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
         self
@@ -181,6 +191,12 @@ where
         self.bound = Bound::Own;
         self.watchdog = watchdog::Watchdog::new(timeout);
         if let Some(conn) = multiplexed(&mut self.conn) {
+            conn.set_response_timeout(timeout);
+        }
+        #[cfg(feature = "sentinel")]
+        if let Some(conn) =
+            (&self.conn as &dyn std::any::Any).downcast_ref::<super::SentinelConnection>()
+        {
             conn.set_response_timeout(timeout);
         }
         self
@@ -234,9 +250,13 @@ where
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
         self.bounded(async move {
             let (started, mut conn) = (self.started(), self.conn.clone());
-            let mut reply = super::check::redis(&mut conn).await;
+            let store = super::check::Asked {
+                replicas: self.replicas.map(|r| r.wanted),
+                notifications: self.notifier.is_some(),
+            };
+            let mut reply = super::check::redis(&mut conn, store).await;
             if self.retry(&reply, &mut conn, started)? {
-                reply = super::check::redis(&mut conn).await;
+                reply = super::check::redis(&mut conn, store).await;
             }
             self.reply(reply)
         })

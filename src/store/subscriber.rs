@@ -1,5 +1,6 @@
 //! Where a notifier's subscriber connection comes from, and how
-//! it subscribes: `SUBSCRIBE` on one server, or `SSUBSCRIBE` through a cluster connection.
+//! it subscribes: `SUBSCRIBE` on one server (or on the primary Sentinel names, following it),
+//! or `SSUBSCRIBE` through a cluster connection.
 
 use redis::aio::{PubSubSink, PubSubStream};
 
@@ -13,6 +14,10 @@ pub(crate) enum Subscriber {
     /// `SUBSCRIBE` on one server: a single Redis, or any node of a cluster whose scripts
     /// `PUBLISH` (the cluster bus copies every message to every node).
     Plain(redis::Client),
+    /// `SUBSCRIBE` on the primary a [`SentinelConnection`](super::SentinelConnection) follows,
+    /// moving with it after a failover.
+    #[cfg(feature = "sentinel")]
+    Following(tokio::sync::watch::Receiver<Option<redis::ConnectionInfo>>),
     /// `SSUBSCRIBE` through a cluster connection, for scripts that `SPUBLISH`.
     #[cfg(feature = "cluster")]
     Sharded(Sharded),
@@ -51,10 +56,53 @@ impl Sink {
     }
 }
 
+/// Where a plain subscriber connects again after its connection ended.
+// One per subscriber task, inside its reader's box: boxing a variant would save nothing.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Source {
+    Client(redis::Client),
+    /// The primary, as a Sentinel connection follows it.
+    #[cfg(feature = "sentinel")]
+    Following(tokio::sync::watch::Receiver<Option<redis::ConnectionInfo>>),
+}
+
+impl Source {
+    /// A new subscriber connection, to the primary as it is now.
+    pub(super) async fn pubsub(&mut self) -> redis::RedisResult<redis::aio::PubSub> {
+        match self {
+            Source::Client(client) => client.get_async_pubsub().await,
+            #[cfg(feature = "sentinel")]
+            Source::Following(primary) => {
+                let info = primary.borrow_and_update().clone();
+                let info = info.ok_or_else(|| {
+                    redis::RedisError::from((redis::ErrorKind::Io, "no primary known yet"))
+                })?;
+                redis::Client::open(info)?.get_async_pubsub().await
+            }
+        }
+    }
+
+    /// Resolves when the primary moved, so the connection made before is to the wrong node
+    /// (an old primary stays up, and keeps its subscribers, for a while after a graceful
+    /// failover); never for a fixed client.
+    pub(super) async fn moved(&mut self) {
+        match self {
+            Source::Client(_) => std::future::pending().await,
+            #[cfg(feature = "sentinel")]
+            Source::Following(primary) => {
+                if primary.changed().await.is_err() {
+                    // The connection is gone, and with it the store: nothing moves any more.
+                    std::future::pending().await
+                }
+            }
+        }
+    }
+}
+
 /// What reads the messages of a connection just made.
 pub(super) enum Reader {
-    /// A plain connection's messages, and the client to connect again with when it ends.
-    Plain(Box<(redis::Client, PubSubStream)>),
+    /// A plain connection's messages, and where to connect again when it ends.
+    Plain(Box<(Source, PubSubStream)>),
     /// A sharded subscriber's pushes.
     #[cfg(feature = "cluster")]
     Sharded(tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>),
@@ -68,11 +116,15 @@ impl Subscriber {
     pub(super) async fn connect(&self) -> redis::RedisResult<(Sink, Reader)> {
         match self {
             Subscriber::Plain(client) => {
-                let (sink, stream) = client.get_async_pubsub().await?.split();
-                Ok((
-                    Sink::Plain(sink),
-                    Reader::Plain(Box::new((client.clone(), stream))),
-                ))
+                let mut source = Source::Client(client.clone());
+                let (sink, stream) = source.pubsub().await?.split();
+                Ok((Sink::Plain(sink), Reader::Plain(Box::new((source, stream)))))
+            }
+            #[cfg(feature = "sentinel")]
+            Subscriber::Following(primary) => {
+                let mut source = Source::Following(primary.clone());
+                let (sink, stream) = source.pubsub().await?.split();
+                Ok((Sink::Plain(sink), Reader::Plain(Box::new((source, stream)))))
             }
             #[cfg(feature = "cluster")]
             Subscriber::Sharded(sharded) => {

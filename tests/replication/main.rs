@@ -5,7 +5,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod check;
 mod failover;
+mod gap;
 mod idempotency;
 mod wait;
 

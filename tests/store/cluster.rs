@@ -213,7 +213,8 @@ async fn leases_exclude_across_connections_and_keys_land_on_the_owning_node() {
 async fn check_looks_at_every_primary() {
     let cluster = RedisCluster::start();
     let store = Store::redis(cluster.connection().await);
-    assert_eq!(store.check().await.unwrap(), []);
+    // A store from a bare connection lacks notifications, and says so.
+    assert_eq!(store.check().await.unwrap(), [Warning::NoNotifications]);
 
     let node = &cluster.nodes()[1];
     let mut conn = node.connection().await;
@@ -226,6 +227,7 @@ async fn check_looks_at_every_primary() {
             policy,
             ..
         },
+        Warning::NoNotifications,
     ] = &warnings[..]
     else {
         panic!("one warning for the one misconfigured node, got {warnings:?}");

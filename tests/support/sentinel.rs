@@ -1,6 +1,8 @@
 //! A replicated topology that the tests start: a primary, one replica (directly, or through a
 //! [fault proxy](super::proxy::Proxy) that can hold replication back), and optionally three
-//! sentinels with fast failover (`down-after-milliseconds` 500, `failover-timeout` 3000).
+//! sentinels with fast failover (`down-after-milliseconds` 500, `failover-timeout` 3000); or
+//! ([`Topology::two_replicas`]) a primary, two replicas and three sentinels, the shape a
+//! failover keeps `WAIT 1` satisfiable in.
 //!
 //! Every process dies with the test process; sentinels write their config in a temp dir of
 //! their own, removed when they drop.
@@ -31,6 +33,8 @@ pub struct Topology {
     /// The proxy the replica replicates through, with [`Link::Proxied`].
     pub link: Option<Proxy>,
     pub sentinels: Vec<Sentinel>,
+    /// Replicas beyond the first ([`two_replicas`](Self::two_replicas)).
+    pub others: Vec<RedisServer>,
 }
 
 impl Topology {
@@ -53,6 +57,7 @@ impl Topology {
             replica,
             link,
             sentinels: Vec::new(),
+            others: Vec::new(),
         };
         topology.until_synced().await;
         topology
@@ -66,6 +71,141 @@ impl Topology {
             .collect();
         topology.until_sentinels_see_each_other().await;
         topology
+    }
+
+    /// A primary, two replicas (every data node with `repl-diskless-sync-delay 0`, as the docs
+    /// tell operators) and three sentinels with `down-after-milliseconds` `down_after`, all
+    /// synced and known to each other.
+    pub async fn two_replicas(down_after: Duration) -> Self {
+        let primary = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+        let port = primary.port().to_string();
+        let replica = || {
+            RedisServer::start_with(&[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                "--repl-diskless-sync-delay",
+                "0",
+            ])
+        };
+        let mut topology = Topology {
+            replica: replica(),
+            others: vec![replica()],
+            primary,
+            link: None,
+            sentinels: Vec::new(),
+        };
+        topology.until_all_synced(2).await;
+        let ms = down_after.as_millis() as u64;
+        topology.sentinels = (0..3)
+            .map(|_| Sentinel::start_with(topology.primary.port(), ms))
+            .collect();
+        topology.until_sentinels_see_each_other().await;
+        topology
+    }
+
+    /// Every data node: the primary, then the replicas.
+    pub fn data_nodes(&self) -> Vec<&RedisServer> {
+        let mut nodes = vec![&self.primary, &self.replica];
+        nodes.extend(&self.others);
+        nodes
+    }
+
+    /// Waits until `n` replicas acknowledge a write on the primary (for at most 10 s).
+    pub async fn until_all_synced(&self, n: u32) {
+        let mut primary = self.primary.connection().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, acked): ((), u32) = redis::pipe()
+                .cmd("SET")
+                .arg("tower-lease-test:synced")
+                .arg(1)
+                .cmd("WAIT")
+                .arg(n)
+                .arg(200)
+                .query_async(&mut primary)
+                .await
+                .expect("SET and WAIT on the primary");
+            if acked >= n {
+                let _: () = redis::cmd("DEL")
+                    .arg("tower-lease-test:synced")
+                    .query_async(&mut primary)
+                    .await
+                    .expect("DEL on the primary");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{acked} of {n} replicas acknowledged a write"
+            );
+        }
+    }
+
+    /// Asks a sentinel for a graceful failover (`SENTINEL FAILOVER`).
+    pub async fn sentinel_failover(&self) {
+        let mut conn = self.sentinels[0]
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER)
+            .query_async(&mut conn)
+            .await
+            .expect("SENTINEL FAILOVER");
+    }
+
+    /// The port of the primary the sentinels name now (asking the first that answers).
+    pub async fn named_primary(&self) -> Option<u16> {
+        for sentinel in &self.sentinels {
+            let Ok(mut conn) = sentinel.client().get_multiplexed_async_connection().await else {
+                continue;
+            };
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(MASTER)
+                .query_async(&mut conn)
+                .await
+                .ok()
+                .flatten();
+            if let Some((_, port)) = addr {
+                return Some(port);
+            }
+        }
+        None
+    }
+
+    /// Waits until every live sentinel's configuration names a primary other than the one on
+    /// `old` (the failover ended, and each heard of it), for at most 10 s; answers its port.
+    pub async fn until_switched_from(&self, old: u16) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        'again: loop {
+            assert!(Instant::now() < deadline, "the sentinels never switched");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut named = None;
+            for sentinel in &self.sentinels {
+                let Ok(mut conn) = sentinel.client().get_multiplexed_async_connection().await
+                else {
+                    continue;
+                };
+                let fields: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(MASTER)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                match fields.get("port").and_then(|p| p.parse::<u16>().ok()) {
+                    Some(port) if port != old && named.is_none_or(|n| n == port) => {
+                        named = Some(port)
+                    }
+                    _ => continue 'again,
+                }
+            }
+            if let Some(port) = named {
+                return port;
+            }
+        }
     }
 
     /// `redis://127.0.0.1:port` of every sentinel.
@@ -143,7 +283,10 @@ impl Topology {
                     .query_async(&mut conn)
                     .await
                     .unwrap_or_default();
-                let port = self.replica.port().to_string();
+                let ports: Vec<String> = std::iter::once(&self.replica)
+                    .chain(&self.others)
+                    .map(|r| r.port().to_string())
+                    .collect();
                 // Sentinels find each other through the primary every 2 s; without a majority
                 // that knows the others, none could be elected to fail over.
                 let others: Vec<Vec<String>> = redis::cmd("SENTINEL")
@@ -152,7 +295,10 @@ impl Topology {
                     .query_async(&mut conn)
                     .await
                     .unwrap_or_default();
-                if replicas.iter().any(|fields| fields.contains(&port)) && others.len() == 2 {
+                let seen = ports
+                    .iter()
+                    .all(|port| replicas.iter().any(|fields| fields.contains(port)));
+                if seen && others.len() == 2 {
                     break;
                 }
                 assert!(
@@ -263,6 +409,17 @@ impl Sentinel {
     /// Starts a sentinel monitoring the primary on `primary_port` (quorum 2), and waits until it
     /// answers `PING`.
     pub fn start(primary_port: u16) -> Self {
+        Self::start_with(primary_port, 500)
+    }
+
+    /// Stops the sentinel (`SIGKILL`).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// [`start`](Self::start) with `down-after-milliseconds` `down_after_ms`.
+    pub fn start_with(primary_port: u16, down_after_ms: u64) -> Self {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
@@ -278,7 +435,7 @@ impl Sentinel {
                     "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                      sentinel resolve-hostnames no\nsentinel announce-ip 127.0.0.1\n\
                      sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 500\n\
+                     sentinel down-after-milliseconds {MASTER} {down_after_ms}\n\
                      sentinel failover-timeout {MASTER} 3000\n\
                      sentinel parallel-syncs {MASTER} 1\n",
                     dir = dir.display()
