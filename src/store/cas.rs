@@ -96,6 +96,12 @@ pub(super) fn unknown(reply: &redis::Value) -> bool {
     detail.contains("unknown command") || detail.contains("syntax error")
 }
 
+/// Whether `reply` is an `OOM` refusal: `SET` is refused on a full server (`noeviction`), even
+/// when it would only move an expiry.
+pub(super) fn out_of_memory(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::ServerError(e) if e.code() == "OOM")
+}
+
 /// A `SET … IFEQ`'s answer: `OK` when it extended, nil when the lease was gone.
 pub(super) fn set_ifeq_extended(reply: redis::Value) -> Result<Extended> {
     match reply.extract_error().map_err(Error::Redis)? {

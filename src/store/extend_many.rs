@@ -2,7 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::cas::{Cas, native_mode, set_ifeq_extended, unknown};
+use super::cas::{Cas, native_mode, out_of_memory, set_ifeq_extended, unknown};
 use super::replicas::split_wait;
 use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
@@ -45,12 +45,20 @@ where
             self.native.set(Cas::Lua);
         }
         let mut no_script = Vec::new();
+        let mut full = Vec::new();
         let mut answers: Vec<Result<Extended>> = Vec::with_capacity(leases.len());
         for (i, reply) in replies.drain(..).enumerate() {
             if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
                 no_script.push(i);
             }
+            if out_of_memory(&reply) && native_mode(leases[i].mode) {
+                full.push(i);
+            }
             answers.push(answer(reply, short));
+        }
+        // A full server refuses `SET … IFEQ` but not the script's `PEXPIRE`.
+        for i in full {
+            answers[i] = self.extend_script(leases[i]).await;
         }
         if !no_script.is_empty() {
             let missing: Vec<_> = no_script.iter().map(|&i| leases[i]).collect();

@@ -18,7 +18,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::cas::{Cas, commands_found, set_ifeq_extended, unknown};
+use super::cas::{Cas, commands_found, out_of_memory, set_ifeq_extended, unknown};
 use super::extend_many::{extend_keys, extended};
 use super::keys::KeyRole;
 use super::redis::answered_one;
@@ -97,6 +97,11 @@ where
         let Some(mut replies) = self.send_native(&pipe).await? else {
             return Ok(None);
         };
+        if replies.first().is_some_and(out_of_memory) {
+            // `SET` is refused when memory is full, `PEXPIRE` in the script is not: a holder
+            // keeps its lease on a full server, as on one without native commands.
+            return Ok(None);
+        }
         let waited = match self.replicas {
             Some(_) => {
                 let (rest, waited) = split_wait(replies)?;
