@@ -11,15 +11,18 @@
 //! charge), and clients give up on an answer after 80 ms while a charge takes 10 to 120 ms.
 //! The shop runs twice, without and with `IdempotencyLayer`; the example exits non-zero unless
 //! the second run charged every purchase exactly once and every client saw its own receipt.
+//! Under the layer the handler records its `IdempotencyKey` in the charge's own transaction
+//! (a unique key), as a service must for exactly once across a replica that dies mid-request;
+//! here no replica dies, so a run that key refuses counts as a failure of the layer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -28,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rand::Rng;
 use tokio::net::TcpListener;
-use tower_lease::{Idempotency, IdempotencyLayer, RedisStore, Store};
+use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, RedisStore, Store};
 
 /// Purchases are replayed for a day; a charge takes well under the 2 s reservation lease.
 const PURCHASES: Idempotency =
@@ -39,21 +42,41 @@ const CLIENTS: usize = 30;
 const PURCHASES_EACH: usize = 3;
 const GIVE_UP_AFTER: Duration = Duration::from_millis(80);
 
-/// Stands for the payment provider all replicas call: charges by purchase.
+/// Stands for the payment provider all replicas call: charges by purchase, and the ledger of
+/// idempotency keys kept in the same transaction as each charge.
 #[derive(Default)]
 struct Payments {
     charges: Mutex<HashMap<String, Vec<u64>>>,
     next: Mutex<u64>,
+    /// `UNIQUE (idempotency_key)`: the key of every charge made under the layer.
+    ledger: Mutex<HashMap<String, u64>>,
+    /// Runs the ledger refused: the layer let a key run twice.
+    second_runs: Mutex<usize>,
 }
 
-async fn buy(State(payments): State<Arc<Payments>>, purchase: String) -> (StatusCode, String) {
+async fn buy(
+    State(payments): State<Arc<Payments>>,
+    key: Option<Extension<IdempotencyKey>>,
+    purchase: String,
+) -> (StatusCode, String) {
     let took = rand::rng().random_range(10..120);
     tokio::time::sleep(Duration::from_millis(took)).await;
+    // One transaction: the key's row and the charge commit together or not at all, so a
+    // second run with the key (a replica that died before its response was stored) fails
+    // on the unique key instead of charging again.
+    let mut ledger = payments.ledger.lock().unwrap();
+    if let Some(charge) = key.as_ref().and_then(|key| ledger.get(key.key())) {
+        *payments.second_runs.lock().unwrap() += 1;
+        return (StatusCode::CREATED, format!("{purchase}: charge {charge}"));
+    }
     let charge = {
         let mut next = payments.next.lock().unwrap();
         *next += 1;
         *next
     };
+    if let Some(Extension(key)) = &key {
+        ledger.insert(key.key().to_owned(), charge);
+    }
     let mut charges = payments.charges.lock().unwrap();
     charges.entry(purchase.clone()).or_default().push(charge);
     (StatusCode::CREATED, format!("{purchase}: charge {charge}"))
@@ -192,12 +215,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .values()
         .map(Vec::len)
         .sum();
+    let second_runs = *payments.second_runs.lock().unwrap();
     println!(
         "with IdempotencyLayer: {charged} charges for {purchases} purchases, {} receipts, \
-         {twice} charged other than once, {wrong} receipts wrong",
+         {twice} charged other than once, {wrong} receipts wrong, {second_runs} second runs",
         receipts.len()
     );
-    if twice != 0 || wrong != 0 || receipts.len() != purchases || charged != purchases {
+    let failed = twice != 0 || wrong != 0 || second_runs != 0;
+    if failed || receipts.len() != purchases || charged != purchases {
         eprintln!("FAILED: expected every purchase charged exactly once, and its receipt seen");
         std::process::exit(1);
     }

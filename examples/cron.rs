@@ -1,44 +1,97 @@
-//! A job that must run at most once per interval across replicas: each replica's timer tries
-//! the lease, and whoever takes it runs the job and *keeps* the lease, so the others find it
-//! held until the interval is over.
+//! A job that must run at most once per interval across replicas, however long it takes: each
+//! replica's timer tries the lock, and whoever takes it keeps it alive while the job works
+//! (`keep_alive`), then stops the heartbeat without releasing (`into_token`), so the lease runs
+//! out one interval after its last extension and the others find it held until then. One lock:
+//! the lease, not the job's duration, spaces the runs, and a job longer than the interval never
+//! overlaps the next run.
 //!
 //! ```text
 //! cargo run --example cron
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example cron
 //! ```
 //!
-//! Three replicas tick every 500 ms for 7 s; the report runs about once every 2 s.
+//! Three replicas tick every 100 ms for 5 s; the job takes 200 ms or 1.5 s (longer than the
+//! 1 s interval), in turn. The example exits non-zero if two runs overlapped or started less
+//! than an interval apart, or if the job did not run about once per interval.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::{Instant, MissedTickBehavior, interval};
+use tokio::time::{Instant, MissedTickBehavior, interval, sleep};
 use tower_lease::{Lock, RedisStore, Store};
 
-/// The TTL is the interval: a taken lease blocks the job for one interval.
-const NIGHTLY_REPORT: Lock<str> = Lock::new("cron", Duration::from_secs(2));
+/// The TTL is the interval: a lease left to run out blocks the job for one interval from its
+/// last extension.
+const INTERVAL: Duration = Duration::from_secs(1);
+const NIGHTLY_REPORT: Lock<str> = Lock::new("cron", INTERVAL);
+const RUN_FOR: Duration = Duration::from_secs(5);
 
-async fn replica(id: usize, store: Store, job: String, started: Instant) -> usize {
-    let mut tick = interval(Duration::from_millis(500));
+/// When each run started and ended, and whether it kept its lease throughout, from every
+/// replica.
+type Runs = Arc<Mutex<Vec<(Instant, Instant, bool)>>>;
+
+async fn replica(id: usize, store: Store, job: String, started: Instant, runs: Runs) {
+    let mut tick = interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut runs = 0;
-    while started.elapsed() < Duration::from_secs(7) {
+    while started.elapsed() < RUN_FOR {
         tick.tick().await;
-        match NIGHTLY_REPORT.try_lock(&store, &job).await {
-            Ok(Some(token)) => {
-                runs += 1;
-                println!(
-                    "{:>6.2} s  replica {id} runs the report",
-                    started.elapsed().as_secs_f64()
-                );
-                // Not released on purpose: the lease, not the job's duration, spaces the runs.
-                // Dropping a token does not touch the store.
-                drop(token);
+        let token = match NIGHTLY_REPORT.try_lock(&store, &job).await {
+            Ok(Some(token)) => token,
+            Ok(None) => continue,
+            Err(error) => {
+                eprintln!("replica {id}: lock store failed, skipping this tick: {error}");
+                continue;
             }
-            Ok(None) => {}
-            Err(error) => eprintln!("replica {id}: lock store failed, skipping this tick: {error}"),
+        };
+        let begun = Instant::now();
+        let n = runs.lock().unwrap().len();
+        let work = if n.is_multiple_of(2) {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_millis(1500)
+        };
+        println!(
+            "{:>6.2} s  replica {id} runs the report ({} ms)",
+            started.elapsed().as_secs_f64(),
+            work.as_millis()
+        );
+        // Kept alive while the job works, however long that is.
+        let held = token.keep_alive();
+        let kept = held.run(sleep(work)).await.is_some();
+        if !kept {
+            eprintln!("replica {id}: the lease was lost while the report ran");
+        }
+        runs.lock().unwrap().push((begun, Instant::now(), kept));
+        // Not released on purpose: the heartbeat stops, and the lease runs out one interval
+        // after its last extension. Dropping a token does not touch the store.
+        drop(held.into_token());
+    }
+}
+
+/// What went wrong with `runs` (sorted by start), if anything.
+fn check(runs: &[(Instant, Instant, bool)]) -> Result<(), String> {
+    if runs.iter().any(|&(_, _, kept)| !kept) {
+        return Err("a run lost its lease".into());
+    }
+    // A lease taken at `start` (sent a little before) ends no sooner than one interval later.
+    let slack = Duration::from_millis(20);
+    for pair in runs.windows(2) {
+        let ((start, end, _), (next, _, _)) = (pair[0], pair[1]);
+        if next < end {
+            return Err(format!(
+                "a run started {:?} before the last one ended",
+                end - next
+            ));
+        }
+        if next - start + slack < INTERVAL {
+            return Err(format!("two runs started {:?} apart", next - start));
         }
     }
-    runs
+    // Short and long jobs in turn: about 3.8 s for four runs, plus the ticks' lateness.
+    if runs.len() < 3 {
+        return Err(format!("only {} runs", runs.len()));
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -50,16 +103,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One job name per run, so a Redis shared with earlier runs holds no stale lease.
     let job = format!("report-{}", std::process::id());
     let started = Instant::now();
+    let runs = Runs::default();
     let replicas: Vec<_> = (0..3)
-        .map(|id| tokio::spawn(replica(id, store.clone(), job.clone(), started)))
+        .map(|id| {
+            tokio::spawn(replica(
+                id,
+                store.clone(),
+                job.clone(),
+                started,
+                runs.clone(),
+            ))
+        })
         .collect();
-    let mut runs = 0;
     for replica in replicas {
-        runs += replica.await?;
+        replica.await?;
     }
-    println!("{runs} runs in 7 s with a 2 s interval");
-    if !(3..=4).contains(&runs) {
-        eprintln!("FAILED: expected 3 or 4 runs");
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort();
+    println!(
+        "{} runs in {RUN_FOR:?} with a {INTERVAL:?} interval",
+        runs.len()
+    );
+    if let Err(failure) = check(&runs) {
+        eprintln!("FAILED: {failure}");
         std::process::exit(1);
     }
     Ok(())

@@ -107,6 +107,15 @@ impl FinishOnDrop<()> {
 }
 
 impl<T: Send + 'static> FinishOnDrop<T> {
+    /// A call that, abandoned, still runs to its end in the background, its answer dropped:
+    /// a token's or a `Held`'s release, whose caller may give up on it (a `select!` whose
+    /// other branch won, a timeout) after the lease was already taken out of its care.
+    pub(crate) fn to_the_end(call: BoxFuture<'static, T>) -> Self {
+        Self::new(call, |_| None)
+    }
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
     /// A call whose answer, when nobody waits for it any more, goes to `if_abandoned`.
     pub(crate) fn new(call: BoxFuture<'static, T>, if_abandoned: FollowUp<T>) -> Self {
         Self {

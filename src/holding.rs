@@ -30,6 +30,10 @@ pub(crate) struct Holding {
     /// When the store confirmed the lease, for `tower_lease_hold_seconds`.
     #[cfg(feature = "metrics")]
     taken: Moment,
+    /// Whether this holding's drop ends the lease in the metrics: not once it was handed over
+    /// (see [`hand_over`](Self::hand_over)).
+    #[cfg(feature = "metrics")]
+    counted: std::sync::atomic::AtomicBool,
 }
 
 impl Holding {
@@ -98,10 +102,12 @@ impl Holding {
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
             let sent = Moment::now();
-            let acquisition = store
-                .backend()
-                .acquire(LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret))
-                .await;
+            let lease = LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret);
+            let acquisition = store.backend().acquire(lease).await;
+            if let Err(error) = &acquisition {
+                // A call that timed out may still land: what it takes is given back.
+                store.give_back(lease, error);
+            }
             let answered = Moment::now();
             let answer = acquisition.map(|acquisition| match acquisition {
                 Acquisition::Acquired { fence } => Attempt::Acquired(fence),
@@ -131,6 +137,8 @@ impl Holding {
                 confirmed_at: Mutex::new(sent_at),
                 #[cfg(feature = "metrics")]
                 taken: answered,
+                #[cfg(feature = "metrics")]
+                counted: true.into(),
             }))
         }
     }
@@ -165,7 +173,36 @@ impl Holding {
             confirmed_at: Mutex::new(sent_at),
             #[cfg(feature = "metrics")]
             taken: answered,
+            #[cfg(feature = "metrics")]
+            counted: true.into(),
         }
+    }
+
+    /// The same lease for a new owner, when the old one (a [`Held`](crate::Held)'s state,
+    /// which handles may keep alive) stops holding it without a release: same secret, fence
+    /// and confirmed time. The lease ends once in the metrics, when the new owner is done.
+    pub(crate) fn hand_over(&self) -> Holding {
+        #[cfg(feature = "metrics")]
+        self.counted
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        Holding {
+            store: self.store.clone(),
+            spec: self.spec,
+            mode: self.mode,
+            name: self.name.clone(),
+            secret: self.secret.clone(),
+            fence: self.fence,
+            confirmed_at: Mutex::new(self.confirmed_at()),
+            #[cfg(feature = "metrics")]
+            taken: self.taken,
+            #[cfg(feature = "metrics")]
+            counted: true.into(),
+        }
+    }
+
+    /// Records a confirmed extension by the heartbeat, sent at `sent_at`.
+    pub(crate) fn confirmed(&self, sent_at: Instant) {
+        *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner()) = sent_at;
     }
 
     /// This lease, as [`Backend`](crate::store::Backend) calls take it.
@@ -238,7 +275,9 @@ impl Holding {
 #[cfg(feature = "metrics")]
 impl Drop for Holding {
     fn drop(&mut self) {
-        telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
+        if *self.counted.get_mut() {
+            telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
+        }
     }
 }
 

@@ -22,7 +22,7 @@ mod write_intent;
 
 pub use crate::attempt::Attempt;
 pub use crate::error::{Error, Result};
-pub use crate::idempotency::{Idempotency, IdempotencyLayer};
+pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
 pub use crate::lock::{Lock, RwLock};

@@ -13,8 +13,7 @@ use crate::store::Mode;
 pub(crate) enum AcquireOutcome {
     /// The lease was taken.
     Acquired,
-    /// Someone else holds the lock (the label says `held`, the word the public
-    /// `held_status` uses for it).
+    /// Someone else holds the lock (the label says `held`).
     Busy,
     /// The name was refused before the store was asked.
     InvalidName,
@@ -72,8 +71,12 @@ pub(crate) enum IdempotencyOutcome {
     /// The key was missing (where required) or malformed.
     InvalidKey,
     /// The request ran but nothing replayable was stored: a `5xx` (the key is freed), a lost
-    /// lease, a response over the limit or broken off, or a store failure.
+    /// lease, a response over the limit or broken off.
     NotStored,
+    /// Whether the request took effect is unknown: its response could not be stored within
+    /// `complete_within` (`503`, stored later in the background), or, under `at_most_once`,
+    /// a retry found the reservation of a holder that died (`409`).
+    OutcomeUnknown,
 }
 
 impl IdempotencyOutcome {
@@ -86,6 +89,7 @@ impl IdempotencyOutcome {
             IdempotencyOutcome::Mismatch => "mismatch",
             IdempotencyOutcome::InvalidKey => "invalid_key",
             IdempotencyOutcome::NotStored => "not_stored",
+            IdempotencyOutcome::OutcomeUnknown => "outcome_unknown",
         }
     }
 }
@@ -136,7 +140,7 @@ fn describe() {
         );
         metrics::describe_counter!(
             "tower_lease_idempotency_total",
-            "Requests with an idempotency key by outcome: stored, replayed, in_flight, mismatch, invalid_key, not_stored"
+            "Requests with an idempotency key by outcome: stored, replayed, in_flight, mismatch, invalid_key, not_stored, outcome_unknown"
         );
         metrics::describe_counter!(
             "tower_lease_lost_total",

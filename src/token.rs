@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::holding::Holding;
 use crate::lease::Held;
 
@@ -25,9 +26,12 @@ macro_rules! token {
             /// Gives the lease up so others can take it at once.
             ///
             /// Answers `false` when the lease had already run out (someone else may hold the lock
-            /// now, and their lease is left alone).
+            /// now, and their lease is left alone). Once polled, the release runs to its end even
+            /// if this future is dropped (a `select!` whose other branch won, a timeout): it goes
+            /// on in a spawned task.
             pub async fn release(self) -> Result<bool> {
-                self.holding.release().await
+                let holding = self.holding;
+                FinishOnDrop::to_the_end(Box::pin(async move { holding.release().await })).await
             }
 
             /// Restarts the lease for one full TTL from now.
@@ -61,6 +65,22 @@ macro_rules! token {
             /// Outside a tokio runtime (the heartbeat is a task).
             pub fn keep_alive(self) -> Held<Self> {
                 Held::new(self.holding)
+            }
+        }
+
+        impl<L> Held<$ty<L>> {
+            /// Stops the heartbeat and gives the token back, without releasing: the lease runs
+            /// to its TTL from its last extension unless the token releases (or extends) it.
+            ///
+            /// For a job that runs at most once per interval however long it takes (the
+            /// `cron` example): take the lock with the interval as its TTL, keep it alive while
+            /// the job works, then let it run out, so the next run starts an interval after
+            /// the last extension at the soonest.
+            ///
+            /// The [`Lease`](crate::Lease) handles of this `Held` see the lease ended (not
+            /// lost) from now on.
+            pub fn into_token(self) -> $ty<L> {
+                $ty::new(self.into_holding())
             }
         }
 

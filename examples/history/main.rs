@@ -7,7 +7,7 @@
 //! is possible under the lock's promises (see `check.rs`).
 //!
 //! ```text
-//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--seed N]
+//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency] [--seed N]
 //! cargo run --example history -- check <history.jsonl>
 //! ```
 //!
@@ -20,10 +20,16 @@
 //! and fails over (`SIGKILL` of the primary, restarted as the new one's replica, or
 //! `SENTINEL FAILOVER`); `--sentinel` runs only such histories.
 //!
-//! `--control` runs two histories broken on purpose, in which the checker must find violations:
-//! one of broken clients (no heartbeat, no deadline check, unconditional writes), one of
-//! correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
-//! comparing the secret). Each history is written to a JSON-lines file, whose path is printed;
+//! Two histories in every run (`--idempotency` runs only those) pay through
+//! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that
+//! retry, and check that an acknowledged payment never runs again (`idempotency.rs`,
+//! `idem_run.rs`, `idem_check.rs`).
+//!
+//! `--control` runs three histories broken on purpose, in which the checker must find
+//! violations: one of broken clients (no heartbeat, no deadline check, unconditional writes),
+//! one of correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
+//! comparing the secret), and one of payments over a store that acknowledges a completion
+//! before storing it. Each history is written to a JSON-lines file, whose path is printed;
 //! the last line printed is `N histories, M operations, K violations`, and the exit status is
 //! non-zero when K > 0 (or, under `--control`, when a history has none).
 
@@ -39,6 +45,9 @@ mod broken;
 mod check;
 mod connect;
 mod http;
+mod idem_check;
+mod idem_run;
+mod idempotency;
 mod nemesis;
 #[allow(dead_code, reason = "shared with the tests, which use more of it")]
 #[path = "../../tests/support/proxy.rs"]
@@ -77,7 +86,33 @@ enum Mode {
     BrokenClient,
     /// Correct clients over the broken lock.
     BrokenLock,
+    /// The idempotency workload (`idempotency.rs`).
+    Idempotent(idem_run::Variant),
 }
+
+/// The idempotency histories: on one Redis, failing over, and failing over under
+/// `at_most_once`; the control's, over a store that acknowledges before storing. `--quick`
+/// runs the first and the third.
+const IDEM_SINGLE: Mode = Mode::Idempotent(idem_run::Variant {
+    replicated: false,
+    at_most_once: false,
+    broken: false,
+});
+const IDEM_REPLICATED: Mode = Mode::Idempotent(idem_run::Variant {
+    replicated: true,
+    at_most_once: false,
+    broken: false,
+});
+const IDEM_ONCE: Mode = Mode::Idempotent(idem_run::Variant {
+    replicated: true,
+    at_most_once: true,
+    broken: false,
+});
+const IDEM_BROKEN: Mode = Mode::Idempotent(idem_run::Variant {
+    replicated: false,
+    at_most_once: false,
+    broken: true,
+});
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -90,6 +125,42 @@ fn main() {
     };
     let number = |f: &str| value(f).and_then(|v| v.parse::<u64>().ok());
     let command = args.first().map(String::as_str);
+    if let Some(role @ ("idem-serve" | "idem-drive")) = command {
+        let timing = idempotency::Timing {
+            lease: Duration::from_millis(number("--ttl-ms").unwrap_or(1_000)),
+        };
+        let secs = number("--secs").unwrap_or(10);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        if role == "idem-serve" {
+            let replica = idempotency::Replica {
+                replica: number("--process").unwrap_or(0),
+                locks: Locks::from_args(value("--locks"), value("--sentinels")),
+                register_url: value("--register").expect("--register URL"),
+                port: number("--port").expect("--port") as u16,
+                secs,
+                timing,
+                at_most_once: flag("--at-most-once"),
+                broken: flag("--broken-idem"),
+            };
+            runtime.block_on(replica.run());
+            return;
+        }
+        let ports = value("--ports").expect("--ports P,P,..");
+        let driver = idempotency::Driver {
+            ports: ports.split(',').filter_map(|p| p.parse().ok()).collect(),
+            secs,
+            seed: number("--seed").unwrap_or(0),
+            timing,
+        };
+        let out = value("--out").expect("--out FILE");
+        let mut out = BufWriter::new(std::fs::File::create(out).expect("history file"));
+        runtime.block_on(driver.run(&mut out));
+        out.flush().expect("history file");
+        return;
+    }
     if let Some(role @ ("worker" | "serve" | "drive")) = command {
         let locks = || Locks::from_args(value("--locks"), value("--sentinels"));
         let register_url = || value("--register").expect("--register URL");
@@ -148,7 +219,11 @@ fn main() {
                 .lines()
                 .map(|line| serde_json::from_str(&line.expect("a line")).expect("JSON"))
                 .collect();
-            let verdict = check::check(&history);
+            let verdict = if history.iter().any(|v| v["op"] == "idem_config") {
+                idem_verdict(idem_check::check(&history))
+            } else {
+                check::check(&history)
+            };
             for violation in &verdict.violations {
                 println!("violation: {violation}");
             }
@@ -162,29 +237,46 @@ fn main() {
         Some("run") => {
             let control = flag("--control");
             let seed = number("--seed").unwrap_or_else(now_us);
-            let (modes, secs) = if control {
-                (vec![Mode::BrokenClient, Mode::BrokenLock], 15)
+            let quick = flag("--quick");
+            // Each history with its length.
+            let modes: Vec<(Mode, u64)> = if control {
+                vec![
+                    (Mode::BrokenClient, 15),
+                    (Mode::BrokenLock, 15),
+                    (IDEM_BROKEN, 15),
+                ]
+            } else if flag("--idempotency") {
+                if quick {
+                    vec![(IDEM_SINGLE, 40), (IDEM_ONCE, 45)]
+                } else {
+                    [IDEM_SINGLE, IDEM_REPLICATED, IDEM_ONCE]
+                        .map(|m| (m, 120))
+                        .to_vec()
+                }
             } else if flag("--sentinel") {
-                let n = if flag("--quick") { 1 } else { 2 };
-                (
-                    vec![Mode::Replicated; n],
-                    if flag("--quick") { 60 } else { 300 },
-                )
-            } else if flag("--quick") {
-                (vec![Mode::Single, Mode::Single, Mode::Replicated], 50)
+                let n = if quick { 1 } else { 2 };
+                vec![(Mode::Replicated, if quick { 60 } else { 300 }); n]
+            } else if quick {
+                let lock = [Mode::Single, Mode::Single, Mode::Replicated].map(|m| (m, 50));
+                let idem = [(IDEM_SINGLE, 40), (IDEM_ONCE, 45)];
+                lock.into_iter().chain(idem).collect()
             } else {
-                (
-                    vec![Mode::Single, Mode::Single, Mode::Replicated, Mode::Single],
-                    300,
-                )
+                let lock = [Mode::Single, Mode::Single, Mode::Replicated, Mode::Single];
+                let idem = [IDEM_SINGLE, IDEM_REPLICATED, IDEM_ONCE].map(|m| (m, 120));
+                lock.map(|m| (m, 300)).into_iter().chain(idem).collect()
             };
-            // A shorter (or longer) history than the mode's, to look at one.
-            let secs = number("--secs").unwrap_or(secs);
             let mut operations = 0;
             let mut violations = 0;
             let mut clean = 0;
-            for (h, &mode) in modes.iter().enumerate() {
-                let verdict = run_one(seed + h as u64, secs, mode);
+            for (h, &(mode, secs)) in modes.iter().enumerate() {
+                // A shorter (or longer) history than the mode's, to look at one.
+                let secs = number("--secs").unwrap_or(secs);
+                let verdict = match mode {
+                    Mode::Idempotent(variant) => {
+                        idem_verdict(idem_run::run_one(seed + h as u64, secs, variant))
+                    }
+                    _ => run_one(seed + h as u64, secs, mode),
+                };
                 operations += verdict.operations;
                 violations += verdict.violations.len();
                 clean += usize::from(verdict.violations.is_empty());
@@ -200,10 +292,21 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: history run [--quick] [--control] [--sentinel] [--seed N] | history check FILE"
+                "usage: history run [--quick] [--control] [--sentinel] [--idempotency] [--seed N] \
+                 | history check FILE"
             );
             std::process::exit(2);
         }
+    }
+}
+
+/// An idempotency history's verdict, as the lock histories' count theirs.
+fn idem_verdict(verdict: idem_check::Verdict) -> check::Verdict {
+    check::Verdict {
+        operations: verdict.attempts + verdict.runs,
+        faults: verdict.faults,
+        violations: verdict.violations,
+        ..check::Verdict::default()
     }
 }
 

@@ -112,7 +112,7 @@ impl LockStore {
     }
 }
 
-fn single(
+pub fn single(
     choice: u32,
     rng: &mut StdRng,
     server: &mut RedisServer,
@@ -175,7 +175,7 @@ fn single(
 /// failover to a replica that has not synced would lose the leases it acknowledged before it
 /// died, which `WAIT` does not cover, and sentinels still busy with the last failover may
 /// undo the next one.
-fn failover(
+pub fn failover(
     choice: u32,
     topology: &mut Topology,
     last: &mut Option<Instant>,

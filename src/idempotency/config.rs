@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use super::Idempotency;
+use super::background::Background;
 use super::body::IdempotentBody;
 use super::cache::Replays;
 use crate::Store;
@@ -23,6 +24,9 @@ pub(super) const DEFAULT_MAX_RESPONSE: usize = 1024 * 1024;
 /// How long the request body may take to arrive by default.
 pub(super) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a response may wait for its record to be stored by default.
+pub(super) const DEFAULT_COMPLETE_WITHIN: Duration = Duration::from_secs(10);
+
 /// What a layer does, shared by every service and request it makes.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -34,6 +38,10 @@ pub(crate) struct Config {
     pub(crate) max_body: usize,
     pub(crate) body_timeout: Duration,
     pub(crate) max_response: usize,
+    /// How long the first request's response waits for its record to be stored.
+    pub(crate) complete_within: Duration,
+    /// The completions still tried after their request was answered.
+    pub(crate) background: Background,
     pub(crate) renderer: Renderer,
     pub(crate) timing: HeartbeatTiming,
     /// The coarse timer of a reservation's first beat.

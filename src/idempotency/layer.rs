@@ -8,7 +8,9 @@ use http::Request;
 use tower_layer::Layer;
 
 use super::Idempotency;
-use super::config::{Config, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE};
+use super::config::{
+    Config, DEFAULT_BODY_TIMEOUT, DEFAULT_COMPLETE_WITHIN, DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE,
+};
 use super::service::IdempotencyService;
 use crate::Store;
 use crate::layer::extract::ExtractName;
@@ -64,6 +66,8 @@ impl IdempotencyLayer {
             max_body: DEFAULT_MAX_BODY,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_response: DEFAULT_MAX_RESPONSE,
+            complete_within: DEFAULT_COMPLETE_WITHIN,
+            background: Default::default(),
             renderer: Renderer::default(),
             timing,
             first_beat_timer: Watchdog::new(timing.every),
@@ -127,6 +131,18 @@ impl<E> IdempotencyLayer<E> {
         self
     }
 
+    /// How long the first request's response waits for its record to be stored (default
+    /// 10 s). No response goes out before its record is stored (and acknowledged by the
+    /// replicas a [`wait_for_replicas`](crate::RedisStore::wait_for_replicas) store waits
+    /// for): while storing fails, the reservation is kept and the completion tried again.
+    /// After `within`, the client gets `503` `urn:tower-lease:idempotency-outcome-unknown`
+    /// with `Retry-After`, and the layer goes on trying in the background while it lives (at
+    /// most for the retention): once stored, retries replay the response.
+    pub fn complete_within(mut self, within: Duration) -> Self {
+        self.config.complete_within = within;
+        self
+    }
+
     /// Renders the layer's refusals (`400`, `409`, `410`, `422`, `413`, `408`, `503`) with
     /// `hook`, as [`LockLayer::on_rejection`](crate::LockLayer::on_rejection) does.
     pub fn on_rejection<M: 'static>(mut self, hook: impl OnRejection<M>) -> Self {
@@ -151,6 +167,7 @@ impl<E> fmt::Debug for IdempotencyLayer<E> {
             .field("wait", &self.config.wait)
             .field("max_body", &self.config.max_body)
             .field("max_response", &self.config.max_response)
+            .field("complete_within", &self.config.complete_within)
             .finish_non_exhaustive()
     }
 }

@@ -36,12 +36,14 @@
 //! | no `Idempotency-Key` | runs as usual; `400` `urn:tower-lease:idempotency-key-missing` under [`require_key`](IdempotencyLayer::require_key) |
 //! | a key that is not 1 to 255 printable ASCII characters, as a structured-field string (`"8e03978e-…"`) or bare token characters (`8e03978e-…`), or two keys | `400` `urn:tower-lease:idempotency-key-invalid` |
 //! | a body over [`max_body`](IdempotencyLayer::max_body) (1 MiB), or slower than [`body_timeout`](IdempotencyLayer::body_timeout) (10 s) | `413`, `408`, before anything is reserved |
-//! | the first with its key | runs under the reservation; its response is stored for the retention |
+//! | the first with its key | runs under the reservation; its response goes out once stored for the retention (and acknowledged by the replicas a [`wait_for_replicas`](crate::RedisStore::wait_for_replicas) store waits for) |
+//! | the first, its record not stored within [`complete_within`](IdempotencyLayer::complete_within) (10 s) | `503` `urn:tower-lease:idempotency-outcome-unknown` with `Retry-After`; stored in the background, then replayed |
 //! | a retry, same fingerprint, first completed | the stored response, with `Idempotent-Replayed: true`; the inner service is not called |
 //! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`wait`](IdempotencyLayer::wait), the first's response once it is stored |
 //! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
 //! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
 //! | the first's response was not stored (see below) | `410` `urn:tower-lease:idempotency-not-stored`, with `Idempotent-Replayed: true` and the first's status in the detail; never a second run |
+//! | under [`at_most_once`](Idempotency::at_most_once), a retry after the first's holder died | `409` `urn:tower-lease:idempotency-outcome-unknown`, no `Retry-After`, for the retention; never a second run |
 //! | the store failed | `503` `urn:tower-lease:lock-store-unavailable`, `Retry-After: 1` |
 //!
 //! Both spellings of a key name the same key: `"abc"` and `abc`. A bare key may hold the
@@ -87,8 +89,27 @@
 //! next `.await` and nothing is stored; a retry runs again, so write through the fence.
 //!
 //! The response is stored only while the reservation is still ours (the store compares its
-//! secret), in the same step that ends it; when storing fails, the reservation is left to run
-//! out rather than freed, so a retry within the lease is told `409` rather than run twice.
+//! secret), or the key is empty (the reservation ran out, or a restart lost it, and nobody
+//! took it since), in the same step that ends it. No response goes out before that: a `2xx`
+//! whose record was lost would let a retry run the request again. While storing fails the
+//! heartbeat keeps the reservation, and the completion is sent again (a completion sent twice
+//! is answered the same) until stored or [`complete_within`](IdempotencyLayer::complete_within)
+//! passed; then the client gets `503` outcome unknown, and the layer goes on trying in the
+//! background (at most for the retention, and while the layer lives).
+//!
+//! Not promised: a retry that comes while a record waits for its replicas' `WAIT` may be
+//! replayed that record from the primary (the look does not wait for replicas), and a
+//! layer dropped while its completions are still tried leaves their reservations to run out.
+//!
+//! # Exactly once, and at most once
+//!
+//! A replica that dies mid-request leaves a reservation that runs out; by default a retry
+//! then runs again. [`at_most_once`](Idempotency::at_most_once) keeps it from running again:
+//! the reservation leaves a marker for the retention, and a retry that finds the reservation
+//! gone without a completion (or a `5xx`, which frees both) is told `409` outcome unknown.
+//! Neither undoes an effect whose response was never stored. Exactly once needs the handler:
+//! it gets the key as [`IdempotencyKey`] and records it in the same transaction as its
+//! effect, under `UNIQUE (idempotency_key)`, so a second run fails there.
 //!
 //! Once the body is read, the rest of the request (the look-up included) runs in that task:
 //! a client cut while the key is being reserved leaves no reservation that nobody runs.
@@ -108,10 +129,13 @@
 //! the lease), and once it completed, the record written over it (fingerprint, the completing
 //! reservation's secret, so a completion sent twice is answered the same, and the response),
 //! `PX` the retention. So a first request costs the store what a lock does: one `SET NX PX`
-//! to reserve, one script to complete. `…:fence` is the fence counter of a fenced definition. The scope has `\` and `:`
+//! to reserve, one script to complete. `…:fence` is the fence counter of a fenced definition,
+//! `…:unknown` the marker of an at-most-once one: a reservation's value is its bare secret,
+//! which the lock scripts extend and release, and the key expires with the lease, so what
+//! must outlive the lease needs a key of its own. The scope has `\` and `:`
 //! escaped, so the names are injective in (scope, key); all keys of one key share its hash tag
 //! and cluster slot. Nothing outlives its expiry: records their retention, reservations their
-//! lease, fence counters an hour.
+//! lease, markers their retention, fence counters an hour.
 //!
 //! # Waiting
 //!
@@ -128,9 +152,12 @@ use std::time::Duration;
 
 use crate::spec::Spec;
 
+mod background;
 mod body;
 mod cache;
+mod complete;
 mod config;
+mod extension;
 mod fingerprint;
 mod future;
 mod key;
@@ -140,6 +167,7 @@ mod run;
 mod service;
 
 pub use self::body::IdempotentBody;
+pub use self::extension::IdempotencyKey;
 pub use self::future::ResponseFuture;
 pub use self::layer::{IdempotencyLayer, Unscoped};
 pub use self::service::IdempotencyService;
@@ -162,6 +190,7 @@ const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 pub struct Idempotency {
     pub(crate) spec: Spec,
     pub(crate) retention: Duration,
+    pub(crate) at_most_once: bool,
 }
 
 impl Idempotency {
@@ -180,6 +209,7 @@ impl Idempotency {
         Self {
             spec: Spec::new(namespace, DEFAULT_LEASE),
             retention,
+            at_most_once: false,
         }
     }
 
@@ -203,6 +233,19 @@ impl Idempotency {
         self
     }
 
+    /// Never runs a key twice, even when its first request's replica died mid-request: a
+    /// reservation whose holder died (its lease ran out without a completion) makes the key's
+    /// outcome unknown for the retention, and its retries get `409`
+    /// `urn:tower-lease:idempotency-outcome-unknown` instead of running again. Without it,
+    /// such a key runs again once the lease ran out. A `5xx` still frees the key.
+    ///
+    /// It costs one more key in the store per request (a marker, `PX` the retention) and the
+    /// reservation is taken by a script.
+    pub const fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
     /// The namespace.
     pub const fn namespace(&self) -> &'static str {
         self.spec.namespace
@@ -221,6 +264,7 @@ impl fmt::Debug for Idempotency {
             .field("retention", &self.retention)
             .field("lease", &self.spec.ttl)
             .field("fenced", &self.spec.fenced)
+            .field("at_most_once", &self.at_most_once)
             .finish()
     }
 }

@@ -20,7 +20,9 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
+use super::complete::complete;
 use super::config::Config;
+use super::extension::IdempotencyKey;
 use super::record;
 use crate::holding::Holding;
 use crate::layer::{BoxError, Reason};
@@ -28,7 +30,7 @@ use crate::lease::heartbeat::Heartbeat;
 use crate::lease::own::OwnLease;
 use crate::owned_name::OwnedName;
 use crate::store::watchdog::Watchdog;
-use crate::store::{Completion, FINGERPRINT_LEN, Secret};
+use crate::store::{FINGERPRINT_LEN, Secret};
 use crate::telemetry::{self, IdempotencyOutcome};
 
 /// A key the store reserved for this request.
@@ -39,6 +41,8 @@ pub(crate) struct Reserved {
     /// When the `idempotency_begin` that reserved it was sent.
     pub(crate) sent_at: Instant,
     pub(crate) fingerprint: [u8; FINGERPRINT_LEN],
+    /// The handler's view of the key.
+    pub(crate) key: IdempotencyKey,
 }
 
 /// How the inner response's body ended while the layer read it.
@@ -81,6 +85,7 @@ where
     );
     let own = OwnLease::new(holding, reserved.sent_at, config.timing);
     req.extensions_mut().insert(own.lease());
+    req.extensions_mut().insert(reserved.key);
     let call = inner.call(req);
     finish(config, own, call, reserved.fingerprint).await
 }
@@ -131,48 +136,40 @@ where
     if parts.status.is_server_error() {
         // Never stored: the key is freed before the answer goes out, so the retry runs.
         telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
-        own.release().await;
+        free(&config, own).await;
         return Ok(respond(parts, data, ending));
     }
     let stored = match &ending {
         Read::Whole => record::encode(parts.status, &parts.headers, &data),
         _ => record::encode_not_stored(parts.status),
     };
-    // Out of the heartbeat first, so no extension races the completion; if the completion
-    // fails the reservation runs out by its TTL rather than freeing the key for a second run.
-    let state = own.stop();
-    let completion = Completion::new(&fingerprint, &stored, config.idempotency.retention);
-    let lease = state.holding.lease_ref();
-    let sent_at = Instant::now();
-    let completed = config
-        .store
-        .backend()
-        .idempotency_complete(lease, completion)
-        .await;
-    if let Ok(true) = completed {
-        let (name, retention) = (state.holding.name(), config.idempotency.retention);
-        let record = Bytes::from(stored);
-        config
-            .replays
-            .put(name, fingerprint, record, sent_at, retention);
-    }
-    let outcome = match completed {
-        Ok(true) if matches!(ending, Read::Whole) => IdempotencyOutcome::Stored,
-        Ok(true) => IdempotencyOutcome::NotStored,
-        Ok(false) => {
-            tracing::warn!(
-                namespace,
-                "the reservation ran out before its response was stored"
-            );
-            IdempotencyOutcome::NotStored
-        }
-        Err(error) => {
-            tracing::warn!(namespace, %error, "storing the response failed");
-            IdempotencyOutcome::NotStored
-        }
+    let whole = matches!(ending, Read::Whole);
+    let record = Bytes::from(stored);
+    // No response before its record is stored: a `2xx` that a retry could not replay would
+    // let that retry run the request again.
+    let Err(reason) = complete(&config, own, fingerprint, record).await else {
+        let outcome = match whole {
+            true => IdempotencyOutcome::Stored,
+            false => IdempotencyOutcome::NotStored,
+        };
+        telemetry::idempotency(namespace, outcome);
+        return Ok(respond(parts, data, ending));
     };
-    telemetry::idempotency(namespace, outcome);
-    Ok(respond(parts, data, ending))
+    telemetry::idempotency(namespace, IdempotencyOutcome::OutcomeUnknown);
+    Ok(config.refuse(reason))
+}
+
+/// Frees the key of a response that is not stored, with an at-most-once key's marker.
+async fn free(config: &Config, own: OwnLease) {
+    if !config.idempotency.at_most_once {
+        return own.release().await;
+    }
+    let state = own.stop();
+    let lease = state.holding.lease_ref();
+    if let Err(error) = config.store.backend().idempotency_free(lease).await {
+        let namespace = config.idempotency.spec.namespace;
+        tracing::warn!(namespace, %error, "freeing the idempotency key failed");
+    }
 }
 
 /// The first client's response: all of it, whatever was stored.

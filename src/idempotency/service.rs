@@ -18,6 +18,7 @@ use tower_service::Service;
 use super::body::IdempotentBody;
 use super::cache::Cached;
 use super::config::Config;
+use super::extension::IdempotencyKey;
 use super::fingerprint::fingerprint;
 use super::future::ResponseFuture;
 use super::key;
@@ -125,13 +126,18 @@ where
         };
         let scope = self.scope.extract(&req);
         let scope = scope.as_ref().map(|scope| scope.lock_name());
-        let key = key.and_then(|key| match scope {
+        let key = key.and_then(|key| match &scope {
             Some(scope) if scope.len() > crate::MAX_NAME_LEN => Err(Reason::IdempotencyKeyInvalid),
-            Some(scope) => Ok(key::name(&scope, &key)),
-            None => Ok(key::name(b"", &key)),
+            Some(scope) => Ok((key::name(scope, &key), key)),
+            None => Ok((key::name(b"", &key), key)),
         });
         let name = match key {
-            Ok(name) => name,
+            Ok((name, key)) => {
+                // Printable ASCII, as parsed.
+                let key = String::from_utf8_lossy(&key).into_owned();
+                let scope = scope.map(|scope| scope.into_owned());
+                Named { name, key, scope }
+            }
             Err(problem) => {
                 telemetry::idempotency(namespace, IdempotencyOutcome::InvalidKey);
                 let response = config.refuse(problem);
@@ -142,12 +148,19 @@ where
     }
 }
 
+/// A request's valid key: its store name, and the key and scope for the handler.
+struct Named {
+    name: Vec<u8>,
+    key: String,
+    scope: Option<Vec<u8>>,
+}
+
 /// A request with a valid key: its body read, its key looked up, then replayed, refused or run.
 async fn keyed<S, B, ResBody>(
     inner: S,
     config: Arc<Config>,
     req: Request<B>,
-    name: Vec<u8>,
+    named: Named,
 ) -> Result<Response<IdempotentBody<ResBody>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
@@ -167,7 +180,7 @@ where
     let fingerprint = fingerprint(&parts, &body);
     let spec = config.idempotency.spec;
     let namespace = spec.namespace;
-    match config.replays.get(&name, &fingerprint) {
+    match config.replays.get(&named.name, &fingerprint) {
         Some(Cached::Replay(record)) => return Ok(replay(&config, record)),
         Some(Cached::Mismatch) => {
             telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
@@ -181,7 +194,7 @@ where
     let task_config = config.clone();
     // Boxed: the task's cell and its output stage then hold a pointer, not the whole request's
     // state, which would be copied into each.
-    let look = Box::pin(look_up(inner, task_config, parts, body, name, fingerprint));
+    let look = Box::pin(look_up(inner, task_config, parts, body, named, fingerprint));
     tokio::spawn(async move {
         let _ = tx.send(look.await);
     });
@@ -199,7 +212,7 @@ async fn look_up<S, B, ResBody>(
     config: Arc<Config>,
     parts: http::request::Parts,
     body: Bytes,
-    name: Vec<u8>,
+    named: Named,
     fingerprint: [u8; FINGERPRINT_LEN],
 ) -> Result<Response<IdempotentBody<ResBody>>, S::Error>
 where
@@ -212,6 +225,7 @@ where
 {
     let spec = config.idempotency.spec;
     let namespace = spec.namespace;
+    let Named { name, key, scope } = named;
     let lock = LockRef::new(namespace, &name, spec.ttl);
     let lock = if spec.fenced { lock.fenced() } else { lock };
     let secret = Secret::random();
@@ -225,10 +239,18 @@ where
     loop {
         let sent_at = Instant::now();
         let lease = LeaseRef::new(lock, Mode::Reservation, &secret);
-        let begun = match backend.idempotency_begin(lease, &fingerprint).await {
+        let begin = match config.idempotency.at_most_once {
+            true => {
+                backend.idempotency_begin_once(lease, &fingerprint, config.idempotency.retention)
+            }
+            false => backend.idempotency_begin(lease, &fingerprint),
+        };
+        let begun = match begin.await {
             Ok(begun) => begun,
             Err(error) => {
                 tracing::warn!(namespace, %error, "idempotency key look-up failed");
+                // A look-up that timed out may still reserve the key: given back.
+                config.store.give_back(lease, &error);
                 let reason = match error {
                     crate::Error::NotReplicated { .. } => Reason::NotReplicated,
                     _ => Reason::StoreUnavailable,
@@ -245,6 +267,7 @@ where
                     fence,
                     sent_at,
                     fingerprint,
+                    key: IdempotencyKey::new(key, scope, fence),
                 };
                 return run(inner, config, req, reserved).await;
             }
@@ -287,6 +310,11 @@ where
             Begin::Mismatch => {
                 telemetry::idempotency(namespace, IdempotencyOutcome::Mismatch);
                 return Ok(config.refuse(Reason::IdempotencyKeyReused));
+            }
+            Begin::OutcomeUnknown { .. } => {
+                telemetry::idempotency(namespace, IdempotencyOutcome::OutcomeUnknown);
+                let unknown = Reason::IdempotencyOutcomeUnknown { retry_after: None };
+                return Ok(config.refuse(unknown));
             }
         }
     }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::boxed::{BoxError, RejectionBody};
 use super::guard::LeaseGuard;
+use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
 use crate::finish_on_drop::FinishOnDrop;
@@ -71,6 +72,8 @@ enum BodyLease<D> {
         on_loss: LeaseLost,
         /// The layer's timer of its `release_wait`.
         release_timer: Arc<Watchdog>,
+        /// The layer's hold times, and when this hold began.
+        timed: (Arc<HoldTimes>, Instant),
     },
     // The body has ended; its last frame (if it had one) waits for the release, for at most
     // the layer's `release_wait`.
@@ -92,17 +95,20 @@ impl<B: Body> LeaseBody<B> {
     }
 
     /// `body`, holding the lease of `guard` until it ends; under [`LeaseLost::Abort`] a loss
-    /// ends the body with an error.
+    /// ends the body with an error. The hold is noted in `timed`'s hold times when the body
+    /// ends.
     pub(crate) fn holding(
         body: B,
         guard: LeaseGuard,
         on_loss: LeaseLost,
         release_timer: Arc<Watchdog>,
+        timed: (Arc<HoldTimes>, Instant),
     ) -> Self {
         let lease = BodyLease::Held {
             guard,
             on_loss,
             release_timer,
+            timed,
         };
         Self {
             kind: Kind::Holding { body, lease },
@@ -175,11 +181,13 @@ where
                         let BodyLease::Held {
                             guard,
                             release_timer,
+                            timed: (hold_times, since),
                             ..
                         } = std::mem::replace(lease, BodyLease::Ended)
                         else {
                             unreachable!("in the Held state")
                         };
+                        hold_times.record(since.elapsed());
                         let namespace = guard.namespace();
                         let release = FinishOnDrop::release(guard.release());
                         let wait = Overdue::new(release_timer);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use super::body::LeaseBody;
+use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::rejection::Renderer;
@@ -32,7 +33,10 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
-    pub(crate) held_status: StatusCode,
+    /// The status of a busy answer (for a semaphore: full).
+    pub(crate) busy_status: StatusCode,
+    /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
+    pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
     pub(crate) timing: HeartbeatTiming,
     /// The heartbeat of this layer's leases: the store's, shared with every other layer and
@@ -79,7 +83,8 @@ impl Config {
         Self {
             store,
             spec,
-            held_status: StatusCode::CONFLICT,
+            busy_status: StatusCode::CONFLICT,
+            hold_times: Arc::default(),
             fail_open: false,
             timing,
             heartbeat,
@@ -106,7 +111,17 @@ impl Config {
     /// The layer's answer to `problem`, with the status the problem has (see
     /// [`Problem::status`]), rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
-        let status = problem.status(self.held_status);
+        let status = problem.status(self.busy_status);
         self.renderer.respond(problem, status, self.spec.namespace)
     }
+}
+
+/// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
+/// Anything else would tell clients the request failed on the server, or succeeded.
+pub(super) fn refusal_status(option: &str, status: StatusCode) -> StatusCode {
+    assert!(
+        status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
+        "tower-lease: {option} must be a 4xx status or 503, got {status}"
+    );
+    status
 }

@@ -69,6 +69,8 @@ pin_project! {
             // Set when the request body did not arrive within the layer's `body_timeout`; `None`
             // when the body was complete from the start.
             body_late: Option<Arc<AtomicBool>>,
+            // When the inner service was called, for the layer's hold times.
+            since: Instant,
         },
         // Giving the lease back before the inner service's response goes out, for at most
         // the layer's `release_wait`.
@@ -180,11 +182,20 @@ where
                                 inner,
                                 guard: Some(guard),
                                 body_late,
+                                since: Instant::now(),
                             }
                         }
                         // Acquiring → Refusing: someone else holds it, or every permit is taken.
-                        Ok(Attempt::Busy { retry_after }) => {
-                            tracing::debug!(namespace, ?retry_after, "lock held, request refused");
+                        Ok(Attempt::Busy { retry_after: lease }) => {
+                            // The holder extends its lease while it works, so the lease says
+                            // "about a TTL" whatever the work; the holds seen lately say more.
+                            let retry_after = config.hold_times.expected_wait(lease);
+                            tracing::debug!(
+                                namespace,
+                                ?retry_after,
+                                ?lease,
+                                "lock held, request refused"
+                            );
                             let problem = match full_at {
                                 Some(limit) => Problem::from(Reason::Full { retry_after, limit }),
                                 None => Problem::from(Reason::Busy { retry_after }),
@@ -222,6 +233,7 @@ where
                     inner,
                     guard,
                     body_late,
+                    since,
                 } => {
                     let in_state = "taken once, on leaving the Locked state";
                     let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
@@ -253,9 +265,10 @@ where
                     let body_late = body_late
                         .as_ref()
                         .is_some_and(|late| late.load(Ordering::Relaxed));
+                    let now = Instant::now();
                     // The success rule: a response is only worth passing on if the lease was
                     // still ours when it was produced, however late the heartbeat runs.
-                    if abort_on_loss && guard.over_at(Instant::now()) {
+                    if abort_on_loss && guard.over_at(now) {
                         tracing::warn!(
                             namespace,
                             "lease ran out before the inner service answered"
@@ -273,14 +286,17 @@ where
                         // Locked → Done: the body owns the lease from here on, and nobody may
                         // poll it while the client reads slowly, so the heartbeat must run.
                         guard.enrol_now(&config.heartbeat);
+                        let timed = (config.hold_times.clone(), *since);
                         this.state.set(State::Done);
                         return Poll::Ready(response.map(|res| {
                             res.map(|body| {
                                 let timer = config.release_timer.clone();
-                                LeaseBody::holding(body, guard, config.on_lease_lost, timer)
+                                let on_loss = config.on_lease_lost;
+                                LeaseBody::holding(body, guard, on_loss, timer, timed)
                             })
                         }));
                     } else {
+                        config.hold_times.record(now - *since);
                         // Locked → Releasing: give the lease back before the head goes out.
                         let release = FinishOnDrop::release(guard.release());
                         let wait = Overdue::new(config.release_timer.clone());

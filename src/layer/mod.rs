@@ -68,7 +68,7 @@
 //! # async fn main() {
 //! let store = Store::memory();
 //! let service = ServiceBuilder::new()
-//!     .layer(LockLayer::new(store.clone(), JOBS, extract::header("x-job")).held_status(StatusCode::LOCKED))
+//!     .layer(LockLayer::new(store.clone(), JOBS, extract::header("x-job")).busy_status(StatusCode::LOCKED))
 //!     .service(service_fn(|_req: Request<TimeoutBody<Full<Bytes>>>| async {
 //!         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ran"))))
 //!     }));
@@ -127,8 +127,8 @@
 //!
 //! | option | default | effect |
 //! |---|---|---|
-//! | [`.held_status(StatusCode)`](crate::LockLayer::held_status) (`LockLayer`, `RwLockLayer`) | `409 Conflict` | the status when the lock is held; `StatusCode::LOCKED` for `423` (must be a 4xx) |
-//! | [`.full_status(StatusCode)`](crate::SemaphoreLayer::full_status) (`SemaphoreLayer`) | `429 Too Many Requests` | the status when every permit is taken (must be a 4xx) |
+//! | [`.busy_status(StatusCode)`](crate::LockLayer::busy_status) (`LockLayer`, `RwLockLayer`) | `409 Conflict` | the status when someone else holds the lock: a 4xx or `503`; `503` or `429` for clients that retry by themselves (see [the README's Clients](crate#clients)) |
+//! | [`.full_status(StatusCode)`](crate::SemaphoreLayer::full_status) (`SemaphoreLayer`) | `429 Too Many Requests` | the status when every permit is taken: a 4xx or `503` |
 //! | [`.permits(f)`](crate::SemaphoreLayer::permits) (`SemaphoreLayer`) | the semaphore's own | any `Fn(&Request<B>) -> u32`: this request's limit, such as a tenant's plan; `0` answers `400` |
 //! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or misses its deadline, run the request unlocked and log a warning |
 //! | [`.heartbeat(Duration)`](crate::LockLayer::heartbeat) | TTL / 3 | how often the lease is extended while the request runs (must be shorter than the TTL) |
@@ -157,12 +157,12 @@
 //! |---|---|---|---|
 //! | extractor answers `None` | the inner service's | the inner service's | the inner service's |
 //! | name empty, over 1024 bytes, or (without `.binary_names()`) not UTF-8 text or holding a control character or a brace | `400 Bad Request` | `content-type: application/problem+json` | problem `urn:tower-lease:invalid-lock-name` |
-//! | lock held by another request | `409 Conflict`, or `.held_status(…)` | `retry-after`, problem+json | problem `urn:tower-lease:lock-held` |
-//! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the earliest permit's end), problem+json | problem `urn:tower-lease:concurrency-limit` |
+//! | lock held by another request | `409 Conflict`, or `.busy_status(…)` | `retry-after` (the expected wait, below), problem+json | problem `urn:tower-lease:lock-held` |
+//! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the expected wait), problem+json | problem `urn:tower-lease:concurrency-limit` |
 //! | a limit of 0 from `.permits(..)` | `400 Bad Request` | problem+json | problem `urn:tower-lease:invalid-concurrency-limit` |
 //! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
 //! | lease taken, but fewer replicas acknowledged it than [`RedisStore::wait_for_replicas`](crate::RedisStore::wait_for_replicas) asks (it was released again) | `503 Service Unavailable` | `retry-after: 1`, problem+json | problem `urn:tower-lease:not-replicated` |
-//! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | problem+json | problem `urn:tower-lease:lease-lost` |
+//! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lease-lost` |
 //! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
 //! | body over the limit, under `.buffer_body(..)` | `413 Payload Too Large` | problem+json | problem `urn:tower-lease:body-too-large` |
 //! | body not in within `.body_timeout(..)` (buffered before the lock, or streamed under it: the handler's answer is replaced) | `408 Request Timeout` | problem+json | problem `urn:tower-lease:body-timeout` |
@@ -172,11 +172,12 @@
 //! Every refusal above goes through the [`on_rejection`](crate::LockLayer::on_rejection) hook
 //! when the layer has one.
 //!
-//! - `Retry-After` on a held lock is the holder's remaining lease (on a full semaphore, the
-//!   earliest live permit's) in whole seconds, rounded up, at
-//!   least 1. Under the holder's heartbeat that is about one TTL for as long as the holder works,
-//!   so it says when to look again, not when the lock will be free; a route whose work is short
-//!   and whose TTL is long can send its own hint through `.on_rejection(..)`.
+//! - `Retry-After` on a held lock (or a full semaphore) is the expected wait: the 90th
+//!   percentile of the last 16 holds the layer saw, never more than the blocking lease has left
+//!   (which is all the layer knows before it has seen a hold), in whole seconds, rounded up, at
+//!   least 1 (RFC 9110). A holder's heartbeat keeps its lease at about one TTL for as long as it
+//!   works, so the lease alone would tell a client to wait 5 s for a 30 ms job. It is a hint,
+//!   not a promise that the lock is free then.
 //! - With Redis down or blackholed, the `503` comes within `RedisStore::timeout` (1 s by default)
 //!   plus a round trip, never later.
 //! - Problem bodies are RFC 9457 documents (`type`, `title`, `status`, `detail`) with the lock's
@@ -293,6 +294,7 @@ pub mod extract;
 
 mod future;
 mod guard;
+mod hold_times;
 mod lease_lost;
 mod options;
 mod problem;

@@ -162,28 +162,26 @@ options!(LockLayer<E, P>);
 options!(RwLockLayer<E, R, P>);
 options!(SemaphoreLayer<E, K, P>);
 
-/// `held_status`, for the layers whose refusal means "held" (a semaphore's means "full").
-macro_rules! held_status {
+/// `busy_status`, for the layers whose refusal means "busy" (a semaphore's means "full").
+macro_rules! busy_status {
     ($ty:ident < $($param:ident),* >) => {
         impl<$($param),*> $ty<$($param),*> {
             /// The status of the answer when someone else holds the lock: `409 Conflict` by
-            /// default; `StatusCode::LOCKED` (423) is the other common choice.
+            /// default. Clients that retry by themselves (urllib3's `Retry`, `reqwest-retry`)
+            /// leave a `409` to the user; `StatusCode::SERVICE_UNAVAILABLE` (503) or
+            /// `StatusCode::TOO_MANY_REQUESTS` (429) makes them wait the `Retry-After` and try
+            /// again. `StatusCode::LOCKED` (423) is the WebDAV choice.
             ///
             /// # Panics
             ///
-            /// If `status` is not a client error (4xx).
-            pub fn held_status(mut self, status: StatusCode) -> Self {
-                assert!(
-                    status.is_client_error(),
-                    "tower-lease: held_status must be a 4xx status, got {status}"
-                );
-                self.config.held_status = status;
+            /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
+            pub fn busy_status(mut self, status: StatusCode) -> Self {
+                self.config.busy_status = super::config::refusal_status("busy_status", status);
                 self
             }
-
         }
     };
 }
 
-held_status!(LockLayer<E, P>);
-held_status!(RwLockLayer<E, R, P>);
+busy_status!(LockLayer<E, P>);
+busy_status!(RwLockLayer<E, R, P>);

@@ -17,15 +17,17 @@ const PROBLEM_JSON: &str = "application/problem+json";
 pub enum Reason {
     /// Someone else holds the lock.
     Busy {
-        /// How long the holder's lease has left. Under the layer's heartbeat a holder keeps
-        /// extending, so this is about a TTL for as long as the holder works: a hint, not a
+        /// How long the request may expect to wait: the 90th percentile of the holds this
+        /// layer saw lately, never more than the holder's remaining lease (which is all there
+        /// is before any hold was seen). A holder keeps extending its lease while it works, so
+        /// the lease alone would say about a TTL for a job of milliseconds. A hint, not a
         /// promise that the lock is free then.
         retry_after: Duration,
     },
     /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
     Full {
-        /// How long until the earliest live permit's lease ends (a hint under the holders'
-        /// heartbeats, as for [`Busy`](Self::Busy)).
+        /// How long the request may expect to wait, as for [`Busy`](Self::Busy): the holds
+        /// seen lately, never more than the earliest live permit's remaining lease.
         retry_after: Duration,
         /// The limit this request was refused at.
         limit: u32,
@@ -80,6 +82,13 @@ pub enum Reason {
         /// The status the first request completed with.
         status: StatusCode,
     },
+    /// Whether the request with this idempotency key took effect is not known (yet).
+    IdempotencyOutcomeUnknown {
+        /// `Some` (`503`): the request ran, and its response is still being stored; a retry
+        /// then replays it. `None` (`409`): its holder died before it completed, under
+        /// [`at_most_once`](crate::Idempotency::at_most_once), so it is never run again.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// A refusal as the layer renders it: its [`Reason`], and for a bad name what is wrong with
@@ -108,7 +117,7 @@ impl Problem {
         }
     }
 
-    /// The status the layer answers this problem with: `refused` (the layer's `held_status`, or
+    /// The status the layer answers this problem with: `refused` (the layer's `busy_status`, or
     /// a semaphore's `full_status`) when the lock is taken, and for the rest the one status
     /// each problem has.
     pub(crate) fn status(self, refused: StatusCode) -> StatusCode {
@@ -129,6 +138,10 @@ impl Problem {
             Reason::IdempotencyInFlight { .. } => StatusCode::CONFLICT,
             Reason::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Reason::IdempotencyNotStored { .. } => StatusCode::GONE,
+            Reason::IdempotencyOutcomeUnknown {
+                retry_after: Some(_),
+            } => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::IdempotencyOutcomeUnknown { retry_after: None } => StatusCode::CONFLICT,
         }
     }
 
@@ -152,6 +165,9 @@ impl Problem {
             Reason::IdempotencyInFlight { .. } => "urn:tower-lease:idempotency-in-flight",
             Reason::IdempotencyKeyReused => "urn:tower-lease:idempotency-key-reused",
             Reason::IdempotencyNotStored { .. } => "urn:tower-lease:idempotency-not-stored",
+            Reason::IdempotencyOutcomeUnknown { .. } => {
+                "urn:tower-lease:idempotency-outcome-unknown"
+            }
         }
     }
 
@@ -174,6 +190,9 @@ impl Problem {
             Reason::IdempotencyKeyReused => "The idempotency key was used for another request",
             Reason::IdempotencyNotStored { .. } => {
                 "The request with this idempotency key completed, but its response was not kept"
+            }
+            Reason::IdempotencyOutcomeUnknown { .. } => {
+                "The outcome of the request with this idempotency key is unknown"
             }
         }
     }
@@ -254,6 +273,18 @@ impl Problem {
                  request is not run again.",
                 status.as_u16()
             ),
+            Reason::IdempotencyOutcomeUnknown {
+                retry_after: Some(retry_after),
+            } => format!(
+                "The first {namespace} request with this key ran, but its response could not \
+                 be stored yet; retry in {} s for it.",
+                retry_after_secs(retry_after)
+            ),
+            Reason::IdempotencyOutcomeUnknown { retry_after: None } => format!(
+                "The first {namespace} request with this key stopped before it completed, so \
+                 whether it took effect is unknown, and it is not run again; check the \
+                 resource before sending it with a new key."
+            ),
         }
     }
 
@@ -263,9 +294,13 @@ impl Problem {
             Reason::Busy { retry_after }
             | Reason::Full { retry_after, .. }
             | Reason::IdempotencyInFlight { retry_after } => Some(retry_after),
+            Reason::IdempotencyOutcomeUnknown { retry_after } => retry_after,
             // The store is usually back (or failed over) within a second; a client that waits
-            // longer gains nothing.
-            Reason::StoreUnavailable | Reason::NotReplicated => Some(Duration::from_secs(1)),
+            // longer gains nothing. A lost lease was given back: the name is free (a retry
+            // still runs the request again, which the client must know is safe).
+            Reason::StoreUnavailable | Reason::NotReplicated | Reason::LeaseLost => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -43,7 +43,7 @@ impl Rejection {
     }
 
     /// The status the layer answers with by default: the layer's
-    /// [`held_status`](crate::LockLayer::held_status) when busy (or
+    /// [`busy_status`](crate::LockLayer::busy_status) when busy (or
     /// [`full_status`](crate::SemaphoreLayer::full_status) when full), `400` for names and a
     /// limit of 0, `503` when
     /// the store is unavailable or the lease was lost, `413`, `408` and `400` for bodies.
@@ -56,9 +56,9 @@ impl Rejection {
         self.namespace
     }
 
-    /// How long a client should wait before trying again, when the layer can tell: the
-    /// holder's remaining lease when busy, the earliest permit's when full, one second when the
-    /// store is unavailable.
+    /// How long a client should wait before trying again, when the layer can tell: when busy
+    /// or full, how long holds took lately (never more than the blocking lease has left); one
+    /// second when the store is unavailable or the lease was lost.
     pub fn retry_after(&self) -> Option<Duration> {
         self.problem.retry_after()
     }

@@ -63,7 +63,7 @@ impl<E> SemaphoreLayer<E> {
     /// `N`, and the extractor should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, semaphore: Semaphore<N>, extractor: E) -> Self {
         let mut config = Config::new(store, semaphore.spec());
-        config.held_status = StatusCode::TOO_MANY_REQUESTS;
+        config.busy_status = StatusCode::TOO_MANY_REQUESTS;
         Self {
             config,
             extractor,
@@ -87,17 +87,14 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
         }
     }
 
-    /// The status of the answer when every permit is taken: `429 Too Many Requests` by default.
+    /// The status of the answer when every permit is taken: `429 Too Many Requests` by
+    /// default, which clients that retry by themselves honour; `503` is the other.
     ///
     /// # Panics
     ///
-    /// If `status` is not a client error (4xx).
+    /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
     pub fn full_status(mut self, status: StatusCode) -> Self {
-        assert!(
-            status.is_client_error(),
-            "tower-lease: full_status must be a 4xx status, got {status}"
-        );
-        self.config.held_status = status;
+        self.config.busy_status = super::config::refusal_status("full_status", status);
         self
     }
 

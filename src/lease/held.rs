@@ -17,6 +17,7 @@ use super::heartbeat::HeartbeatTiming;
 use super::own::OwnLease;
 use super::state::LeaseState;
 use crate::Result;
+use crate::finish_on_drop::FinishOnDrop;
 use crate::holding::Holding;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
@@ -56,6 +57,8 @@ use crate::holding::Holding;
 /// Dropping a `Held` stops its heartbeat and releases the lease in a spawned task, bounded by
 /// the store's deadline (unlike a bare token, whose drop never talks to the store); outside a
 /// tokio runtime it can only log, and the TTL frees the lock.
+/// `into_token()` stops the heartbeat without releasing and gives the token back: the lease runs
+/// out one TTL after its last extension.
 #[must_use = "dropping a Held releases its lease at once"]
 pub struct Held<T> {
     own: OwnLease,
@@ -136,13 +139,22 @@ impl<T> Held<T> {
         }
     }
 
+    /// Stops the heartbeat and answers the lease, still held, for a token (`into_token`).
+    pub(crate) fn into_holding(self) -> Holding {
+        let state = self.own.stop();
+        state.holding.hand_over()
+    }
+
     /// Stops the heartbeat and gives the lease up so others can take it at once.
     ///
     /// Answers `false` when the lease had already run out (someone else may hold the lock now,
-    /// and their lease is left alone).
+    /// and their lease is left alone). Once polled, the release runs to its end even if this
+    /// future is dropped (a `select!` with a shutdown branch, a timeout): the heartbeat has
+    /// stopped by then, so the release goes on in a spawned task rather than leave the lease
+    /// to its TTL.
     pub async fn release(self) -> Result<bool> {
         let state = self.own.stop();
-        state.holding.release().await
+        FinishOnDrop::to_the_end(Box::pin(async move { state.holding.release().await })).await
     }
 }
 

@@ -75,6 +75,8 @@ impl LeaseState {
         let margin = ttl / 100 + Duration::from_millis(2);
         let until = sent_at + ttl.saturating_sub(margin);
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+        // For a token handed back (`Held::into_token`), which counts from there.
+        self.holding.confirmed(sent_at);
     }
 
     /// Records that an extension found a writer waiting for the readers to leave.

@@ -5,15 +5,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ghosts::Ghosts;
 use super::intents::Intents;
 use super::keys::KeyLayout;
 use super::memory::MemoryStore;
 use super::notify;
 use super::redis::RedisStore;
-use super::{Backend, Mode, Warning};
-use crate::Result;
+use super::{Backend, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
 use crate::wait::rooms::WaitRooms;
+use crate::{Error, Result};
 
 /// A cheap, cloneable handle on a lease store.
 ///
@@ -43,6 +44,8 @@ pub struct Store {
     heartbeat: Heartbeat,
     /// The write intents this process hears of, for the layer's shared reads.
     intents: Arc<Intents>,
+    /// What failed calls may still take, given back once the store answers again.
+    ghosts: Ghosts,
 }
 
 /// A store's release notifications, and how it names their channels.
@@ -104,6 +107,7 @@ impl Store {
             notifications: None,
             heartbeat: Heartbeat::default(),
             intents: Arc::default(),
+            ghosts: Ghosts::default(),
         }
     }
 
@@ -145,6 +149,12 @@ impl Store {
     /// This process's waiters for locks in this store.
     pub(crate) fn wait_rooms(&self) -> &Arc<WaitRooms> {
         &self.waits
+    }
+
+    /// Gives back, in the background, what the call on `lease` that failed with `error` may
+    /// still take when the store gets to it: see [`Ghosts`].
+    pub(crate) fn give_back(&self, lease: LeaseRef<'_>, error: &Error) {
+        self.ghosts.give_back(&self.backend, lease, error);
     }
 
     /// The heartbeat of the leases held in this store.

@@ -42,6 +42,13 @@ pub enum Begin {
     },
     /// A request with another fingerprint completed under this key.
     Mismatch,
+    /// An [at-most-once](crate::Idempotency::at_most_once) key whose holder died: its
+    /// reservation ran out without a completion, so whether the request took effect is
+    /// unknown, and it is not run again while the marker lives.
+    OutcomeUnknown {
+        /// How long the marker has left.
+        expires_in: Duration,
+    },
 }
 
 /// What a request that completed under its reservation leaves for its retries.

@@ -78,6 +78,7 @@ impl KeyLayout {
             KeyRole::Permits => (b":sem:{", b""),
             KeyRole::Idempotency => (b":idem:{", b""),
             KeyRole::IdempotencyFence => (b":idem:{", b":fence"),
+            KeyRole::IdempotencyUnknown => (b":idem:{", b":unknown"),
         };
         let prefix = self.prefix.as_bytes();
         [
@@ -147,4 +148,8 @@ pub enum KeyRole {
     Idempotency,
     /// The fence counter of a [fenced](crate::Idempotency::fenced) idempotency key.
     IdempotencyFence,
+    /// The marker of an [at-most-once](crate::Idempotency::at_most_once) idempotency key,
+    /// `PX` the retention from its reservation on: a key found free while it lives had a
+    /// holder that died, and its outcome is unknown.
+    IdempotencyUnknown,
 }

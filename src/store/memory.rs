@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -404,7 +405,21 @@ impl Backend for MemoryStore {
         lease: LeaseRef<'a>,
         fingerprint: &'a [u8; FINGERPRINT_LEN],
     ) -> BoxFuture<'a, Result<Begin>> {
-        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint)) })
+        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, None)) })
+    }
+
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        let once = Some(retention);
+        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, once)) })
+    }
+
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.idempotency.free(lease)) })
     }
 
     fn idempotency_complete<'a>(

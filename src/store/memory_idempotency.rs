@@ -1,6 +1,6 @@
 //! The idempotency records of a [`MemoryStore`](super::MemoryStore), with the semantics of
-//! `idem_begin.lua` and `idem_complete.lua`: a reservation lease and a completed record per
-//! key, both expiring on [`tokio::time::Instant`].
+//! the `idem_*.lua` scripts: a reservation lease, a completed record and an at-most-once
+//! marker per key, each expiring on [`tokio::time::Instant`].
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -36,6 +36,8 @@ struct Keys {
 struct Entry {
     reservation: Option<(Secret, Instant)>,
     record: Option<Record>,
+    /// Until when an at-most-once key's outcome is unknown once its reservation is gone.
+    unknown: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -58,10 +60,13 @@ impl Entry {
         if self.record.as_ref().is_some_and(|r| r.until <= now) {
             self.record = None;
         }
+        if self.unknown.is_some_and(|until| until <= now) {
+            self.unknown = None;
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.reservation.is_none() && self.record.is_none()
+        self.reservation.is_none() && self.record.is_none() && self.unknown.is_none()
     }
 }
 
@@ -71,7 +76,13 @@ impl Records {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn begin(&self, lease: LeaseRef<'_>, fingerprint: &[u8; FINGERPRINT_LEN]) -> Begin {
+    /// The first look at a key; `once` is the retention of an at-most-once key's marker.
+    pub(super) fn begin(
+        &self,
+        lease: LeaseRef<'_>,
+        fingerprint: &[u8; FINGERPRINT_LEN],
+        once: Option<Duration>,
+    ) -> Begin {
         let LeaseRef { lock, secret, .. } = lease;
         let now = Instant::now();
         let mut state = self.lock();
@@ -96,7 +107,15 @@ impl Records {
                 };
             }
             None => {
+                if let (Some(_), Some(until)) = (once, entry.unknown) {
+                    return Begin::OutcomeUnknown {
+                        expires_in: until - now,
+                    };
+                }
                 entry.reservation = Some((secret.clone(), now + lock.ttl));
+                if let Some(retention) = once {
+                    entry.unknown = Some(now + millis(retention));
+                }
                 false
             }
         };
@@ -112,21 +131,17 @@ impl Records {
         let LeaseRef { lock, secret, .. } = lease;
         let now = Instant::now();
         let mut state = self.lock();
-        let Some(entry) = state
-            .namespaces
-            .get_mut(lock.namespace)
-            .and_then(|keys| keys.keys.get_mut(lock.name))
-        else {
-            return false;
-        };
+        let keys = state.namespaces.entry(lock.namespace.into()).or_default();
+        let entry = keys.keys.entry(lock.name.into()).or_default();
         entry.forget_expired(now);
-        if entry.record.as_ref().is_some_and(|r| r.by == *secret) {
-            return true;
+        if let Some(record) = &entry.record {
+            return record.by == *secret;
         }
-        if !entry
+        // An empty key takes the record too: nobody else runs the request, and ours ran.
+        if entry
             .reservation
             .as_ref()
-            .is_some_and(|(held, _)| held == secret)
+            .is_some_and(|(held, _)| held != secret)
         {
             return false;
         }
@@ -168,6 +183,34 @@ impl Records {
             keys.keys.remove(lock.name);
         }
         ours
+    }
+
+    /// Frees the reservation `lease` and its at-most-once marker; `false` if it is not held
+    /// with its secret.
+    pub(super) fn free(&self, lease: LeaseRef<'_>) -> bool {
+        let LeaseRef { lock, secret, .. } = lease;
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(keys) = state.namespaces.get_mut(lock.namespace) else {
+            return false;
+        };
+        let Some(entry) = keys.keys.get_mut(lock.name) else {
+            return false;
+        };
+        entry.forget_expired(now);
+        if !entry
+            .reservation
+            .as_ref()
+            .is_some_and(|(held, _)| held == secret)
+        {
+            return false;
+        }
+        entry.reservation = None;
+        entry.unknown = None;
+        if entry.is_empty() {
+            keys.keys.remove(lock.name);
+        }
+        true
     }
 
     /// How many entries are kept (keys with a reservation or record, fence counters).

@@ -19,6 +19,7 @@ mod contended;
 mod deadline;
 mod extend_many;
 mod fence_counters;
+mod ghosts;
 mod handle;
 mod idempotency;
 mod intents;
@@ -271,6 +272,10 @@ impl<'a> LeaseRef<'a> {
 /// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
 ///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
 ///   counter is lost.
+/// - An `acquire` or `idempotency_begin` that fails with an error that leaves open whether it
+///   acted (a timeout, an [`Error::Backend`](crate::Error::Backend), a reply not understood) is
+///   followed by `release` calls with the same secret, in the background, until one answers:
+///   what it may still take is given back.
 pub trait Backend: Send + Sync + 'static {
     /// Takes `lease` if it is free.
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;
@@ -335,8 +340,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Stores `completion` under the key of the reservation `lease`, for
     /// `completion.retention`, and ends the reservation, only while the reservation is still
-    /// held with `lease`'s secret; `false` (and nothing stored) otherwise. A call retried after
-    /// it went through finds its own record and answers `true`.
+    /// held with `lease`'s secret, or the key is empty (the reservation ran out and nobody
+    /// took it, or the store lost it in a restart: the work the record records ran, and no
+    /// other request runs); `false` (and nothing stored) when another request holds the key
+    /// or completed it. A call retried after it went through finds its own record and answers
+    /// `true`, so the layer retries a completion that failed until it learns the answer.
     ///
     /// The default answers an error saying the backend does not support idempotency keys.
     fn idempotency_complete<'a>(
@@ -346,6 +354,34 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool>> {
         let _ = (lease, completion);
         Box::pin(async { Err(idempotency::unsupported()) })
+    }
+
+    /// [`idempotency_begin`](Self::idempotency_begin) for an
+    /// [at-most-once](crate::Idempotency::at_most_once) key: reserving the key also leaves a
+    /// marker that lives for `retention`, and a key found free while its marker lives (its
+    /// holder died without completing or freeing it) answers [`Begin::OutcomeUnknown`].
+    /// A completion ends the marker with the reservation;
+    /// [`idempotency_free`](Self::idempotency_free) removes both.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        let _ = (lease, fingerprint, retention);
+        Box::pin(async { Err(idempotency::unsupported()) })
+    }
+
+    /// Frees the key of the reservation `lease` for the next request, with the marker an
+    /// at-most-once reservation left, only while the reservation is held with `lease`'s
+    /// secret; `false` otherwise. The layer calls it when a response is not stored (a `5xx`).
+    ///
+    /// The default is [`release`](Self::release), enough for a backend without
+    /// [`idempotency_begin_once`](Self::idempotency_begin_once).
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.release(lease)
     }
 
     /// Looks for setup problems that can break the guarantees, for [`Store::check`]. The

@@ -52,6 +52,13 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// extend and release compare the secret before they act (a release retried after it went
 /// through answers `false`).
 ///
+/// A call that timed out is not undone: a slow or paused Redis runs it when it gets to it. So
+/// when an acquisition (or an idempotency key's reservation) times out, or its connection breaks
+/// with it on the wire, the store releases its secret right after, on the same connection,
+/// and again with backoff until Redis answers, for at most the lease's TTL: the lease it may
+/// take is given back rather than left to refuse every retry. Redis runs one connection's
+/// commands in order, so the release lands after the acquisition it undoes.
+///
 /// # Native compare-and-set
 ///
 /// Where the server has them (Valkey 9.0+, Redis 8.4+; asked once, at connect or on the first
@@ -202,18 +209,28 @@ where
     }
 }
 
-fn acquisition(reply: redis::Value, fenced: bool) -> Result<Acquisition> {
+fn acquisition(reply: redis::Value, lock: LockRef<'_>) -> Result<Acquisition> {
     let (acquired, value): (i64, i64) =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
     Ok(match acquired {
         1 => Acquisition::Acquired {
-            fence: fenced.then_some(value.max(0) as u64),
+            fence: lock.fenced.then_some(value.max(0) as u64),
         },
-        // PTTL is -1 for a key someone set without expiry: report "retry soon" rather than never.
         _ => Acquisition::Busy {
-            retry_after: Duration::from_millis(value.max(0) as u64),
+            retry_after: busy_for(value, lock),
         },
     })
+}
+
+/// How long a name whose blocking key has `pttl` left is busy. A key someone set without
+/// expiry (`PTTL` -1) is busy for the lock's TTL, as if just taken: "retry now" would make
+/// every wait on it a busy loop, and "never" is not ours to say. -2 (the key went away in
+/// between) is "retry now".
+pub(super) fn busy_for(pttl: i64, lock: LockRef<'_>) -> Duration {
+    match pttl {
+        -1 => lock.ttl,
+        pttl => Duration::from_millis(pttl.max(0) as u64),
+    }
 }
 
 pub(super) fn answered_one(reply: redis::Value) -> Result<bool> {
@@ -287,7 +304,7 @@ where
                 last,
             };
             let (reply, waited) = self.run_waiting(call, wait).await?;
-            let acquisition = acquisition(reply, lock.fenced)?;
+            let acquisition = acquisition(reply, lock)?;
             match wait {
                 None => Ok(acquisition),
                 Some(replicas) => {
@@ -312,6 +329,19 @@ where
         completion: Completion<'a>,
     ) -> BoxFuture<'a, Result<bool>> {
         self.bounded(self.idem_complete(lease, completion))
+    }
+
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin_once(lease, fingerprint, retention))
+    }
+
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_free(lease))
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {

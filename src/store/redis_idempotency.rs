@@ -14,7 +14,7 @@ use super::keys::{Key, KeyRole};
 use super::redis::answered_one;
 use super::replicas::{split_wait, then_wait};
 use super::script_call::ARGS_LEN;
-use super::scripts::{IDEM_BEGIN, IDEM_COMPLETE, Lua};
+use super::scripts::{IDEM_BEGIN, IDEM_BEGIN_ONCE, IDEM_COMPLETE, IDEM_FREE, Lua};
 use super::set_nx::set_nx_acquired;
 use super::{Acquisition, LeaseRef, RedisStore, Secret, notify};
 use crate::{Error, Result};
@@ -127,6 +127,94 @@ where
         }
     }
 
+    /// The look at an at-most-once key, by `idem_begin_once.lua`: a reservation leaves the
+    /// key's marker (`…:unknown`, `PX` the retention), and a free key whose marker lives
+    /// answers that its outcome is unknown.
+    pub(super) async fn idem_begin_once(
+        &self,
+        lease: LeaseRef<'_>,
+        fingerprint: &[u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> Result<Begin> {
+        let LeaseRef { lock, secret, .. } = lease;
+        let keys = [
+            self.key_arg(KeyRole::Idempotency, lock),
+            self.key_arg(KeyRole::IdempotencyFence, lock),
+            self.key_arg(KeyRole::IdempotencyUnknown, lock),
+        ];
+        let ttl = (lock.ttl.as_millis() as u64).to_string();
+        let retention = (retention.as_millis().max(1) as u64).to_string();
+        let fenced: &[u8] = if lock.fenced { b"1" } else { b"0" };
+        let args: [&[u8]; 4] = [
+            secret.as_bytes(),
+            ttl.as_bytes(),
+            retention.as_bytes(),
+            fenced,
+        ];
+        let (reply, waited) = self.eval(&IDEM_BEGIN_ONCE, &keys, &args).await?;
+        let mut reply: Vec<redis::Value> = redis::from_redis_value(reply).map_err(unexpected)?;
+        let kind = match reply.first() {
+            Some(kind) => redis::from_redis_value::<i64>(kind.clone()).map_err(unexpected)?,
+            None => {
+                return Err(Error::UnexpectedReply(
+                    "idem_begin_once answered nothing".into(),
+                ));
+            }
+        };
+        match (kind, reply.len()) {
+            (1, 2) => {
+                let fence: i64 =
+                    redis::from_redis_value(reply.pop().expect("2")).map_err(unexpected)?;
+                let fence = lock.fenced.then_some(fence.max(0) as u64);
+                let Some(replicas) = self.replicas else {
+                    return Ok(Begin::Reserved { fence });
+                };
+                let short = match waited {
+                    Some(waited) => replicas.check(waited),
+                    None => Err(Error::UnexpectedReply("WAIT did not answer".into())),
+                };
+                let Err(short) = short else {
+                    return Ok(Begin::Reserved { fence });
+                };
+                // Freed with its marker: a reservation the replicas may lose never ran, and
+                // its retries must not be told its outcome is unknown.
+                if let Err(e) = self.idem_free(lease).await {
+                    tracing::warn!(error = %e, "could not free a reservation that was not replicated");
+                }
+                Err(short)
+            }
+            (0, 3) => {
+                let pttl = reply.pop().expect("3");
+                let value = reply.pop().expect("2");
+                taken(value, pttl, secret, None, fingerprint)?
+                    .ok_or_else(|| Error::UnexpectedReply("idem_begin_once found nothing".into()))
+            }
+            (2, 2) => {
+                let pttl: i64 =
+                    redis::from_redis_value(reply.pop().expect("2")).map_err(unexpected)?;
+                Ok(Begin::OutcomeUnknown {
+                    expires_in: Duration::from_millis(pttl.max(0) as u64),
+                })
+            }
+            (kind, n) => Err(Error::UnexpectedReply(format!(
+                "idem_begin_once answered {kind} with {n} values"
+            ))),
+        }
+    }
+
+    /// Frees the key of `lease` with its marker (`idem_free.lua`).
+    pub(super) async fn idem_free(&self, lease: LeaseRef<'_>) -> Result<bool> {
+        let LeaseRef { lock, mode, secret } = lease;
+        let keys = [
+            self.key_arg(KeyRole::Idempotency, lock),
+            self.key_arg(KeyRole::IdempotencyUnknown, lock),
+        ];
+        let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);
+        let args: [&[u8]; 2] = [secret.as_bytes(), &channel];
+        let (reply, _) = self.eval_unwaited(&IDEM_FREE, &keys, &args).await?;
+        answered_one(reply)
+    }
+
     pub(super) async fn idem_complete(
         &self,
         lease: LeaseRef<'_>,
@@ -154,13 +242,33 @@ where
         Ok(stored)
     }
 
-    /// Runs `script` on `keys` with `args` as every script of the store runs (both scripts are
+    /// Runs `script` on `keys` with `args` as every script of the store runs (the scripts are
     /// safe to send twice), with `WAIT` after it when the store waits for replicas.
     async fn eval(
         &self,
         script: &Lua,
         keys: &[Key<'_>],
         args: &[&[u8]],
+    ) -> Result<(redis::Value, Option<redis::Value>)> {
+        self.eval_with(script, keys, args, self.replicas).await
+    }
+
+    /// [`eval`](Self::eval) without `WAIT`: for a call that only gives something back.
+    async fn eval_unwaited(
+        &self,
+        script: &Lua,
+        keys: &[Key<'_>],
+        args: &[&[u8]],
+    ) -> Result<(redis::Value, Option<redis::Value>)> {
+        self.eval_with(script, keys, args, None).await
+    }
+
+    async fn eval_with(
+        &self,
+        script: &Lua,
+        keys: &[Key<'_>],
+        args: &[&[u8]],
+        replicas: Option<super::replicas::Replicas>,
     ) -> Result<(redis::Value, Option<redis::Value>)> {
         let command = |verb: &str, body: &str| {
             let len = verb.len()
@@ -178,7 +286,7 @@ where
             });
             command
         };
-        self.send_script(script, command, self.replicas).await
+        self.send_script(script, command, replicas).await
     }
 
     /// A reservation taken, which counts only once the replicas acknowledged it (`waited`,

@@ -19,6 +19,8 @@ pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_ac
 pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
 pub(super) static IDEM_BEGIN: Lua = Lua::new(include_str!("scripts/idem_begin.lua"));
 pub(super) static IDEM_COMPLETE: Lua = Lua::new(include_str!("scripts/idem_complete.lua"));
+pub(super) static IDEM_BEGIN_ONCE: Lua = Lua::new(include_str!("scripts/idem_begin_once.lua"));
+pub(super) static IDEM_FREE: Lua = Lua::new(include_str!("scripts/idem_free.lua"));
 pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
@@ -111,6 +113,7 @@ mod tests {
             &WITHDRAW_INTENT,
             &PERMIT_RELEASE,
             &IDEM_COMPLETE,
+            &IDEM_FREE,
         ];
         for script in publishing {
             let (sha, code) = script.variant(true);

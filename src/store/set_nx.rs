@@ -5,7 +5,6 @@
 //! [`ContendedNames`]: super::contended::ContendedNames
 
 use std::future::Future;
-use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
@@ -149,8 +148,7 @@ where
         let redis::Value::Int(pttl) = pttl else {
             return Err(Error::UnexpectedReply(format!("PTTL answered {pttl:?}")));
         };
-        // -1 for a key someone set without expiry: "retry soon" rather than never.
-        let retry_after = Duration::from_millis(pttl.max(0) as u64);
+        let retry_after = super::redis::busy_for(pttl, lock);
         self.contended
             .refused(lock.namespace, lock.name, retry_after);
         Ok(Acquisition::Busy { retry_after })

@@ -9,6 +9,7 @@ mod support;
 
 mod eviction;
 mod fences;
+mod ghosts;
 mod layer;
 mod pools;
 mod recovery;

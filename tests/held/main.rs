@@ -7,6 +7,10 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cancelled;
+mod into_token;
+mod no_expiry;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

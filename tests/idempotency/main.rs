@@ -5,5 +5,7 @@
 mod support;
 
 mod layer;
+mod once;
 mod restart;
 mod store;
+mod stored;

@@ -1,6 +1,7 @@
 //! Faults around a request in flight: a Redis restart (the reservation is gone with the data,
 //! the first request's heartbeat finds it lost and drops the work, storing nothing, and its
-//! retry runs instead of being told `409` for good), and a client cut while its key is looked up.
+//! retry runs instead of being told `409` for good), a client cut while its key is looked up,
+//! and an at-most-once replica cut off from Redis mid-request (its retry is told `409`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -120,4 +121,54 @@ async fn a_client_cut_during_the_look_up_leaves_no_orphaned_reservation() {
         "{retry:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// At most once, for a replica that dies mid-request on Redis: its store blackholed, its
+/// reservation runs out unextended; a retry on another replica is told `409` outcome unknown
+/// instead of running the request again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_once_a_replica_cut_off_mid_request_leaves_409_outcome_unknown() {
+    const ONCE: Idempotency = SHORT.at_most_once();
+    let env = Env::redis(Setup::Layer).await;
+    let proxy = Proxy::to(env.server.as_ref().unwrap()).await;
+    let doomed: Store = RedisStore::new(proxy.connection_manager().await)
+        .timeout(Duration::from_millis(300))
+        .into();
+    let (_opener, gate) = Gate::new();
+    let dying = Router::new()
+        .route("/pay", post(slow))
+        .route_layer(IdempotencyLayer::new(doomed, ONCE))
+        .with_state(gate.clone());
+    let dying = serve(dying).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let other = Router::new()
+        .route("/pay", post(charge))
+        .route_layer(IdempotencyLayer::new(env.store.clone(), ONCE))
+        .with_state(runs.clone());
+    let other = serve(other).await;
+    let http = Http::new();
+    let key: [(&str, &[u8]); 1] = [("idempotency-key", b"cut-off")];
+    let first = tokio::spawn({
+        let http = http.clone();
+        async move { http.send(dying, Method::POST, "/pay", &key).await }
+    });
+    gate.until_inside(1).await;
+    proxy.set(Fault::Blackhole);
+    let first = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the cut-off replica kept its lost reservation")
+        .unwrap();
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    // The reservation ran out on the server by now (600 ms from its last extension).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for _ in 0..2 {
+        let retry = http.send(other, Method::POST, "/pay", &key).await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+        assert_eq!(
+            retry.problem()["type"],
+            "urn:tower-lease:idempotency-outcome-unknown"
+        );
+        assert_eq!(retry.retry_after(), None);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran a second time");
 }

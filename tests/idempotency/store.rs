@@ -25,6 +25,9 @@ crate::store_tests!(
         fenced_reservations_take_growing_fences,
         a_fenced_look_answers_in_flight_completed_or_mismatch,
         a_released_reservation_is_taken_by_the_next_look,
+        a_completion_into_an_empty_key_is_stored,
+        at_most_once_a_reservation_that_ran_out_is_outcome_unknown,
+        at_most_once_a_freed_key_runs_again_and_a_completed_one_replays,
     ],
     redis: [keys_share_one_tag_and_expire, scripts_survive_a_flush]
 );
@@ -304,6 +307,90 @@ async fn scripts_survive_a_flush(env: Env) {
             .await;
         assert!(complete(&env, name.as_bytes(), &secret, b"r").await);
     }
+}
+
+async fn begin_once(env: &Env, name: &[u8], secret: &Secret) -> Begin {
+    let backend = env.store.backend();
+    let lease = lease(lock(name), secret);
+    let retention = Duration::from_secs(60);
+    backend
+        .idempotency_begin_once(lease, &FP, retention)
+        .await
+        .unwrap()
+}
+
+async fn a_completion_into_an_empty_key_is_stored(env: Env) {
+    let (first, other) = (Secret::random(), Secret::random());
+    assert!(matches!(
+        begin(&env, b"k", &first, &FP).await,
+        Begin::Reserved { .. }
+    ));
+    // The reservation ran out (or a restart lost it) and nobody took the key since: the work
+    // ran once, and its record is what the retries must get.
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    assert!(complete(&env, b"k", &first, b"late").await);
+    assert!(complete(&env, b"k", &first, b"late").await, "sent twice");
+    let stored = begin(&env, b"k", &other, &FP).await;
+    assert!(matches!(stored, Begin::Completed { response, .. } if response == "late"));
+    assert!(!complete(&env, b"k", &other, b"other").await);
+}
+
+async fn at_most_once_a_reservation_that_ran_out_is_outcome_unknown(env: Env) {
+    let (dead, retry) = (Secret::random(), Secret::random());
+    assert!(matches!(
+        begin_once(&env, b"k", &dead).await,
+        Begin::Reserved { .. }
+    ));
+    assert!(matches!(
+        begin_once(&env, b"k", &retry).await,
+        Begin::InFlight { .. }
+    ));
+    // Its holder died: nobody extends, completes or frees the reservation.
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    for _ in 0..2 {
+        let begun = begin_once(&env, b"k", &retry).await;
+        assert!(
+            matches!(begun, Begin::OutcomeUnknown { expires_in } if expires_in > Duration::from_secs(50)),
+            "{begun:?}"
+        );
+    }
+    assert!(
+        !env.store
+            .backend()
+            .idempotency_free(lease(lock(b"k"), &retry))
+            .await
+            .unwrap()
+    );
+}
+
+async fn at_most_once_a_freed_key_runs_again_and_a_completed_one_replays(env: Env) {
+    let (first, second, third) = (Secret::random(), Secret::random(), Secret::random());
+    let backend = env.store.backend();
+    assert!(matches!(
+        begin_once(&env, b"k", &first).await,
+        Begin::Reserved { .. }
+    ));
+    assert!(
+        !backend
+            .idempotency_free(lease(lock(b"k"), &second))
+            .await
+            .unwrap()
+    );
+    assert!(
+        backend
+            .idempotency_free(lease(lock(b"k"), &first))
+            .await
+            .unwrap()
+    );
+    // Freed with its marker (a 5xx): the next request runs.
+    assert!(matches!(
+        begin_once(&env, b"k", &second).await,
+        Begin::Reserved { .. }
+    ));
+    assert!(complete(&env, b"k", &second, b"done").await);
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    let stored = begin_once(&env, b"k", &third).await;
+    assert!(matches!(stored, Begin::Completed { response, .. } if response == "done"));
 }
 
 /// A backend written before idempotency keys: only the required methods.

@@ -254,6 +254,8 @@ async fn a_lost_lease_cancels_the_handler(env: Env) {
     let took = deleted.elapsed();
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // The lost lease was given back: a client that retries may do so at once.
+    assert_eq!(reply.retry_after(), Some(1), "{reply:?}");
     // The next extend (every 333 ms) finds the key gone.
     assert!(
         took < Duration::from_millis(1500),
@@ -320,6 +322,8 @@ async fn max_hold_ends_a_handler_that_never_finishes(env: Env) {
     let took = begun.elapsed();
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // The lost lease was given back: a client that retries may do so at once.
+    assert_eq!(reply.retry_after(), Some(1), "{reply:?}");
     // Not before max_hold, and within max_hold + one TTL (plus slack for a loaded machine).
     assert!(took >= max_hold, "ended after {took:?}");
     assert!(
@@ -368,6 +372,8 @@ async fn a_frozen_process_does_not_answer_200(env: Env) {
     let reply = Http::new().post(addr, "/jobs/5").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // The lost lease was given back: a client that retries may do so at once.
+    assert_eq!(reply.retry_after(), Some(1), "{reply:?}");
 }
 
 async fn a_frozen_process_never_takes_its_next_step(env: Env) {
@@ -395,6 +401,8 @@ async fn a_frozen_process_never_takes_its_next_step(env: Env) {
     let reply = Http::new().post(addr, "/jobs/6").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
     assert_eq!(reply.problem()["type"], "urn:tower-lease:lease-lost");
+    // The lost lease was given back: a client that retries may do so at once.
+    assert_eq!(reply.retry_after(), Some(1), "{reply:?}");
     assert!(
         !stepped.load(Ordering::SeqCst),
         "the handler took its next step after its lease ran out"

@@ -7,6 +7,7 @@
 mod support;
 
 mod bodies;
+mod clients;
 mod coalesce;
 mod lease;
 mod names;

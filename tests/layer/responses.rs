@@ -37,7 +37,7 @@ async fn held_answers_409_or_423_with_retry_after_and_never_calls_the_handler(en
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
     let conflict = serve(invoices(layer.clone(), &calls)).await;
-    let locked = serve(invoices(layer.held_status(StatusCode::LOCKED), &calls)).await;
+    let locked = serve(invoices(layer.busy_status(StatusCode::LOCKED), &calls)).await;
     let http = Http::new();
 
     let taken = Instant::now();

@@ -14,6 +14,7 @@ use super::support::http::{Http, serve};
 use super::support::{Env, Gate, Setup};
 use super::{moved, one, recorded, turn};
 
+const NAME: &str = "tower_lease_idempotency_total";
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));
 
 async fn slow(State(gate): State<Gate>) -> &'static str {
@@ -49,7 +50,6 @@ async fn each_idempotency_outcome_increments_exactly_its_counter() {
             http.send(addr, Method::POST, path, &headers).await.status
         }
     };
-    const NAME: &str = "tower_lease_idempotency_total";
     let counted = |outcome: &str| one(NAME, &format!("namespace=orders,outcome={outcome}"));
     let idempotency = || moved(&recorded(), NAME);
 
@@ -80,4 +80,28 @@ async fn each_idempotency_outcome_increments_exactly_its_counter() {
         0.0,
     )]);
     assert_eq!(held, zero);
+}
+
+async fn crash() -> StatusCode {
+    panic!("the replica died mid-request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_holder_died_counts_outcome_unknown() {
+    let _turn = turn().await;
+    let env = Env::redis(Setup::Layer).await;
+    const ONCE: Idempotency = ORDERS.at_most_once();
+    let app = Router::new()
+        .route("/crash", post(crash))
+        .route_layer(IdempotencyLayer::new(env.store.clone(), ONCE));
+    let addr = serve(app).await;
+    let http = Http::new();
+    let headers: [(&str, &[u8]); 1] = [("idempotency-key", b"died")];
+    let first = http.send(addr, Method::POST, "/crash", &headers).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    let _ = moved(&recorded(), NAME);
+    let retry = http.send(addr, Method::POST, "/crash", &headers).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    let counted = one(NAME, "namespace=orders,outcome=outcome_unknown");
+    assert_eq!(moved(&recorded(), NAME), counted);
 }

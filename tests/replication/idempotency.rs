@@ -1,21 +1,23 @@
 //! `IdempotencyLayer` on a store that waits for replicas: a reservation the frozen replica did
-//! not acknowledge is refused with `503` and freed, and a completion it did not acknowledge is
-//! answered but not counted as stored.
+//! not acknowledge is refused with `503` and freed; a completion it did not acknowledge sends
+//! no `2xx`, then `503` outcome unknown, and is stored in the background; and under Sentinel
+//! a primary killed mid-request leaves one run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::State;
 use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::store::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
-use tower_lease::{Error, Idempotency, IdempotencyLayer};
+use tower_lease::{Error, Idempotency, IdempotencyLayer, RedisStore, Store};
 
 use crate::replicated;
-use crate::support::Endpoint;
 use crate::support::http::{Http, count, serve};
-use crate::support::sentinel::{Link, Topology, freeze};
+use crate::support::sentinel::{Link, MASTER, Topology, freeze};
+use crate::support::{Endpoint, Gate};
 
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));
 const FP: [u8; 16] = *b"fingerprint-0001";
@@ -95,4 +97,127 @@ async fn a_completion_the_replica_did_not_acknowledge_is_not_replicated() {
         ),
         "{completed:?}"
     );
+}
+
+/// Waits at the gate, then charges: the n-th run answers `charge n`.
+async fn charge(State(app): State<(Gate, Arc<AtomicUsize>)>) -> (StatusCode, String) {
+    let (gate, runs) = app;
+    gate.pass().await;
+    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    (StatusCode::CREATED, format!("charge {n}"))
+}
+
+const KEY: [(&str, &[u8]); 1] = [("idempotency-key", b"cold")];
+
+#[tokio::test]
+async fn a_completion_the_replica_did_not_acknowledge_answers_no_2xx_then_503_then_replays() {
+    let topology = Topology::start(Link::Direct).await;
+    let store = replicated(&topology.primary).await;
+    let (opener, gate) = Gate::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store, ORDERS).complete_within(Duration::from_secs(1));
+    let app = Router::new()
+        .route("/orders", post(charge))
+        .route_layer(layer)
+        .with_state((gate.clone(), runs.clone()));
+    let addr = serve(app).await;
+    let http = Http::new();
+    let first = tokio::spawn({
+        let http = http.clone();
+        async move { http.send(addr, Method::POST, "/orders", &KEY).await }
+    });
+    gate.until_inside(1).await;
+    // Reserved and replicated; the charge ends while the replica cannot acknowledge.
+    let frozen = freeze(&topology.replica);
+    let ended = Instant::now();
+    opener.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !first.is_finished(),
+        "answered before its record was replicated: {:?}",
+        first.await
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(
+        first.problem()["type"],
+        "urn:tower-lease:idempotency-outcome-unknown"
+    );
+    assert!(first.retry_after().is_some(), "{first:?}");
+    assert!(ended.elapsed() >= Duration::from_millis(900));
+    drop(frozen);
+    // Once the background completion is acknowledged, a retry replays the one run.
+    let replayed =
+        crate::support::poll(Duration::from_millis(200), Duration::from_secs(10), || {
+            let http = http.clone();
+            async move {
+                let reply = http.send(addr, Method::POST, "/orders", &KEY).await;
+                (reply.status == StatusCode::CREATED).then_some(reply)
+            }
+        })
+        .await
+        .expect("the retry never replayed")
+        .0;
+    assert_eq!(replayed.text(), "charge 1", "{replayed:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn through_sentinels(topology: &Topology) -> Store {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match RedisStore::connect_sentinel(MASTER, topology.sentinel_urls()).await {
+            Ok(store) => return store.into(),
+            Err(e) => assert!(Instant::now() < deadline, "no primary: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `SIGKILL` of the primary while the handler ends: the completion is tried again until the
+/// store follows the failover, and every `2xx` any client sees is the one run's.
+#[tokio::test]
+async fn a_primary_killed_under_sentinel_mid_request_runs_the_handler_once() {
+    let mut topology = Topology::with_sentinels(Link::Direct).await;
+    let store = through_sentinels(&topology).await;
+    let (opener, gate) = Gate::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store, ORDERS.lease(Duration::from_secs(4)));
+    let app = Router::new()
+        .route("/orders", post(charge))
+        .route_layer(layer)
+        .with_state((gate.clone(), runs.clone()));
+    let addr = serve(app).await;
+    let http = Http::new();
+    let first = tokio::spawn({
+        let http = http.clone();
+        async move { http.send(addr, Method::POST, "/orders", &KEY).await }
+    });
+    gate.until_inside(1).await;
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        opener.send_replace(true);
+    });
+    let took = topology.kill_primary_and_fail_over().await;
+    eprintln!("failover took {took:?}");
+    let first = tokio::time::timeout(Duration::from_secs(20), first)
+        .await
+        .expect("no answer")
+        .unwrap();
+    let mut seen = Vec::new();
+    if first.status.is_success() {
+        seen.push(first.text().to_owned());
+    }
+    let last = crate::support::poll(Duration::from_millis(200), Duration::from_secs(15), || {
+        let http = http.clone();
+        async move {
+            let reply = http.send(addr, Method::POST, "/orders", &KEY).await;
+            reply.status.is_success().then_some(reply)
+        }
+    })
+    .await
+    .expect("no retry succeeded")
+    .0;
+    seen.push(last.text().to_owned());
+    assert!(seen.iter().all(|text| text == "charge 1"), "{seen:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{seen:?}");
 }

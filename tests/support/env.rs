@@ -101,6 +101,27 @@ impl Env {
         Some(RedisStore::connect(&server.url()).await.unwrap().into())
     }
 
+    /// Pauses the writes of every client on every server behind the store for `ms`
+    /// (`CLIENT PAUSE ms WRITE`): their write commands and scripts queue, and run when the
+    /// pause ends, as on a slow or stalled Redis. Reads and this call's own line go on.
+    pub async fn pause_writes(&self, ms: u64) {
+        let mut servers: Vec<&RedisServer> = self.server.iter().collect();
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self._cluster {
+            servers.extend(cluster.nodes());
+        }
+        assert!(!servers.is_empty(), "this test runs on Redis only");
+        for server in servers {
+            let mut conn = server.connection().await;
+            let pause = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(ms)
+                .arg("WRITE")
+                .clone();
+            let () = pause.query_async(&mut conn).await.unwrap();
+        }
+    }
+
     /// Whether the store is on Redis (a single server or the cluster).
     pub fn is_redis(&self) -> bool {
         self.raw.is_some()
