@@ -96,8 +96,17 @@ impl Drop for Redis {
     }
 }
 
+/// The server binary a benchmark starts: `TOWER_LEASE_SERVER` when set (a `valkey-server`, as
+/// for the tests), `redis-server` otherwise.
+pub fn server_binary() -> String {
+    std::env::var("TOWER_LEASE_SERVER")
+        .ok()
+        .filter(|binary| !binary.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 fn spawn_server(port: u16, args: &[&str]) -> Option<Child> {
-    let mut command = Command::new("redis-server");
+    let mut command = Command::new(server_binary());
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -326,7 +335,8 @@ pub fn machine() -> String {
         .map(|(_, m)| m.trim().to_owned())
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let redis = Command::new("redis-server")
+    let binary = server_binary();
+    let redis = Command::new(&binary)
         .arg("--version")
         .output()
         .ok()
@@ -337,7 +347,8 @@ pub fn machine() -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "?".into());
-    format!("{cores} cores ({model}), redis-server {redis}")
+    let name = binary.rsplit('/').next().unwrap_or("redis-server");
+    format!("{cores} cores ({model}), {name} {redis}")
 }
 
 /// Runs a future that never waits (the memory store's are all ready at once) to completion.

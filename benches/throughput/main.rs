@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use support::{Op, Redis, Settings, median, quantile_us};
-use variants::{CONCURRENCY, MINIMUM, REFUSED_HAND, REFUSED_LOCK, RSLOCK, TTL, variants};
+use variants::{
+    CONCURRENCY, MINIMUM, NATIVE_MINIMUM, REFUSED_HAND, REFUSED_LOCK, RSLOCK, TTL, variants,
+};
 
 /// Counts allocations when `BENCH_DIAG` is set (an allocation count per cycle is steady where
 /// timings are not); otherwise it only forwards, so the timings are not disturbed.
@@ -156,6 +158,9 @@ async fn bench(redis: &Redis, settings: Settings) {
     }
     variants::release_held(redis).await;
     assert_no_keys_left(redis).await;
+    if std::env::var_os("BENCH_COMMANDSTATS").is_some() {
+        print_commandstats(redis).await;
+    }
 
     println!(
         "\nlock/release cycles, {} rounds of {:?} per variant, TTL {:?}",
@@ -267,6 +272,25 @@ async fn bench(redis: &Redis, settings: Settings) {
             "  (the same on memory with requests as axum's router hands them, extensions already held: {routed:.3})"
         );
     }
+    let vs_lua = paired(64, lock, MINIMUM, rates);
+    let what = "Lock cycle at 64 tasks ≥ 1.0× the minimum (native compare-and-set)";
+    let vs_native = paired(64, lock, NATIVE_MINIMUM, rates);
+    if !vs_native.is_nan() {
+        target(what, vs_lua, vs_lua >= 1.0);
+        println!("  (and {vs_native:.3}× the native minimum, SET NX PX + DELIFEQ)");
+    }
+    for cycle in [
+        "RwLock read (Redis)",
+        "RwLock write (Redis)",
+        "Semaphore permit (Redis)",
+    ] {
+        let ratio = paired(64, cycle, MINIMUM, rates);
+        target(
+            &format!("{cycle} at 64 tasks ≥ 0.7× the minimum"),
+            ratio,
+            ratio >= 0.7,
+        );
+    }
     let refused = paired(64, REFUSED_LOCK, REFUSED_HAND, rates);
     // Not a target here (the target is over HTTP, in the `http` bench): the refused path's own cost.
     if !refused.is_nan() {
@@ -294,6 +318,37 @@ fn target(what: &str, ratio: f64, met: bool) {
         "- {what}: {ratio:.3} {}",
         if met { "met" } else { "MISSED" }
     );
+}
+
+/// Where the server's time went (`BENCH_COMMANDSTATS=1`, best with `BENCH_ONLY` naming one
+/// variant): calls and µs per call of every command it ran, those inside scripts included.
+async fn print_commandstats(redis: &Redis) {
+    let mut conn = redis.connection().await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    println!("\nserver commands (INFO commandstats), warm-up included:");
+    for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+        let field = |name: &str| {
+            line.split(&format!("{name}="))
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .unwrap_or("?")
+                .to_owned()
+        };
+        let command = line
+            .trim_start_matches("cmdstat_")
+            .split(':')
+            .next()
+            .unwrap_or("?");
+        println!(
+            "- {command}: {} calls, {} µs per call",
+            field("calls"),
+            field("usec_per_call")
+        );
+    }
 }
 
 /// Every cycle released what it took: nothing of the benchmark may be left in Redis.

@@ -11,13 +11,15 @@ use http_body_util::Empty;
 use tower::util::ServiceFn;
 use tower::{Layer, Service, ServiceExt};
 use tower_lease::layer::TimeoutBody;
-use tower_lease::{Lock, LockLayer, RwLock, Store, extract};
+use tower_lease::{Lock, LockLayer, RwLock, Semaphore, Store, extract};
 
 use crate::support::{Op, Redis, op};
 
 pub(crate) const TTL: Duration = Duration::from_secs(10);
 pub(crate) const LOCK: Lock<str> = Lock::new("bench", TTL);
 pub(crate) const RWLOCK: RwLock<str> = RwLock::new("bench", TTL);
+/// Four permits per name, one taken per cycle.
+pub(crate) const SEMAPHORE: Semaphore<str> = Semaphore::new("bench", 4, TTL);
 pub(crate) const CONCURRENCY: [usize; 2] = [1, 64];
 
 /// The compare-and-delete everyone writes next to `SET NX PX`.
@@ -28,6 +30,8 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
 });
 
 pub(crate) const MINIMUM: &str = "hand-written SET NX PX + EVALSHA";
+/// The minimum on a server with native compare-and-delete (Valkey 9): no script at all.
+pub(crate) const NATIVE_MINIMUM: &str = "hand-written SET NX PX + DELIFEQ";
 pub(crate) const RSLOCK: &str = "rslock";
 pub(crate) const REFUSED_HAND: &str = "refused: hand-written SET NX PX";
 pub(crate) const REFUSED_LOCK: &str = "refused: Lock try_lock (Redis)";
@@ -118,6 +122,37 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         }),
     ));
 
+    if has_delifeq(&conn).await {
+        let (hand, keys) = (conn.clone(), names("tlbench:native:"));
+        list.push((
+            NATIVE_MINIMUM,
+            op(move |task, _| {
+                let (mut conn, keys) = (hand.clone(), keys.clone());
+                async move {
+                    let key = keys[task].as_str();
+                    let token: [u8; 16] = rand::random();
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&token[..])
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET NX PX");
+                    assert!(set.is_some(), "the hand-written lock was held");
+                    let deleted: i64 = redis::cmd("DELIFEQ")
+                        .arg(key)
+                        .arg(&token[..])
+                        .query_async(&mut conn)
+                        .await
+                        .expect("DELIFEQ");
+                    assert_eq!(deleted, 1, "the hand-written release found no lease");
+                }
+            }),
+        ));
+    }
+
     if std::env::var_os("BENCH_DIAG").is_some() {
         diagnostics(&mut list, &conn);
     }
@@ -192,17 +227,30 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
             "tower-lease Lock (Redis)",
             "RwLock read (Redis)",
             "RwLock write (Redis)",
+            "Semaphore permit (Redis)",
             redis_store(conn.clone()),
         ),
         (
             "tower-lease Lock (memory)",
             "RwLock read (memory)",
             "RwLock write (memory)",
+            "Semaphore permit (memory)",
             Store::memory(),
         ),
     ];
-    for (lock, read, write, store) in stores {
+    for (lock, read, write, permit, store) in stores {
         list.push((lock, lock_cycle(store.clone())));
+        let (s, holders) = (store.clone(), names("p"));
+        list.push((
+            permit,
+            op(move |task, _| {
+                let (store, names) = (s.clone(), holders.clone());
+                async move {
+                    let permit = SEMAPHORE.try_acquire(&store, &names[task]).await.unwrap();
+                    assert!(permit.expect("a permit free").release().await.unwrap());
+                }
+            }),
+        ));
         let (s, readers) = (store.clone(), names("r"));
         list.push((
             read,
@@ -382,6 +430,17 @@ where
             assert!(token.release().await.unwrap());
         }
     })
+}
+
+/// Whether the server has `DELIFEQ` (Valkey 9.0+).
+async fn has_delifeq(conn: &redis::aio::MultiplexedConnection) -> bool {
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("DELIFEQ")
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap_or_default();
+    info.first().is_some_and(|info| *info != redis::Value::Nil)
 }
 
 fn redis_store(conn: redis::aio::MultiplexedConnection) -> Store {

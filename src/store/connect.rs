@@ -41,7 +41,9 @@ impl RedisStore<ConnectionManager> {
     ///   redis-rs's own timeout neither fires first nor waits longer.
     ///
     /// - [release notifications](Self::notifications) for bounded waits, through a subscriber
-    ///   connection of the same client.
+    ///   connection of the same client;
+    /// - native compare-and-set where the server has it (asked here; see
+    ///   [`RedisStore`](Self#native-compare-and-set)).
     ///
     /// A shorter [`timeout`](Self::timeout) set afterwards still bounds every call. Fails when
     /// Redis cannot be reached now, so a misconfigured URL shows at startup.
@@ -53,7 +55,9 @@ impl RedisStore<ConnectionManager> {
             .set_response_timeout(Some(DEFAULT_TIMEOUT))
             .set_connection_timeout(Some(DEFAULT_TIMEOUT));
         let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-        Ok(Self::new(conn).notifications(client))
+        let store = Self::new(conn).notifications(client);
+        store.probe_native().await;
+        Ok(store)
     }
 }
 
@@ -79,6 +83,7 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
         let client = Self::cluster_client_builder(nodes.clone()).build()?;
         let mut conn = client.get_async_connection().await?;
         let store = Self::new(conn.clone());
+        store.probe_native().await;
         if super::sharded::supported(&mut conn).await.unwrap_or(false) {
             return store.sharded_notifications(Self::cluster_client_builder(nodes));
         }

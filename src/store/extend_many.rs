@@ -2,6 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
+use super::cas::{Cas, native_mode, out_of_memory, set_ifeq_extended, unknown};
 use super::replicas::split_wait;
 use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
@@ -39,13 +40,25 @@ where
                 .map(|_| Err(Error::UnexpectedReply(missing.clone())))
                 .collect();
         }
+        if replies.iter().any(unknown) {
+            // A server that no longer knows `SET … IFEQ`: the scripts from the next beat on.
+            self.native.set(Cas::Lua);
+        }
         let mut no_script = Vec::new();
+        let mut full = Vec::new();
         let mut answers: Vec<Result<Extended>> = Vec::with_capacity(leases.len());
         for (i, reply) in replies.drain(..).enumerate() {
             if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
                 no_script.push(i);
             }
+            if out_of_memory(&reply) && native_mode(leases[i].mode) {
+                full.push(i);
+            }
             answers.push(answer(reply, short));
+        }
+        // A full server refuses `SET … IFEQ` but not the script's `PEXPIRE`.
+        for i in full {
+            answers[i] = self.extend_script(leases[i]).await;
         }
         if !no_script.is_empty() {
             let missing: Vec<_> = no_script.iter().map(|&i| leases[i]).collect();
@@ -67,7 +80,8 @@ where
         answers
     }
 
-    /// Sends one pipelined `verb` (`EVALSHA` or `EVAL`) of the extend script per lease; errors
+    /// Sends one pipelined `verb` (`EVALSHA` or `EVAL`) of the extend script per lease, or
+    /// `SET … IFEQ` for an exclusive or writer lease where the server has it; errors
     /// of single commands come back as [`redis::Value::ServerError`] in their place. With
     /// [`wait_for_replicas`](RedisStore::wait_for_replicas), one `WAIT` ends the pipeline and
     /// vouches for the whole batch; it answers how many replicas it fell short by, if it did.
@@ -79,7 +93,12 @@ where
     ) -> Result<(Vec<redis::Value>, Short)> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for lease in leases {
+        let native = self.native.get().extends();
+        for &lease in leases {
+            if native && native_mode(lease.mode) {
+                pipe.add_command(self.set_ifeq(lease));
+                continue;
+            }
             let (lua, _) = holder_script(lease.mode, Holder::Extend);
             let roles = extend_keys(lease.mode);
             let command = pipe.cmd(verb).arg(script(lua)).arg(roles.len());
@@ -173,8 +192,12 @@ pub(super) fn extend_keys(mode: Mode) -> &'static [KeyRole] {
     }
 }
 
-/// An extend script's answer: 0 gone, 1 extended, 2 extended while a write intent lives.
+/// An extend script's answer: 0 gone, 1 extended, 2 extended while a write intent lives; or a
+/// `SET … IFEQ`'s: `OK` extended, nil gone.
 pub(super) fn extended(reply: redis::Value) -> Result<Extended> {
+    if matches!(reply, redis::Value::Okay | redis::Value::Nil) {
+        return set_ifeq_extended(reply);
+    }
     let n: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
     match n {

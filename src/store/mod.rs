@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::Result;
 
+mod cas;
 mod check;
 mod connect;
 mod contended;
@@ -27,6 +28,7 @@ mod intents;
 mod keys;
 mod memory;
 mod memory_idempotency;
+mod native;
 mod notify;
 mod redis;
 mod redis_idempotency;

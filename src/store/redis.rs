@@ -8,17 +8,16 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
+use super::cas::{Cas, Native, native_mode};
 use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
-use super::extend_many::{extend_keys, extended};
 use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
 use super::keys::{KeyLayout, KeyRole};
 use super::notify;
 use super::replicas::Replicas;
 use super::script_call::{Call, LastArg};
 use super::scripts::{
-    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
-    WRITE_ACQUIRE, holder_script,
+    ACQUIRE, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT, WRITE_ACQUIRE,
 };
 use super::watchdog;
 use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode};
@@ -60,6 +59,16 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// take is given back rather than left to refuse every retry. Redis runs one connection's
 /// commands in order, so the release lands after the acquisition it undoes.
 ///
+/// # Native compare-and-set
+///
+/// Where the server has them (Valkey 9.0+, Redis 8.4+; asked once, at connect or on the first
+/// extend or release), an exclusive or writer lease is extended with `SET key secret IFEQ secret
+/// PX ttl` and released with `DELIFEQ key secret` (Valkey) or `DELEX key IFEQ secret` (Redis),
+/// pipelined with its `PUBLISH`: plain commands, no script, so an unfenced [`Lock`](crate::Lock)
+/// runs none at all. Valkey 8.1 has the `SET` only. Everything else runs its script, as on older
+/// servers. A `tracing` debug event (`tower-lease: compare-and-set`) names the path a store
+/// takes; [`Store::check`](crate::Store::check) asks again.
+///
 /// All keys of one name share the `{…}` hash tag, so they live in one cluster slot and every
 /// script touches one slot only. The layout is injective: no two (namespace, name) pairs share a
 /// key, whatever bytes the name holds, because the suffixes after the last `}` never contain one.
@@ -78,6 +87,8 @@ pub struct RedisStore<C> {
     pub(super) contended: Arc<ContendedNames>,
     /// The replicas an acquisition or extension waits for, if any.
     pub(super) replicas: Option<Replicas>,
+    /// Which compare-and-set commands the server has (see `native.rs`).
+    pub(super) native: Arc<Native>,
 }
 
 impl<C> RedisStore<C>
@@ -107,6 +118,7 @@ where
             sharded: false,
             contended: Arc::new(ContendedNames::new()),
             replicas: None,
+            native: Arc::default(),
         }
     }
 
@@ -258,7 +270,10 @@ where
             if self.retry(&reply, &mut conn, started)? {
                 reply = super::check::redis(&mut conn, store).await;
             }
-            self.reply(reply)
+            let warnings = self.reply(reply)?;
+            // Asked again: the server may have changed since the store first asked.
+            self.probe_native().await;
+            Ok(warnings)
         })
     }
 
@@ -375,26 +390,15 @@ where
     }
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
-        self.bounded(async move {
-            let (script, _) = holder_script(lease.mode, Holder::Extend);
-            let call = Call {
-                script,
-                lock: lease.lock,
-                roles: extend_keys(lease.mode),
-                fence: None,
-                secret: Some(lease.secret),
-                last: LastArg::Ttl,
-            };
-            let (reply, waited) = self.run_waiting(call, self.replicas).await?;
-            let extended = extended(reply)?;
-            if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
-                // A lease found gone wrote nothing to wait for.
-                if extended != Extended::Gone {
-                    replicas.check(waited)?;
+        if native_mode(lease.mode) && self.native.get() != Cas::Lua {
+            return self.bounded(async move {
+                match self.extend_native(lease).await? {
+                    Some(extended) => Ok(extended),
+                    None => self.extend_script(lease).await,
                 }
-            }
-            Ok(extended)
-        })
+            });
+        }
+        self.bounded(self.extend_script(lease))
     }
 
     fn extend_many<'a>(
@@ -405,20 +409,15 @@ where
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        self.bounded(async move {
-            let (script, role) = holder_script(lease.mode, Holder::Release);
-            let (lock, secret) = (lease.lock, Some(lease.secret));
-            // A reader's or a permit's script names its channel from its key.
-            let channel = match lease.mode {
-                Mode::Read | Mode::Permit => Vec::new(),
-                _ => notify::channel(&self.layout, lease.mode, lock.namespace, lock.name),
-            };
-            let last = match lease.mode {
-                Mode::Read | Mode::Permit => LastArg::None,
-                _ => LastArg::Channel(&channel),
-            };
-            answered_one(self.run(script, lock, &[role], None, secret, last).await?)
-        })
+        if native_mode(lease.mode) && self.native.get() != Cas::Lua {
+            return self.bounded(async move {
+                match self.release_native(lease).await? {
+                    Some(released) => Ok(released),
+                    None => self.release_script(lease).await,
+                }
+            });
+        }
+        self.bounded(self.release_script(lease))
     }
 }
 

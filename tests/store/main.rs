@@ -1,6 +1,7 @@
 //! The store: lock definitions and the key layout (no store needed), the conformance suite on a
-//! real `redis-server`, on a local Redis Cluster and in memory, `Backend::extend_many`, and what
-//! only a cluster shows. Each Redis-backed test starts its own servers on free loopback ports.
+//! real `redis-server`, on a local Redis Cluster and in memory, `Backend::extend_many`, native
+//! compare-and-set, and what only a cluster shows. Each Redis-backed test starts its own servers
+//! on free loopback ports.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -11,6 +12,7 @@ mod conformance;
 mod definitions;
 mod extend_many;
 mod keys;
+mod native;
 #[cfg(feature = "cluster")]
 mod sharded;
 mod wait;

@@ -442,7 +442,7 @@ impl Sentinel {
                 ),
             )
             .expect("write the sentinel config");
-            let mut command = Command::new("redis-server");
+            let mut command = Command::new(super::server::server_binary());
             command
                 .arg(&config)
                 .arg("--sentinel")

@@ -1,6 +1,9 @@
 //! Real `redis-server` processes on free loopback ports, started by the tests, and what the
 //! tests do to them directly (fill their memory, change their config).
 //!
+//! The binary is `redis-server`, or the one `TOWER_LEASE_SERVER` names (a `valkey-server`, to run
+//! the suites on Valkey). The cluster is still joined with `redis-cli`, which speaks to either.
+//!
 //! Every server runs without persistence, is asked to die with the test process (so a crashed
 //! test leaves nothing behind), and is killed when its handle drops.
 
@@ -129,7 +132,7 @@ impl RedisServer {
 
     /// Spawns redis-server on `self.port`; `false` when it exited (port taken) before answering.
     fn spawn_and_wait(&mut self) -> bool {
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(server_binary());
         command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -148,10 +151,11 @@ impl RedisServer {
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed: run scripts/test (it installs it), \
-                 or `apt-get install redis-server`"
+                "{} is not installed: run scripts/test (it installs redis-server), \
+                 or `apt-get install redis-server`",
+                server_binary()
             ),
-            Err(e) => panic!("could not start redis-server: {e}"),
+            Err(e) => panic!("could not start {}: {e}", server_binary()),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -181,6 +185,20 @@ impl Drop for RedisServer {
         self.stop();
         let _ = std::fs::remove_file(std::env::temp_dir().join(dump_file(self.port)));
     }
+}
+
+/// The server binary the tests start: `TOWER_LEASE_SERVER` when set (a path to
+/// `valkey-server`, say), `redis-server` otherwise. Sentinels are this binary with `--sentinel`.
+pub fn server_binary() -> String {
+    std::env::var("TOWER_LEASE_SERVER")
+        .ok()
+        .filter(|binary| !binary.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// Whether the tests run on Valkey (`TOWER_LEASE_SERVER` names a `valkey-server`).
+pub fn on_valkey() -> bool {
+    server_binary().contains("valkey")
 }
 
 /// Something redis-rs connects to: a [`RedisServer`], or the [fault proxy](super::proxy::Proxy)

@@ -114,7 +114,8 @@ impl Drop for InFlight {
     }
 }
 
-/// Calls of `EVALSHA` and `EVAL` the server has answered so far.
+/// Calls of `EVALSHA`, `EVAL` and `SET` (a native extend is a `SET … IFEQ`) the server has
+/// answered so far.
 async fn script_calls(server: &RedisServer) -> u64 {
     let mut conn = server.connection().await;
     let stats: String = redis::cmd("INFO")
@@ -124,7 +125,11 @@ async fn script_calls(server: &RedisServer) -> u64 {
         .unwrap();
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_set:"]
+                .iter()
+                .any(|command| l.starts_with(command))
+        })
         .filter_map(|l| {
             l.split_once("calls=")?
                 .1
