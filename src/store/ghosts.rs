@@ -190,7 +190,11 @@ async fn give_back(ghost: Ghost) {
     let backend = &*ghost.backend;
     let mut pause = FIRST_RETRY;
     loop {
-        let released = backend.release(lease).await;
+        // A reservation may have left its at-most-once marker too: both go with its secret.
+        let released = match lease.mode {
+            Mode::Reservation => backend.idempotency_free(lease).await,
+            _ => backend.release(lease).await,
+        };
         let withdrawn = match (&released, lease.mode) {
             (Ok(_), Mode::Write) if lock.writer_preferred => {
                 backend.withdraw_intent(lease).await.map(|_| ())

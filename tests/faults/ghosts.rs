@@ -154,15 +154,35 @@ async fn lock_layer_a_retry_after_a_timed_out_request_runs() {
 async fn idempotency_layer_a_retry_after_a_timed_out_request_runs() {
     const PAYMENTS: Idempotency =
         Idempotency::new("ghost-payments", Duration::from_secs(60)).lease(TTL);
+    a_retry_after_a_timed_out_idempotent_request_runs(PAYMENTS).await;
+}
+
+/// Under `at_most_once` too: the marker a timed-out reservation may leave is given back with
+/// it, so the retry runs rather than meeting `409 idempotency-outcome-unknown` for a request
+/// that never reached a handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_once_idempotency_layer_a_retry_after_a_timed_out_request_runs() {
+    const PAYMENTS: Idempotency = Idempotency::new("ghost-once", Duration::from_secs(60))
+        .lease(TTL)
+        .at_most_once();
+    a_retry_after_a_timed_out_idempotent_request_runs(PAYMENTS).await;
+}
+
+async fn a_retry_after_a_timed_out_idempotent_request_runs(idempotency: Idempotency) {
     let env = Env::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/pay", post(count))
-        .route_layer(IdempotencyLayer::new(env.store.clone(), PAYMENTS))
+        .route_layer(IdempotencyLayer::new(env.store.clone(), idempotency))
         .with_state(runs.clone());
     let addr = serve(app).await;
     let http = Http::new();
     let key: [(&str, &[u8]); 1] = [("idempotency-key", b"ghost-1")];
+    // A first look warms the script cache (an at-most-once begin is a script): a queued
+    // EVALSHA the server does not know yet answers NOSCRIPT and takes nothing.
+    let warm: [(&str, &[u8]); 1] = [("idempotency-key", b"warm")];
+    let warmed = http.send(addr, Method::POST, "/pay", &warm).await;
+    assert_eq!(warmed.status, StatusCode::OK, "{warmed:?}");
     let paused = Instant::now();
     env.pause_writes(PAUSE_MS).await;
     let first = http.send(addr, Method::POST, "/pay", &key).await;
@@ -172,12 +192,16 @@ async fn idempotency_layer_a_retry_after_a_timed_out_request_runs() {
     sleep_until(paused + Duration::from_millis(PAUSE_MS) + AFTER_RECOVERY).await;
     let retry = http.send(addr, Method::POST, "/pay", &key).await;
     assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the warm-up and the retry ran"
+    );
     let replay = http.send(addr, Method::POST, "/pay", &key).await;
     assert_eq!(replay.status, StatusCode::OK, "{replay:?}");
     assert_eq!(
         runs.load(Ordering::SeqCst),
-        1,
+        2,
         "the retry's response is replayed"
     );
 }
