@@ -158,36 +158,29 @@ impl Records {
     /// Extends (`extend`) or releases the reservation `lease`; `false` if it is not held with
     /// its secret.
     pub(super) fn update(&self, lease: LeaseRef<'_>, extend: bool) -> bool {
-        let LeaseRef { lock, secret, .. } = lease;
-        let now = Instant::now();
-        let mut state = self.lock();
-        let Some(keys) = state.namespaces.get_mut(lock.namespace) else {
-            return false;
-        };
-        let Some(entry) = keys.keys.get_mut(lock.name) else {
-            return false;
-        };
-        entry.forget_expired(now);
-        let ours = match &mut entry.reservation {
-            Some((held, ends)) if held == secret => {
-                if extend {
-                    *ends = now + lock.ttl;
-                } else {
-                    entry.reservation = None;
-                }
-                true
-            }
-            _ => false,
-        };
-        if entry.is_empty() {
-            keys.keys.remove(lock.name);
-        }
-        ours
+        let ttl = lease.lock.ttl;
+        self.with_reservation(lease, |entry, now| match (&mut entry.reservation, extend) {
+            (Some((_, ends)), true) => *ends = now + ttl,
+            _ => entry.reservation = None,
+        })
     }
 
     /// Frees the reservation `lease` and its at-most-once marker; `false` if it is not held
     /// with its secret.
     pub(super) fn free(&self, lease: LeaseRef<'_>) -> bool {
+        self.with_reservation(lease, |entry, _| {
+            entry.reservation = None;
+            entry.unknown = None;
+        })
+    }
+
+    /// Runs `change` on the entry of `lease` when its reservation is held with the lease's
+    /// secret, then forgets the entry if nothing is left in it; `false` if it is not held.
+    fn with_reservation(
+        &self,
+        lease: LeaseRef<'_>,
+        change: impl FnOnce(&mut Entry, Instant),
+    ) -> bool {
         let LeaseRef { lock, secret, .. } = lease;
         let now = Instant::now();
         let mut state = self.lock();
@@ -198,19 +191,17 @@ impl Records {
             return false;
         };
         entry.forget_expired(now);
-        if !entry
+        let ours = entry
             .reservation
             .as_ref()
-            .is_some_and(|(held, _)| held == secret)
-        {
-            return false;
+            .is_some_and(|(held, _)| held == secret);
+        if ours {
+            change(entry, now);
         }
-        entry.reservation = None;
-        entry.unknown = None;
         if entry.is_empty() {
             keys.keys.remove(lock.name);
         }
-        true
+        ours
     }
 
     /// How many entries are kept (keys with a reservation or record, fence counters).
