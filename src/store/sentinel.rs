@@ -416,7 +416,9 @@ impl RedisStore<SentinelConnection> {
     /// [`wait_for_replicas`](Self::wait_for_replicas), with `n` below the replica count:
     /// without `WAIT`, a failover can lose a lease the old primary had not yet sent on. Its
     /// `WAIT`s run on connections of their own, and every connection's response timeout is
-    /// the store's deadline.
+    /// the store's deadline. For writes back within seconds of a graceful failover, run the
+    /// data nodes with `repl-diskless-sync-delay 0`: the other replicas then resync with the
+    /// promoted one at once, not 5 s later, and `WAIT` can be met again.
     pub async fn connect_sentinel<T>(
         master_name: &str,
         sentinel_urls: impl IntoIterator<Item = T>,
