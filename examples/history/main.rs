@@ -227,6 +227,9 @@ fn main() {
             for violation in &verdict.violations {
                 println!("violation: {violation}");
             }
+            if let Some(gaps) = check::write_gaps_line(&history) {
+                println!("{gaps}");
+            }
             println!(
                 "1 histories, {} operations, {} violations",
                 verdict.operations,
@@ -418,6 +421,9 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
         verdict.excused,
         path.display(),
     );
+    if let Some(gaps) = check::write_gaps_line(&history) {
+        println!("  {gaps}");
+    }
     verdict
 }
 
