@@ -271,8 +271,11 @@ pub fn write_gaps_line(history: &[Value]) -> Option<String> {
         (!of_kind.is_empty()).then(|| format!("{kind} {}", of_kind.join(", ")))
     });
     let by_kind: Vec<String> = by_kind.collect();
-    let longest = gaps.iter().map(|g| g.1.unwrap_or(u64::MAX)).max()?;
-    let longest = secs((longest < u64::MAX).then_some(longest));
+    if gaps.is_empty() {
+        return None;
+    }
+    let longest = (gaps.iter()).try_fold(0, |longest, gap| Some(gap.1?.max(longest)));
+    let longest = secs(longest);
     Some(format!(
         "write gaps after failovers: {}; longest {longest}",
         by_kind.join("; ")
