@@ -226,8 +226,9 @@ const FAILOVERS: [&str; 2] = ["kill_primary", "sentinel_failover"];
 /// For each failover, in the history's order, its kind and the longest stretch in µs without a
 /// successful exclusive acquisition (a lock's or a writer's), from the fault's start until the
 /// first one after its end, when the sentinels and the replica had settled; `None` when none
-/// came after it. The acquisitions in between split the stretch, since one answered just after
-/// the start may have been the old primary's.
+/// came after it (the history ended first, or the store stayed unwritable). The acquisitions
+/// in between split the stretch, since one answered just after the start may have been the
+/// old primary's.
 pub fn write_gaps(history: &[Value]) -> Vec<(&'static str, Option<u64>)> {
     let mut writes: Vec<u64> = history
         .iter()
@@ -255,12 +256,13 @@ pub fn write_gaps(history: &[Value]) -> Vec<(&'static str, Option<u64>)> {
         .collect()
 }
 
-/// [`write_gaps`] in seconds by kind, and the longest; `None` without failovers.
+/// [`write_gaps`] in seconds by kind, and the longest of those writes resumed after; `None`
+/// without failovers.
 pub fn write_gaps_line(history: &[Value]) -> Option<String> {
     let gaps = write_gaps(history);
     let secs = |gap: Option<u64>| match gap {
         Some(us) => format!("{:.2} s", us as f64 / 1e6),
-        None => "writes not resumed".to_owned(),
+        None => "not resumed by the end".to_owned(),
     };
     let by_kind = FAILOVERS.into_iter().filter_map(|kind| {
         let of_kind: Vec<String> = gaps
@@ -274,8 +276,7 @@ pub fn write_gaps_line(history: &[Value]) -> Option<String> {
     if gaps.is_empty() {
         return None;
     }
-    let longest = (gaps.iter()).try_fold(0, |longest, gap| Some(gap.1?.max(longest)));
-    let longest = secs(longest);
+    let longest = secs(gaps.iter().filter_map(|g| g.1).max());
     Some(format!(
         "write gaps after failovers: {}; longest {longest}",
         by_kind.join("; ")

@@ -18,7 +18,9 @@
 //! One history in every run keeps its leases on a primary and a replica under three sentinels
 //! instead, the clients following the primary through them with `wait_for_replicas(1, ..)`,
 //! and fails over (`SIGKILL` of the primary, restarted as the new one's replica, or
-//! `SENTINEL FAILOVER`); `--sentinel` runs only such histories.
+//! `SENTINEL FAILOVER`); a steady writer runs beside the clients there, and the history's
+//! summary gives the longest write gap after each failover. `--sentinel` runs only such
+//! histories.
 //!
 //! Two histories in every run (`--idempotency` runs only those) pay through
 //! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that

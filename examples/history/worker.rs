@@ -7,7 +7,7 @@
 //! check before its next step, and unconditional writes, for work that often outlasts the TTL.
 //!
 //! Under `--steady` it is the steady writer of the histories that fail over: the other
-//! clients hold their leases for seconds, so the store's exclusive acquisitions come about
+//! clients hold their leases for seconds, so the store's exclusive acquisitions come a median
 //! 1.4 s apart, too far apart to time a failover's write gap by.
 
 use std::future::Future;
