@@ -1,4 +1,12 @@
-#![doc = include_str!("../README.md")]
+// The README's examples run on Redis; without the `redis` feature the crate is the memory store
+// and the layers.
+#![cfg_attr(feature = "redis", doc = include_str!("../README.md"))]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "Lease-based locks and tower middleware on `Store::memory()`: the `redis` feature \
+           (on by default) adds `RedisStore`; see the README."
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -29,5 +37,7 @@ pub use crate::lock::{Lock, RwLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::semaphore::Semaphore;
 pub use crate::spec::MAX_NAMESPACE_LEN;
-pub use crate::store::{Mode, RedisStore, Store, Warning};
+#[cfg(feature = "redis")]
+pub use crate::store::RedisStore;
+pub use crate::store::{Mode, Store, Warning};
 pub use crate::token::{LockToken, Permit, ReadToken};

@@ -133,6 +133,7 @@ impl Ghosts {
 /// Whether a call that failed with `error` may still act, or may have acted, on the store.
 fn may_still_land(error: &Error) -> bool {
     match error {
+        #[cfg(feature = "redis")]
         Error::Redis(error) => {
             // Redis answered with an error, or the connection was refused outright: the
             // command did not run. Anything else (a timeout, a connection that broke with the

@@ -12,11 +12,16 @@ use std::time::Duration;
 
 use crate::Result;
 
+#[cfg(feature = "redis")]
 mod cas;
 mod check;
+#[cfg(feature = "redis")]
 mod connect;
+#[cfg(feature = "redis")]
 mod contended;
+#[cfg(feature = "redis")]
 mod deadline;
+#[cfg(feature = "redis")]
 mod extend_many;
 mod fence_counters;
 #[cfg(feature = "sentinel")]
@@ -25,32 +30,46 @@ mod ghosts;
 mod handle;
 mod idempotency;
 mod intents;
+#[cfg(feature = "redis")]
 mod keys;
 mod memory;
 mod memory_idempotency;
+#[cfg(feature = "redis")]
 mod native;
+mod notifications;
+#[cfg(feature = "redis")]
 mod notify;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_check;
+#[cfg(feature = "redis")]
 mod redis_idempotency;
+#[cfg(feature = "redis")]
 mod replicas;
+#[cfg(feature = "redis")]
 mod script_call;
+#[cfg(feature = "redis")]
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(feature = "redis")]
 mod set_nx;
 #[cfg(feature = "cluster")]
 mod sharded;
+#[cfg(feature = "redis")]
 mod subscriber;
 pub(crate) mod watchdog;
 
 pub use self::check::Warning;
-pub(crate) use self::handle::Notifications;
 pub use self::handle::Store;
 pub use self::idempotency::{Begin, Completion, FINGERPRINT_LEN};
-pub(crate) use self::intents::{IntentListener, Intents};
+pub(crate) use self::intents::IntentListener;
+#[cfg(feature = "redis")]
 pub use self::keys::{KeyLayout, KeyRole};
 pub use self::memory::MemoryStore;
-pub(crate) use self::notify::Watch;
+pub(crate) use self::notifications::Watch;
+#[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelConnection;

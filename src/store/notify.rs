@@ -37,11 +37,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+use super::intents::Intents;
 #[cfg(feature = "cluster")]
 use super::sharded::Push;
 pub(crate) use super::subscriber::Subscriber;
 use super::subscriber::{Reader, Sink, Source};
-use super::{Intents, KeyLayout, KeyRole, Mode};
+use super::{KeyLayout, KeyRole, Mode};
 use redis::aio::PubSubStream;
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;

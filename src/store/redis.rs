@@ -13,6 +13,7 @@ use super::contended::ContendedNames;
 use super::deadline::{Bound, multiplexed};
 use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
 use super::keys::{KeyLayout, KeyRole};
+use super::notifications::Notifications;
 use super::notify;
 use super::replicas::Replicas;
 use super::script_call::{Call, LastArg};
@@ -262,13 +263,13 @@ where
     fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
         self.bounded(async move {
             let (started, mut conn) = (self.started(), self.conn.clone());
-            let store = super::check::Asked {
+            let store = super::redis_check::Asked {
                 replicas: self.replicas.map(|r| r.wanted),
                 notifications: self.notifier.is_some(),
             };
-            let mut reply = super::check::redis(&mut conn, store).await;
+            let mut reply = super::redis_check::redis(&mut conn, store).await;
             if self.retry(&reply, &mut conn, started)? {
-                reply = super::check::redis(&mut conn, store).await;
+                reply = super::redis_check::redis(&mut conn, store).await;
             }
             let warnings = self.reply(reply)?;
             // Asked again: the server may have changed since the store first asked.
@@ -426,7 +427,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn from(store: RedisStore<C>) -> Self {
-        let notifications = store.notifier.clone().map(|notifier| super::Notifications {
+        let notifications = store.notifier.clone().map(|notifier| Notifications {
             notifier,
             layout: store.layout.clone(),
             timeout: store.timeout,

@@ -30,7 +30,7 @@ pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
         let ended = state.ended().clone();
         let name = name.to_vec();
         runtime.spawn(async move {
-            let deadline = Instant::now() + notifications.timeout;
+            let deadline = Instant::now() + notifications.timeout();
             let watch = tokio::select! {
                 watch = notifications.watch(Mode::Read, namespace, &name, deadline) => watch,
                 () = ended.cancelled() => return,
