@@ -63,15 +63,22 @@ impl RedisStore<ConnectionManager> {
 
 #[cfg(feature = "cluster")]
 impl RedisStore<redis::cluster_async::ClusterConnection> {
-    /// Connects to the Redis Cluster that `nodes` belong to (any reachable subset seeds it),
-    /// with the client [`cluster_client_builder`](Self::cluster_client_builder) sets up, and
-    /// release notifications:
+    /// Connects to the Redis Cluster that `nodes` belong to (any reachable subset seeds it;
+    /// credentials and TLS come with their connection info), with retry waits capped at 100 ms
+    /// and redis-rs's response and connection timeouts equal to the store's deadline (1 s),
+    /// and release notifications:
     ///
-    /// - [sharded](Self::sharded_notifications) when every master runs Redis 7.0 or later (by
-    ///   its `INFO server`, asked once here): a release reaches the master that owns its name
-    ///   only, and the subscriber listens there;
+    /// - sharded when every master runs Redis 7.0 or later (by its `INFO server`, asked once
+    ///   here): the scripts publish with `SPUBLISH`, a release reaches the master that owns its
+    ///   name only, and one subscriber, a cluster connection of its own, listens with
+    ///   `SSUBSCRIBE` there, following slots that move;
     /// - otherwise (or when `INFO` is refused) [plain](Self::notifications), subscribed on the
     ///   first node, since the cluster bus forwards every `PUBLISH` to all its nodes.
+    ///
+    /// Every store of the cluster should publish alike: a sharded subscriber does not hear a
+    /// plain `PUBLISH` (from a store made by [`new`](Self::new), or one of an older release
+    /// during a rolling upgrade), nor a plain subscriber a `SPUBLISH`. Waiters that miss a
+    /// release still get in, at the holder's lease end or within a second.
     pub async fn connect_cluster<T>(nodes: impl IntoIterator<Item = T>) -> Result<Self>
     where
         T: redis::IntoConnectionInfo,
@@ -80,12 +87,12 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
             .into_iter()
             .map(|node| node.into_connection_info())
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let client = Self::cluster_client_builder(nodes.clone()).build()?;
+        let client = cluster_client_builder(nodes.clone()).build()?;
         let mut conn = client.get_async_connection().await?;
         let store = Self::new(conn.clone());
         store.probe_native().await;
         if super::sharded::supported(&mut conn).await.unwrap_or(false) {
-            return store.sharded_notifications(Self::cluster_client_builder(nodes));
+            return store.sharded_notifications(cluster_client_builder(nodes));
         }
         Ok(match nodes.into_iter().next() {
             Some(subscriber) => store.notifications(redis::Client::open(subscriber)?),
@@ -93,22 +100,12 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
         })
     }
 
-    /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
-    /// another process, through sharded channels: the scripts publish with `SPUBLISH`, and one
-    /// subscriber connection, a cluster connection made from `builder` (set to RESP3 with a push
-    /// sender of its own), subscribes with `SSUBSCRIBE` on the master that owns each waited-for
-    /// name. It follows the cluster: it subscribes again on a node it reconnects to, and on the
-    /// new owner of a slot that moved.
-    ///
-    /// Needs Redis 7.0 on every master (`SPUBLISH` fails the scripts' releases on older ones);
-    /// [`connect_cluster`](Self::connect_cluster) checks, and falls back to
-    /// [`notifications`](Self::notifications) below it. Fails when `builder` does.
-    ///
-    /// Every store of the cluster should publish alike: a sharded subscriber does not hear a
-    /// plain `PUBLISH` (from a store made by [`new`](Self::new) alone, or one of an older
-    /// release during a rolling upgrade), nor a plain subscriber a `SPUBLISH`. Waiters that miss
-    /// a release still get in, at the holder's lease end or within a second.
-    pub fn sharded_notifications(
+    /// Sharded release notifications: one subscriber connection, a cluster connection made
+    /// from `builder` (set to RESP3 with a push sender of its own), subscribes with
+    /// `SSUBSCRIBE` on the master that owns each waited-for name, and subscribes again on a node
+    /// it reconnects to and on the new owner of a slot that moved. Needs Redis 7.0 on every
+    /// master (`SPUBLISH` fails the scripts' releases on older ones).
+    fn sharded_notifications(
         mut self,
         builder: redis::cluster::ClusterClientBuilder,
     ) -> Result<Self> {
@@ -118,20 +115,20 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
         self.sharded = true;
         Ok(self)
     }
+}
 
-    /// A cluster client builder set up for a lock store: retry waits capped at 100 ms, and
-    /// response and connection timeouts equal to the store's deadline (1 s). Add credentials or
-    /// TLS to it, then `build()` it and pass the connection to [`RedisStore::new`].
-    pub fn cluster_client_builder<T>(
-        nodes: impl IntoIterator<Item = T>,
-    ) -> redis::cluster::ClusterClientBuilder
-    where
-        T: redis::IntoConnectionInfo,
-    {
-        redis::cluster::ClusterClient::builder(nodes)
-            .min_retry_wait(MIN_RECONNECT_DELAY.as_millis() as u64)
-            .max_retry_wait(MAX_RECONNECT_DELAY.as_millis() as u64)
-            .response_timeout(DEFAULT_TIMEOUT)
-            .connection_timeout(DEFAULT_TIMEOUT)
-    }
+/// A cluster client builder set up for a lock store: retry waits capped at 100 ms, and response
+/// and connection timeouts equal to the store's deadline (1 s).
+#[cfg(feature = "cluster")]
+fn cluster_client_builder<T>(
+    nodes: impl IntoIterator<Item = T>,
+) -> redis::cluster::ClusterClientBuilder
+where
+    T: redis::IntoConnectionInfo,
+{
+    redis::cluster::ClusterClient::builder(nodes)
+        .min_retry_wait(MIN_RECONNECT_DELAY.as_millis() as u64)
+        .max_retry_wait(MAX_RECONNECT_DELAY.as_millis() as u64)
+        .response_timeout(DEFAULT_TIMEOUT)
+        .connection_timeout(DEFAULT_TIMEOUT)
 }

@@ -8,8 +8,6 @@ use super::ghosts::Ghosts;
 use super::intents::Intents;
 use super::memory::MemoryStore;
 use super::notifications::Notifications;
-#[cfg(feature = "redis")]
-use super::redis::RedisStore;
 use super::{Backend, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
 use crate::wait::rooms::WaitRooms;
@@ -43,18 +41,6 @@ pub struct Store {
 }
 
 impl Store {
-    /// A store on Redis with the default options (prefix `tower-lease`, 1 s deadline per call).
-    ///
-    /// Any redis-rs async connection works: `ConnectionManager` (reconnects by itself),
-    /// `MultiplexedConnection`, or with the `cluster` feature the cluster's async connection.
-    #[cfg(feature = "redis")]
-    pub fn redis<C>(conn: C) -> Self
-    where
-        C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        RedisStore::new(conn).into()
-    }
-
     /// A store in this process's memory, with the same semantics as Redis.
     ///
     /// It only coordinates tasks of one process: use it for tests, for single-replica
@@ -133,9 +119,11 @@ impl Store {
         &*self.backend
     }
 
-    /// Checks the store's setup for what can break the locks' guarantees: for Redis, a server
-    /// older than 5.0 or a `maxmemory-policy` that can evict lock keys (on every primary of a
-    /// cluster). Call it once at startup and report what it finds; it logs nothing itself.
+    /// Checks the store's setup for what can break the locks' guarantees, or slow them: for
+    /// Redis, a server older than 5.0, a `maxmemory-policy` that can evict lock keys (on every
+    /// primary of a cluster), fewer replicas than `wait_for_replicas` needs, and a store made
+    /// by `RedisStore::new` without release notifications. Call it once at startup and report
+    /// what it finds; it logs nothing itself.
     ///
     /// ```
     /// # async fn startup(store: tower_lease::Store) -> Result<(), tower_lease::Error> {

@@ -28,6 +28,20 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
+/// Made by one of four constructors, each with release notifications (a waiter hears of a
+/// release elsewhere at once) and write intents (a writer-preferred writer's refusal reaches
+/// readers in other processes):
+///
+/// | constructor | connects to |
+/// |---|---|
+/// | [`connect`](Self::connect) | one Redis, by URL |
+/// | [`from_client`](Self::from_client) | one Redis, through a `redis::Client` you configured (TLS, credentials) |
+/// | [`connect_cluster`](Self::connect_cluster) | a Redis Cluster (feature `cluster`) |
+/// | [`connect_sentinel`](Self::connect_sentinel) | the primary Sentinel names, following failovers (feature `sentinel`) |
+///
+/// then `.into()` a [`Store`](crate::Store). [`RedisStore::new`] takes a connection you built
+/// yourself, and lacks what those add unless you add it.
+///
 /// Keys, for prefix `P`, namespace `ns` and name `name` (raw bytes):
 ///
 /// | lock | key | holds |
@@ -96,7 +110,23 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// A store on `conn` with the default prefix (`tower-lease`) and deadline (1 s).
+    /// A store on a connection you built yourself (a `ConnectionManager`, a
+    /// `MultiplexedConnection`, a cluster connection), with the default prefix (`tower-lease`)
+    /// and deadline (1 s).
+    ///
+    /// What the four constructors above add, it lacks:
+    ///
+    /// - **release notifications**: bounded waiters find releases in other processes by polling
+    ///   (5 to 100 ms apart), and a writer of a
+    ///   [writer-preferred](crate::RwLock::writer_preferred) lock cannot hold readers of other
+    ///   processes back, so under a steady stream of readers it may wait until its bound.
+    ///   [`notifications`](Self::notifications) adds them; [`Store::check`](crate::Store::check)
+    ///   warns ([`Warning::NoNotifications`](crate::Warning::NoNotifications)) while they are
+    ///   missing;
+    /// - the connection settings of a lock store (reconnects within 100 ms, redis-rs's timeouts
+    ///   equal to the store's deadline): see [`from_client`](Self::from_client);
+    /// - native compare-and-set, which it asks for on the first extend or release instead of
+    ///   at connect.
     ///
     /// On a `MultiplexedConnection` the default deadline is kept by the connection itself: the
     /// store sets the response timeout of its own clone of `conn` (not yours) to 1 s, and maps
@@ -165,10 +195,16 @@ where
         self
     }
 
-    /// Wakes this process's bounded waiters as soon as a lock they wait for is released in
+    /// Release notifications for a store made by [`new`](Self::new) on a connection you built:
+    /// wakes this process's bounded waiters as soon as a lock they wait for is released in
     /// another process, through one subscriber connection made from `client` (started on first
-    /// use, and restarted by itself after Redis restarts). Without it, waiters find releases
-    /// elsewhere by polling. [`RedisStore::connect`] and [`RedisStore::from_client`] set it.
+    /// use, and restarted by itself after Redis restarts), and carries write intents between
+    /// processes. Without it, waiters find releases elsewhere by polling. The four constructors
+    /// set it up themselves.
+    ///
+    /// On a Redis Cluster, `client` may name any node: the cluster bus forwards every plain
+    /// `PUBLISH` to all nodes ([`connect_cluster`](Self::connect_cluster) uses sharded
+    /// channels instead where every master runs Redis 7.0).
     ///
     /// Every release publishes on its lock's channel (the lock's key without its role suffix),
     /// whether or not anyone subscribes.
