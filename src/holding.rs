@@ -10,10 +10,11 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::attempt::{Attempt, outcome};
+use crate::backend::{Acquisition, Extended, LeaseRef, Mode, Secret};
 use crate::name::check_name;
 use crate::owned_name::OwnedName;
 use crate::spec::Spec;
-use crate::store::{Acquisition, Extended, LeaseRef, Mode, Secret, Store};
+use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
 /// A lease we hold, of any mode: what both token types and the layer are built on.

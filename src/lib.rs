@@ -10,7 +10,9 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod acquire_within;
 mod attempt;
+mod backend;
 mod error;
 mod finish_on_drop;
 mod holding;
@@ -26,6 +28,7 @@ pub mod store;
 mod telemetry;
 mod token;
 mod wait;
+mod watchdog;
 mod write_intent;
 
 pub use crate::attempt::Attempt;

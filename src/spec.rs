@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::store::LockRef;
+use crate::backend::LockRef;
 use crate::{Error, Result};
 
 /// The longest namespace, in bytes.

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use crate::backend::{LeaseRef, Mode, Secret};
 use crate::finish_on_drop::FinishOnDrop;
 use crate::spec::Spec;
-use crate::store::{LeaseRef, Mode, Secret, Store};
+use crate::store::Store;
 
 /// A waiting writer's part in the write intent of a
 /// [writer-preferred](crate::RwLock::writer_preferred) lock.

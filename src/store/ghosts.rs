@@ -31,8 +31,8 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Backend, LeaseRef, LockRef, Mode, Secret};
 use crate::Error;
+use crate::backend::{Backend, LeaseRef, LockRef, Mode, Secret};
 
 /// The first pause before a release is sent again; it doubles up to [`LAST_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(25);

@@ -8,7 +8,7 @@ use super::ghosts::Ghosts;
 use super::intents::Intents;
 use super::memory::MemoryStore;
 use super::notifications::Notifications;
-use super::{Backend, LeaseRef, Mode, Warning};
+use crate::backend::{Backend, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
 use crate::wait::rooms::WaitRooms;
 use crate::{Error, Result};

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::backend::Mode;
 use crate::lease::LeaseState;
-use crate::store::{IntentListener, Mode};
+use crate::store::IntentListener;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
 /// for a lock that does not prefer writers, which leaves no intent.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::Result;
 use crate::attempt::Attempt;
-use crate::store::Mode;
+use crate::backend::Mode;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
 

@@ -3,8 +3,8 @@
 
 use redis::aio::ConnectionLike;
 
-use super::Warning;
-use super::check::MIN_VERSION;
+use crate::backend::MIN_VERSION;
+use crate::backend::Warning;
 
 /// What the store asks of its Redis, beyond the scripts.
 #[derive(Clone, Copy, Debug)]

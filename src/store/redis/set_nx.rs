@@ -8,9 +8,10 @@ use std::future::Future;
 
 use redis::aio::ConnectionLike;
 
+use super::RedisStore;
 use super::keys::KeyRole;
 use super::script_call::ARGS_LEN;
-use super::{Acquisition, LockRef, RedisStore, Secret};
+use crate::backend::{Acquisition, LockRef, Secret};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -148,7 +149,7 @@ where
         let redis::Value::Int(pttl) = pttl else {
             return Err(Error::UnexpectedReply(format!("PTTL answered {pttl:?}")));
         };
-        let retry_after = super::redis::busy_for(pttl, lock);
+        let retry_after = super::busy_for(pttl, lock);
         self.contended
             .refused(lock.namespace, lock.name, retry_after);
         Ok(Acquisition::Busy { retry_after })

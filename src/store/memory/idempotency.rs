@@ -10,8 +10,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::fence_counters::FenceCounters;
-use super::idempotency::{Begin, Completion, FINGERPRINT_LEN};
-use super::{LeaseRef, Secret};
+use crate::backend::{Begin, Completion, FINGERPRINT_LEN, LeaseRef, Secret};
 
 /// Every namespace's idempotency keys.
 #[derive(Debug, Default)]

@@ -5,7 +5,8 @@ use redis::aio::ConnectionLike;
 use super::cas::{Cas, native_mode, out_of_memory, set_ifeq_extended, unknown};
 use super::replicas::split_wait;
 use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
-use super::{Backend, Extended, KeyRole, LeaseRef, Mode, RedisStore};
+use super::{KeyRole, RedisStore};
+use crate::backend::{Backend, Extended, LeaseRef, Mode};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>

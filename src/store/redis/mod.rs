@@ -1,4 +1,4 @@
-//! [`RedisStore`]: leases in Redis, through the scripts of [`scripts`](super::scripts).
+//! [`RedisStore`]: leases in Redis, through the Lua scripts in `scripts/`.
 //!
 //! How a call keeps its deadline, the call timer, the `SET NX` acquire, the extend pipeline and
 //! the tests live in files beside it.
@@ -8,23 +8,49 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::cas::{Cas, Native, native_mode};
-use super::contended::ContendedNames;
-use super::deadline::{Bound, multiplexed};
-use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
-use super::keys::{KeyLayout, KeyRole};
-use super::notifications::Notifications;
-use super::notify;
-use super::replicas::Replicas;
-use super::script_call::{Call, LastArg};
-use super::scripts::{
+use self::cas::{Cas, Native, native_mode};
+use self::contended::ContendedNames;
+use self::deadline::{Bound, multiplexed};
+use self::notify::Notifications;
+use self::replicas::Replicas;
+use self::script_call::{Call, LastArg};
+use self::scripts::{
     ACQUIRE, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT, WRITE_ACQUIRE,
 };
-use super::watchdog;
-use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode};
+use crate::backend::{
+    Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
+    LockRef, Mode, Warning, unsupported,
+};
+use crate::watchdog;
 use crate::{Error, Result};
 
-pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+mod cas;
+mod check;
+mod connect;
+mod contended;
+mod deadline;
+mod extend_many;
+#[cfg(feature = "sentinel")]
+mod follow;
+mod idempotency;
+mod keys;
+mod native;
+pub(super) mod notify;
+mod replicas;
+mod script_call;
+mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+mod set_nx;
+#[cfg(feature = "cluster")]
+mod sharded;
+mod subscriber;
+
+pub use self::keys::{KeyLayout, KeyRole};
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelConnection;
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A [`Backend`] on Redis, over any redis-rs async connection, with its options.
 ///
@@ -89,21 +115,21 @@ pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// key, whatever bytes the name holds, because the suffixes after the last `}` never contain one.
 #[derive(Clone, Debug)]
 pub struct RedisStore<C> {
-    pub(super) conn: C,
+    conn: C,
     layout: KeyLayout,
-    pub(super) timeout: Duration,
-    pub(super) bound: Bound,
-    pub(super) watchdog: Arc<watchdog::Watchdog>,
+    timeout: Duration,
+    bound: Bound,
+    watchdog: Arc<watchdog::Watchdog>,
     /// The subscriber for release notifications, when the store was given a client for it.
-    pub(super) notifier: Option<Arc<notify::Notifier>>,
+    notifier: Option<Arc<notify::Notifier>>,
     /// Whether the scripts publish with `SPUBLISH`, for a sharded subscriber on a cluster.
-    pub(super) sharded: bool,
+    sharded: bool,
     /// Names lately refused, whose next `SET NX` carries its `PTTL` along.
-    pub(super) contended: Arc<ContendedNames>,
+    contended: Arc<ContendedNames>,
     /// The replicas an acquisition or extension waits for, if any.
-    pub(super) replicas: Option<Replicas>,
+    replicas: Option<Replicas>,
     /// Which compare-and-set commands the server has (see `native.rs`).
-    pub(super) native: Arc<Native>,
+    native: Arc<Native>,
 }
 
 impl<C> RedisStore<C>
@@ -187,7 +213,7 @@ where
     /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
     /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
     /// them (`benches/README.md`): give a replicated store a connection of its own. A
-    /// [`SentinelConnection`](super::SentinelConnection) does so by itself: each `WAIT`
+    /// [`SentinelConnection`](SentinelConnection) does so by itself: each `WAIT`
     /// pipeline runs on a spare connection of its own, and the response timeout of each is the
     /// store's deadline.
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
@@ -243,8 +269,7 @@ where
             conn.set_response_timeout(timeout);
         }
         #[cfg(feature = "sentinel")]
-        if let Some(conn) =
-            (&self.conn as &dyn std::any::Any).downcast_ref::<super::SentinelConnection>()
+        if let Some(conn) = (&self.conn as &dyn std::any::Any).downcast_ref::<SentinelConnection>()
         {
             conn.set_response_timeout(timeout);
         }
@@ -279,14 +304,14 @@ fn acquisition(reply: redis::Value, lock: LockRef<'_>) -> Result<Acquisition> {
 /// expiry (`PTTL` -1) is busy for the lock's TTL, as if just taken: "retry now" would make
 /// every wait on it a busy loop, and "never" is not ours to say. -2 (the key went away in
 /// between) is "retry now".
-pub(super) fn busy_for(pttl: i64, lock: LockRef<'_>) -> Duration {
+fn busy_for(pttl: i64, lock: LockRef<'_>) -> Duration {
     match pttl {
         -1 => lock.ttl,
         pttl => Duration::from_millis(pttl.max(0) as u64),
     }
 }
 
-pub(super) fn answered_one(reply: redis::Value) -> Result<bool> {
+fn answered_one(reply: redis::Value) -> Result<bool> {
     let n: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
     Ok(n == 1)
@@ -296,16 +321,16 @@ impl<C> Backend for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn check(&self) -> BoxFuture<'_, Result<Vec<super::Warning>>> {
+    fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
         self.bounded(async move {
             let (started, mut conn) = (self.started(), self.conn.clone());
-            let store = super::redis_check::Asked {
+            let store = check::Asked {
                 replicas: self.replicas.map(|r| r.wanted),
                 notifications: self.notifier.is_some(),
             };
-            let mut reply = super::redis_check::redis(&mut conn, store).await;
+            let mut reply = check::redis(&mut conn, store).await;
             if self.retry(&reply, &mut conn, started)? {
-                reply = super::redis_check::redis(&mut conn, store).await;
+                reply = check::redis(&mut conn, store).await;
             }
             let warnings = self.reply(reply)?;
             // Asked again: the server may have changed since the store first asked.
@@ -473,5 +498,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "redis_tests.rs"]
 mod tests;

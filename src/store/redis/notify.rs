@@ -37,12 +37,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::intents::Intents;
 #[cfg(feature = "cluster")]
 use super::sharded::Push;
 pub(crate) use super::subscriber::Subscriber;
 use super::subscriber::{Reader, Sink, Source};
-use super::{KeyLayout, KeyRole, Mode};
+use super::{KeyLayout, KeyRole};
+use crate::backend::Mode;
+use crate::store::intents::Intents;
 use redis::aio::PubSubStream;
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
@@ -335,6 +336,46 @@ async fn resubscribe(notifier: Arc<Notifier>, channel: Vec<u8>) {
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_RECONNECT);
+    }
+}
+
+/// A store's release notifications, and how it names their channels.
+#[derive(Clone, Debug)]
+pub(crate) struct Notifications {
+    pub(crate) notifier: Arc<Notifier>,
+    pub(crate) layout: KeyLayout,
+    /// The store's deadline, which bounds a subscription too.
+    pub(crate) timeout: Duration,
+}
+
+impl Notifications {
+    /// The store's deadline, which bounds a subscription too.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The channel of the releases of `name` in `namespace` (the lock of `mode`).
+    pub(crate) fn channel(&self, mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
+        channel(&self.layout, mode, namespace, name)
+    }
+
+    /// Watches the releases of `name` in `namespace` (the lock of `mode`); `None` when the
+    /// subscription failed, or was not confirmed within the store's deadline or by
+    /// `deadline` (redis-rs bounds neither a subscriber's connection nor its `SUBSCRIBE`).
+    pub(crate) async fn watch(
+        &self,
+        mode: Mode,
+        namespace: &str,
+        name: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> Option<Watch> {
+        let channel = self.channel(mode, namespace, name);
+        let deadline = deadline.min(tokio::time::Instant::now() + self.timeout);
+        let watch = tokio::time::timeout_at(deadline, self.notifier.watch(channel)).await;
+        watch.unwrap_or_else(|_| {
+            tracing::debug!("subscribing to release notifications timed out; polling");
+            None
+        })
     }
 }
 

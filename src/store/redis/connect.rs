@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::DEFAULT_TIMEOUT;
 use super::RedisStore;
-use super::redis::DEFAULT_TIMEOUT;
 use crate::Result;
 
 /// The longest wait between reconnect attempts: a lock store should be usable again within

@@ -18,14 +18,15 @@
 
 use redis::aio::ConnectionLike;
 
+use super::answered_one;
 use super::cas::{Cas, commands_found, out_of_memory, set_ifeq_extended, unknown};
 use super::extend_many::{extend_keys, extended};
 use super::keys::KeyRole;
-use super::redis::answered_one;
 use super::replicas::split_wait;
 use super::script_call::{Call, LastArg};
 use super::scripts::{Holder, holder_script};
-use super::{Extended, LeaseRef, Mode, RedisStore, notify};
+use super::{RedisStore, notify};
+use crate::backend::{Extended, LeaseRef, Mode};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>

@@ -57,7 +57,7 @@ async fn a_million_distinct_names_leave_no_entry_once_their_leases_and_fences_en
     let fenced = 2 * NAMES / 5;
     assert!(most <= 2 * (fenced + 100 * 1000), "{most} entries at most");
 
-    tokio::time::advance(super::super::fence_counters::FENCE_LIFE + TTL).await;
+    tokio::time::advance(super::fence_counters::FENCE_LIFE + TTL).await;
     // The next calls sweep: as many as there are entries, on one name.
     let left = memory.entries();
     for _ in 0..=left {
@@ -110,7 +110,7 @@ async fn a_fence_counter_outlives_its_lock_by_an_hour_and_readers_keep_it() {
         let read = DOCS.try_read(&store, "d").await.unwrap().unwrap();
         assert_eq!(read.fence(), generation);
     }
-    tokio::time::advance(super::super::fence_counters::FENCE_LIFE + TTL).await;
+    tokio::time::advance(super::fence_counters::FENCE_LIFE + TTL).await;
     let read = DOCS.try_read(&store, "d").await.unwrap().unwrap();
     assert_eq!(
         read.fence(),

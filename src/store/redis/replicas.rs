@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::{Acquisition, LeaseRef, LockRef, Mode, RedisStore, Secret};
+use super::RedisStore;
+use crate::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
 use crate::{Error, Result};
 
 /// How many replicas must acknowledge a lease's write, and how long `WAIT` waits for them.
@@ -87,7 +88,7 @@ where
         let Err(short) = replicas.check(wait) else {
             return Ok(acquisition);
         };
-        if let Err(e) = super::Backend::release(self, lease).await {
+        if let Err(e) = crate::backend::Backend::release(self, lease).await {
             // The lease then ends with its TTL, as any lease whose holder went away.
             tracing::warn!(error = %e, "could not release a lease that was not replicated");
         }

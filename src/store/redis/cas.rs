@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::{Extended, Mode};
+use crate::backend::{Extended, Mode};
 use crate::{Error, Result};
 
 /// Which compare-and-set commands the server has.

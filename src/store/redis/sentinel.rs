@@ -24,10 +24,10 @@ use redis::{IntoConnectionInfo, RedisResult, Value};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::DEFAULT_TIMEOUT;
 use super::RedisStore;
 use super::deadline::connection_lost;
 use super::follow;
-use super::redis::DEFAULT_TIMEOUT;
 use crate::Result;
 
 /// How many spare connections for `WAIT` pipelines are kept between calls.

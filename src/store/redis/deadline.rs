@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
-use super::{BoxFuture, RedisStore, watchdog};
+use super::RedisStore;
+use crate::backend::BoxFuture;
+use crate::watchdog;
 use crate::{Error, Result};
 
 /// Who keeps a call's deadline.
@@ -28,7 +30,7 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// `call` bounded by the store's deadline, boxed for [`Backend`](super::Backend): with a
+    /// `call` bounded by the store's deadline, boxed for [`Backend`](crate::store::Backend): with a
     /// timer of its own, or, when the connection keeps the deadline ([`Bound::Connection`]), as
     /// it is. Two boxes for
     /// two futures, so that a call without a timer does not carry room for one: a smaller
@@ -128,7 +130,7 @@ impl IntoResult for Vec<redis::Value> {
     }
 }
 
-impl IntoResult for Vec<super::Warning> {
+impl IntoResult for Vec<crate::backend::Warning> {
     fn into_result(self) -> redis::RedisResult<Self> {
         Ok(self)
     }

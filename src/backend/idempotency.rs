@@ -96,6 +96,6 @@ impl fmt::Display for Unsupported {
 impl std::error::Error for Unsupported {}
 
 /// The error the default idempotency calls of a [`Backend`](super::Backend) answer.
-pub(super) fn unsupported() -> Error {
+pub(crate) fn unsupported() -> Error {
     Error::Backend(Box::new(Unsupported))
 }

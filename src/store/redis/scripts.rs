@@ -1,11 +1,12 @@
-//! The Lua scripts a [`RedisStore`](super::RedisStore) runs, one `.lua` file each beside this
-//! module, and how they are sent.
+//! The Lua scripts a [`RedisStore`](super::RedisStore) runs, one `.lua` file each in `scripts/`
+//! beside this module, and how they are sent.
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-use super::{KeyRole, Mode};
+use super::KeyRole;
+use crate::backend::Mode;
 
 pub(super) static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
 pub(super) static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));

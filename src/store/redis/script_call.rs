@@ -4,11 +4,12 @@
 
 use redis::aio::ConnectionLike;
 
+use super::RedisStore;
 use super::keys::{Key, KeyRole};
 use super::replicas::{Replicas, split_wait, then_wait};
 use super::scripts::{Lua, NO_SCRIPT};
-use super::{LockRef, RedisStore, Secret};
 use crate::Result;
+use crate::backend::{LockRef, Secret};
 
 /// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
 /// key count, `NX PX`.

@@ -152,7 +152,7 @@ async fn tick(watchdog: Weak<Watchdog>, id: u64) {
 
 pin_project_lite::pin_project! {
     /// `call`, or `None` once `timeout` has passed.
-    pub(super) struct Deadline<'a, F> {
+    pub(crate) struct Deadline<'a, F> {
         #[pin]
         call: F,
         watchdog: &'a Arc<Watchdog>,
@@ -173,7 +173,7 @@ pin_project_lite::pin_project! {
 // Only a Redis store bounds its calls with the watchdog; every other user asks `Overdue`.
 #[cfg(feature = "redis")]
 impl<'a, F> Deadline<'a, F> {
-    pub(super) fn new(watchdog: &'a Arc<Watchdog>, call: F) -> Self {
+    pub(crate) fn new(watchdog: &'a Arc<Watchdog>, call: F) -> Self {
         Self {
             call,
             watchdog,

@@ -9,14 +9,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
 
-use super::idempotency::{Begin, Completion, FINGERPRINT_LEN};
+use super::answered_one;
 use super::keys::{Key, KeyRole};
-use super::redis::answered_one;
 use super::replicas::{split_wait, then_wait};
 use super::script_call::ARGS_LEN;
 use super::scripts::{IDEM_BEGIN, IDEM_BEGIN_ONCE, IDEM_COMPLETE, IDEM_FREE, Lua};
 use super::set_nx::set_nx_acquired;
-use super::{Acquisition, LeaseRef, RedisStore, Secret, notify};
+use super::{RedisStore, notify};
+use crate::backend::{Acquisition, LeaseRef, Secret};
+use crate::backend::{Begin, Completion, FINGERPRINT_LEN};
 use crate::{Error, Result};
 
 /// How many times an unfenced look takes the key again when it vanished between the `SET NX`

@@ -6,12 +6,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::fence_counters::FenceCounters;
-use super::idempotency::{Begin, Completion, FINGERPRINT_LEN, unsupported};
-use super::memory_idempotency::Records;
-use super::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Secret};
+use self::fence_counters::FenceCounters;
+use self::idempotency::Records;
 use crate::Result;
-use crate::store::Mode;
+use crate::backend::{
+    Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
+    LockRef, Mode, Secret, unsupported,
+};
+
+mod fence_counters;
+mod idempotency;
 
 /// A [`Backend`] that keeps leases in a map in this process; use it through
 /// [`Store::memory`](crate::Store::memory).
@@ -465,5 +469,4 @@ impl Backend for MemoryStore {
 }
 
 #[cfg(test)]
-#[path = "memory_tests.rs"]
 mod tests;
