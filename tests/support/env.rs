@@ -134,11 +134,13 @@ impl Env {
 }
 
 /// A direct line to the Redis behind a store, and the store's key layout.
+#[derive(Clone)]
 pub struct Raw {
     conn: RawConn,
     layout: KeyLayout,
 }
 
+#[derive(Clone)]
 enum RawConn {
     Single(redis::aio::MultiplexedConnection),
     #[cfg(feature = "cluster")]

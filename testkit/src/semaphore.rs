@@ -3,34 +3,16 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::{KeyRole, LockRef};
+use tower_lease::store::LockRef;
 use tower_lease::{Attempt, Error, Mode, Semaphore};
 
-use super::{ROUNDING, assert_strangers_refused};
-use crate::support::Env;
-
-crate::store_tests!(
-    Core: [
-        permits_up_to_the_limit,
-        retry_after_is_the_earliest_live_permit,
-        an_abandoned_permit_frees_its_slot_after_its_ttl,
-        extend_after_expiry_fails_and_takes_no_slot,
-        extend_keeps_a_permit_past_its_first_ttl,
-        permits_are_holder_only,
-        each_call_checks_its_own_limit,
-        a_waiter_gets_the_slot_a_release_frees,
-        bad_input_is_a_clear_error,
-    ],
-    redis: [
-        permit_set_layout_and_expiry,
-        permits_survive_script_flush,
-    ]
-);
+use crate::{Env, ROUNDING, assert_strangers_refused};
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
 const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(500));
 
-async fn permits_up_to_the_limit(env: Env) {
+/// Permits up to the limit.
+pub async fn permits_up_to_the_limit(env: Env) {
     let store = &env.store;
     let mut permits = Vec::new();
     for n in 1..=3 {
@@ -52,7 +34,8 @@ async fn permits_up_to_the_limit(env: Env) {
     assert_eq!(EXPORTS.in_use(store, "tenant").await.unwrap(), 3);
 }
 
-async fn retry_after_is_the_earliest_live_permit(env: Env) {
+/// Retry after is the earliest live permit.
+pub async fn retry_after_is_the_earliest_live_permit(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(1500));
     let first_sent = Instant::now();
@@ -81,7 +64,8 @@ async fn retry_after_is_the_earliest_live_permit(env: Env) {
     );
 }
 
-async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
+/// An abandoned permit frees its slot after its ttl.
+pub async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     let store = &env.store;
     drop(SHORT.try_acquire(store, "t").await.unwrap().unwrap()); // its holder crashes
     assert!(SHORT.try_acquire(store, "t").await.unwrap().is_none());
@@ -91,7 +75,8 @@ async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     assert!(next.is_some(), "an ended permit still takes its slot");
 }
 
-async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
+/// Extend after expiry fails and takes no slot.
+pub async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     let store = &env.store;
     let late = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
     sleep(Duration::from_millis(600)).await;
@@ -116,7 +101,8 @@ async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
+/// Extend keeps a permit past its first ttl.
+pub async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(1000));
     let permit = sem.try_acquire(store, "t").await.unwrap().unwrap();
@@ -131,7 +117,8 @@ async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     assert_eq!(sem.in_use(store, "t").await.unwrap(), 0);
 }
 
-async fn permits_are_holder_only(env: Env) {
+/// Permits are holder only.
+pub async fn permits_are_holder_only(env: Env) {
     let store = &env.store;
     let _held = EXPORTS.try_acquire(store, "t").await.unwrap().unwrap();
     let lock = LockRef::new("export", b"t", EXPORTS.ttl()).permits(3);
@@ -139,7 +126,8 @@ async fn permits_are_holder_only(env: Env) {
     assert_eq!(EXPORTS.in_use(store, "t").await.unwrap(), 1);
 }
 
-async fn each_call_checks_its_own_limit(env: Env) {
+/// Each call checks its own limit.
+pub async fn each_call_checks_its_own_limit(env: Env) {
     let store = &env.store;
     let one = EXPORTS.with_permits(1).unwrap();
     let _first = EXPORTS.try_acquire(store, "t").await.unwrap().unwrap();
@@ -148,7 +136,8 @@ async fn each_call_checks_its_own_limit(env: Env) {
     assert!(second.is_some(), "a limit of 3 with 1 live");
 }
 
-async fn a_waiter_gets_the_slot_a_release_frees(env: Env) {
+/// A waiter gets the slot a release frees.
+pub async fn a_waiter_gets_the_slot_a_release_frees(env: Env) {
     let store = env.store.clone();
     let one = EXPORTS.with_permits(1).unwrap();
     // Held for 10 s unless released: only the release can serve the waiter in time.
@@ -171,7 +160,8 @@ async fn a_waiter_gets_the_slot_a_release_frees(env: Env) {
     );
 }
 
-async fn bad_input_is_a_clear_error(env: Env) {
+/// Bad input is a clear error.
+pub async fn bad_input_is_a_clear_error(env: Env) {
     let store = &env.store;
     let ttl = Duration::from_secs(1);
     assert!(matches!(
@@ -197,48 +187,4 @@ async fn bad_input_is_a_clear_error(env: Env) {
             Err(Error::InvalidName { .. })
         ));
     }
-}
-
-async fn permit_set_layout_and_expiry(env: Env) {
-    let raw = env.raw();
-    let key = raw.key(KeyRole::Permits, "export", b"t");
-    assert_eq!(key, b"tower-lease:sem:{export:t}");
-    let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(300));
-    let a = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    let b = EXPORTS.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
-    // The set lives as long as its longest permit (10 s), and no longer.
-    let pttl = raw.pttl(&key).await;
-    assert!((9_000..=10_000).contains(&pttl), "PTTL {pttl}");
-    assert!(b.release().await.unwrap());
-    sleep(Duration::from_millis(400)).await;
-    // The ended permit no longer counts, but stays until the set is full or expires: while
-    // the set has room counting it, it has room without it. The expiry never moves earlier.
-    let c = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    assert_eq!(sem.in_use(&env.store, "t").await.unwrap(), 1);
-    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
-    assert!(raw.pttl(&key).await <= 10_000);
-    // Full counting the ended one: the next acquire drops it.
-    let d = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
-    assert!(!a.release().await.unwrap());
-    assert!(d.release().await.unwrap());
-    assert!(c.release().await.unwrap());
-    assert!(
-        !raw.exists(&key).await,
-        "an empty permit set must not linger"
-    );
-}
-
-async fn permits_survive_script_flush(env: Env) {
-    let raw = env.raw();
-    let flush = || async { raw.query::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await };
-    flush().await;
-    let permit = EXPORTS.try_acquire(&env.store, "t").await.unwrap().unwrap();
-    flush().await;
-    assert!(permit.extend().await.unwrap());
-    flush().await;
-    assert_eq!(EXPORTS.in_use(&env.store, "t").await.unwrap(), 1);
-    flush().await;
-    assert!(permit.release().await.unwrap());
 }

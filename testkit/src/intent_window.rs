@@ -12,20 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::KeyRole;
 use tower_lease::{RwLock, Store};
 
-use super::ROUNDING;
-use crate::support::{Env, poll};
-
-crate::store_tests!(
-    Core: [
-        a_waiting_writer_that_gives_up_leaves_no_intent,
-        a_dropped_waiting_writer_leaves_no_intent,
-        an_immediate_writers_intent_ends_within_the_window,
-        a_waiting_writer_keeps_its_intent_while_readers_stay,
-    ]
-);
+use crate::{Env, ROUNDING, poll};
 
 const DOCS: RwLock<str> = RwLock::new("intent", Duration::from_secs(2)).writer_preferred();
 /// A lock whose intent, at two thirds of the TTL, would end before a notified waiter's next
@@ -36,18 +25,14 @@ const HOLD: Duration = Duration::from_millis(700);
 /// The write-intent window.
 const WINDOW: Duration = Duration::from_millis(500);
 
-/// Whether Redis still has the intent of `name` (always `false` in memory).
-async fn intent_in_redis(env: &Env, name: &str) -> bool {
-    if !env.is_redis() {
-        return false;
-    }
-    let key = env
-        .raw()
-        .key(KeyRole::WriteIntent, DOCS.namespace(), name.as_bytes());
-    env.raw().exists(&key).await
+/// Whether the backend still keeps the intent of `name`, where the [`Env`] can look
+/// ([`Env::with_intent_probe`]); `false` otherwise.
+async fn intent_kept(env: &Env, name: &str) -> bool {
+    env.intent_kept(DOCS.namespace(), name.as_bytes()).await
 }
 
-async fn a_waiting_writer_that_gives_up_leaves_no_intent(env: Env) {
+/// A waiting writer that gives up leaves no intent.
+pub async fn a_waiting_writer_that_gives_up_leaves_no_intent(env: Env) {
     let reader = DOCS
         .try_read(&env.store, "deadline")
         .await
@@ -56,17 +41,15 @@ async fn a_waiting_writer_that_gives_up_leaves_no_intent(env: Env) {
     let wait = Duration::from_millis(300);
     let writer = DOCS.try_write_for(&env.store, "deadline", wait).await;
     assert!(writer.unwrap().is_none(), "the reader keeps the writer out");
-    assert!(
-        !intent_in_redis(&env, "deadline").await,
-        "the intent is gone"
-    );
+    assert!(!intent_kept(&env, "deadline").await, "the intent is gone");
     let second = DOCS.try_read(&env.store, "deadline").await.unwrap();
     let second = second.expect("a reader gets in as soon as the writer gave up");
     assert!(second.release().await.unwrap());
     assert!(reader.release().await.unwrap());
 }
 
-async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
+/// A dropped waiting writer leaves no intent.
+pub async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
     let reader = DOCS.try_read(&env.store, "dropped").await.unwrap().unwrap();
     let store = env.store.clone();
     let wait = Duration::from_secs(5);
@@ -90,15 +73,13 @@ async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
         took < Duration::from_millis(150),
         "readers let in after {took:?}"
     );
-    assert!(
-        !intent_in_redis(&env, "dropped").await,
-        "the intent is gone"
-    );
+    assert!(!intent_kept(&env, "dropped").await, "the intent is gone");
     assert!(second.release().await.unwrap());
     assert!(reader.release().await.unwrap());
 }
 
-async fn an_immediate_writers_intent_ends_within_the_window(env: Env) {
+/// An immediate writers intent ends within the window.
+pub async fn an_immediate_writers_intent_ends_within_the_window(env: Env) {
     let reader = DOCS.try_read(&env.store, "once").await.unwrap().unwrap();
     assert!(DOCS.try_write(&env.store, "once").await.unwrap().is_none());
     let refused = DOCS.attempt_read(&env.store, "once").await.unwrap();
@@ -163,10 +144,11 @@ async fn writer_among_readers(
     (got_in, overlap)
 }
 
-async fn a_waiting_writer_keeps_its_intent_while_readers_stay(env: Env) {
+/// A waiting writer keeps its intent while readers stay.
+pub async fn a_waiting_writer_keeps_its_intent_while_readers_stay(env: Env) {
     let mut runs = vec![("this store", env.store.clone(), "polling")];
     // Woken by notifications, a waiter may sleep up to a second between attempts.
-    if let Some(notified) = env.notified().await {
+    if let Some(notified) = env.elsewhere() {
         runs.push(("another process", notified, "notified"));
     }
     for (writer, writer_store, name) in runs {

@@ -6,24 +6,12 @@ use tokio::time::{Instant, sleep};
 use tower_lease::store::LockRef;
 use tower_lease::{Attempt, Mode, RwLock};
 
-use super::{ROUNDING, assert_strangers_refused};
-use crate::support::{Env, poll};
-
-crate::store_tests!(
-    Core: [
-        readers_share,
-        writer_excludes_everyone,
-        readers_block_writer_until_released,
-        crashed_reader_stops_blocking_after_ttl,
-        reader_and_writer_tokens_are_holder_only,
-        retry_after_for_read_and_write,
-        write_fences_increase_and_readers_see_the_generation,
-    ]
-);
+use crate::{Env, ROUNDING, assert_strangers_refused, poll};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
 
-async fn readers_share(env: Env) {
+/// Readers share.
+pub async fn readers_share(env: Env) {
     let mut readers = Vec::new();
     for _ in 0..10 {
         let reader = CATALOG.try_read(&env.store, "shop").await.unwrap();
@@ -34,7 +22,8 @@ async fn readers_share(env: Env) {
     }
 }
 
-async fn writer_excludes_everyone(env: Env) {
+/// Writer excludes everyone.
+pub async fn writer_excludes_everyone(env: Env) {
     let writer = CATALOG
         .try_write(&env.store, "shop")
         .await
@@ -64,7 +53,8 @@ async fn writer_excludes_everyone(env: Env) {
     );
 }
 
-async fn readers_block_writer_until_released(env: Env) {
+/// Readers block writer until released.
+pub async fn readers_block_writer_until_released(env: Env) {
     let first = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
     let second = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
     assert!(
@@ -97,7 +87,8 @@ async fn readers_block_writer_until_released(env: Env) {
     );
 }
 
-async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
+/// Crashed reader stops blocking after ttl.
+pub async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let short = RwLock::<str>::new("catalog", ttl);
     let sent = Instant::now();
@@ -120,7 +111,8 @@ async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
     assert!(writer.release().await.unwrap());
 }
 
-async fn reader_and_writer_tokens_are_holder_only(env: Env) {
+/// Reader and writer tokens are holder only.
+pub async fn reader_and_writer_tokens_are_holder_only(env: Env) {
     let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
     let lock = LockRef::new(short.namespace(), b"tokens", short.ttl());
 
@@ -199,7 +191,8 @@ fn assert_retry_after<T>(
     );
 }
 
-async fn retry_after_for_read_and_write(env: Env) {
+/// Retry after for read and write.
+pub async fn retry_after_for_read_and_write(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = RwLock::<str>::new("catalog", ttl);
     let longer = RwLock::<str>::new("catalog", ttl * 2);
@@ -239,7 +232,8 @@ async fn retry_after_for_read_and_write(env: Env) {
     assert_retry_after(attempt, (asked, told), (sent + ttl * 2, answered + ttl * 2));
 }
 
-async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
+/// Write fences increase and readers see the generation.
+pub async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
     let fenced = CATALOG.fenced();
     let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();
     assert_eq!(reader.fence(), Some(0), "nobody has written yet");

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use tower_lease::{Error, Lock, MAX_NAME_LEN, RwLock};
 
-use crate::support::Env;
-
-crate::store_tests!(Core: [names_out_of_range_are_errors, binary_names_lock_independently]);
+use crate::Env;
 
 const JOBS: Lock<[u8]> = Lock::new("jobs", Duration::from_secs(10));
 const SHARED: RwLock<[u8]> = RwLock::new("jobs", Duration::from_secs(10));
@@ -24,7 +22,8 @@ fn assert_invalid_name<T: std::fmt::Debug>(result: Result<T, Error>, len: usize)
     }
 }
 
-async fn names_out_of_range_are_errors(env: Env) {
+/// Names out of range are errors.
+pub async fn names_out_of_range_are_errors(env: Env) {
     let too_long = vec![b'x'; MAX_NAME_LEN + 1];
     for name in [&b""[..], &too_long[..]] {
         assert_invalid_name(JOBS.try_lock(&env.store, name).await, name.len());
@@ -50,7 +49,7 @@ async fn names_out_of_range_are_errors(env: Env) {
 }
 
 /// Names that look like key syntax, NUL and non-UTF-8 are ordinary names: each locks on its own.
-async fn binary_names_lock_independently(env: Env) {
+pub async fn binary_names_lock_independently(env: Env) {
     let names: [&[u8]; 10] = [
         b"a",
         b"a:b",

@@ -9,25 +9,12 @@ use tokio::time::{Instant, sleep};
 use tower_lease::store::LockRef;
 use tower_lease::{Attempt, Lock, Mode};
 
-use super::{ROUNDING, assert_strangers_refused};
-use crate::support::{Env, Holders, poll};
-
-crate::store_tests!(
-    Core: [
-        mutual_exclusion,
-        only_the_holder_releases_or_extends,
-        stale_release_leaves_next_holder_alone,
-        extend_after_expiry_does_not_reacquire,
-        extend_keeps_the_lease,
-        abandoned_lease_frees_itself_after_ttl,
-        retry_after_is_the_holders_remaining_lease,
-        fences_increase_per_name,
-    ]
-);
+use crate::{Env, Holders, ROUNDING, assert_strangers_refused, poll};
 
 const LONG: Lock<str> = Lock::new("conformance", Duration::from_secs(10));
 
-async fn mutual_exclusion(env: Env) {
+/// Mutual exclusion.
+pub async fn mutual_exclusion(env: Env) {
     const TASKS: usize = 64;
     const ROUNDS: usize = 20;
     let names = ["alpha", "beta", "gamma"];
@@ -77,7 +64,8 @@ async fn mutual_exclusion(env: Env) {
     );
 }
 
-async fn only_the_holder_releases_or_extends(env: Env) {
+/// Only the holder releases or extends.
+pub async fn only_the_holder_releases_or_extends(env: Env) {
     let token = LONG
         .try_lock(&env.store, "holder-only")
         .await
@@ -107,7 +95,8 @@ async fn only_the_holder_releases_or_extends(env: Env) {
     assert!(again.is_some(), "a released lock must be free at once");
 }
 
-async fn stale_release_leaves_next_holder_alone(env: Env) {
+/// Stale release leaves next holder alone.
+pub async fn stale_release_leaves_next_holder_alone(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let stale = short.try_lock(&env.store, "stale").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
@@ -127,7 +116,8 @@ async fn stale_release_leaves_next_holder_alone(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-async fn extend_after_expiry_does_not_reacquire(env: Env) {
+/// Extend after expiry does not reacquire.
+pub async fn extend_after_expiry_does_not_reacquire(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let token = short.try_lock(&env.store, "lapsed").await.unwrap().unwrap();
     sleep(Duration::from_millis(300)).await;
@@ -144,7 +134,8 @@ async fn extend_after_expiry_does_not_reacquire(env: Env) {
     assert!(!token.release().await.unwrap());
 }
 
-async fn extend_keeps_the_lease(env: Env) {
+/// Extend keeps the lease.
+pub async fn extend_keeps_the_lease(env: Env) {
     let ttl = Duration::from_millis(400);
     let lock = Lock::<str>::new("conformance", ttl);
     let token = lock.try_lock(&env.store, "kept").await.unwrap().unwrap();
@@ -163,7 +154,8 @@ async fn extend_keeps_the_lease(env: Env) {
     assert!(token.release().await.unwrap());
 }
 
-async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
+/// Abandoned lease frees itself after ttl.
+pub async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let lock = Lock::<str>::new("conformance", ttl);
     let sent = Instant::now();
@@ -192,7 +184,8 @@ async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
     );
 }
 
-async fn retry_after_is_the_holders_remaining_lease(env: Env) {
+/// Retry after is the holders remaining lease.
+pub async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = Lock::<str>::new("conformance", ttl);
     let sent = Instant::now();
@@ -221,7 +214,8 @@ async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     }
 }
 
-async fn fences_increase_per_name(env: Env) {
+/// Fences increase per name.
+pub async fn fences_increase_per_name(env: Env) {
     let fenced = LONG.fenced();
     let mut last = 0;
     for _ in 0..5 {

@@ -10,17 +10,7 @@ use tokio::time::sleep;
 use tower_lease::RwLock;
 use tower_lease::store::{Extended, LeaseRef, LockRef, Mode, Secret};
 
-use super::ROUNDING;
-use crate::support::Env;
-
-crate::store_tests!(
-    Core: [
-        a_refused_writer_holds_new_readers_off_until_the_readers_leave,
-        an_abandoned_intent_ends_by_itself,
-        without_the_preference_readers_keep_coming_in,
-        a_readers_extension_reports_a_waiting_writer,
-    ]
-);
+use crate::{Env, ROUNDING};
 
 const TTL: Duration = Duration::from_millis(900);
 const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).writer_preferred();
@@ -28,7 +18,8 @@ const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
 /// The write-intent window (500 ms, shorter than the TTL).
 const INTENT: Duration = Duration::from_millis(500);
 
-async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
+/// A refused writer holds new readers off until the readers leave.
+pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
     assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
     let reader = PREFERRED
         .try_read(&env.store, "doc")
@@ -73,7 +64,8 @@ async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env
     );
 }
 
-async fn an_abandoned_intent_ends_by_itself(env: Env) {
+/// An abandoned intent ends by itself.
+pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
     let reader = PREFERRED
         .try_read(&env.store, "gone")
         .await
@@ -106,7 +98,8 @@ async fn an_abandoned_intent_ends_by_itself(env: Env) {
     assert!(reader.release().await.unwrap());
 }
 
-async fn without_the_preference_readers_keep_coming_in(env: Env) {
+/// Without the preference readers keep coming in.
+pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
     let first = PLAIN.try_read(&env.store, "doc").await.unwrap().unwrap();
     assert!(PLAIN.try_write(&env.store, "doc").await.unwrap().is_none());
     let second = PLAIN.try_read(&env.store, "doc").await.unwrap();
@@ -120,7 +113,8 @@ async fn without_the_preference_readers_keep_coming_in(env: Env) {
     assert!(first.release().await.unwrap());
 }
 
-async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
+/// A readers extension reports a waiting writer.
+pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let backend = env.store.backend();
     let (mine, other) = (Secret::random(), Secret::random());
     let lock = LockRef::new("extend-intent", b"doc", TTL).writer_preferred();
