@@ -2,23 +2,19 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use self::fence_counters::FenceCounters;
 use self::idempotency::Records;
-use crate::Result;
-use crate::backend::{
-    Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
-    LockRef, Mode, Secret, unsupported,
-};
+use crate::backend::{Acquisition, LeaseRef, Mode, Secret};
 
+mod backend;
 mod fence_counters;
 mod idempotency;
 
-/// A [`Backend`] that keeps leases in a map in this process; use it through
-/// [`Store::memory`](crate::Store::memory).
+/// A [`Backend`](crate::store::Backend) that keeps leases in a map in this process; use it
+/// through [`Store::memory`](crate::Store::memory).
 ///
 /// Expired leases are dropped when their name is next touched, and a sweep every so many calls
 /// (as many as there are entries) drops the rest, so abandoned names do not pile up. Fence
@@ -393,78 +389,6 @@ impl MemoryStore {
     pub(crate) fn entries(&self) -> usize {
         let leases: usize = self.lock().namespaces.values().map(Namespace::len).sum();
         leases + self.idempotency.entries()
-    }
-}
-
-impl Backend for MemoryStore {
-    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
-        if lease.mode == Mode::Reservation {
-            return Box::pin(async { Err(unsupported()) });
-        }
-        Box::pin(async move { Ok(self.acquire_now(lease)) })
-    }
-
-    fn idempotency_begin<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        fingerprint: &'a [u8; FINGERPRINT_LEN],
-    ) -> BoxFuture<'a, Result<Begin>> {
-        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, None)) })
-    }
-
-    fn idempotency_begin_once<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        fingerprint: &'a [u8; FINGERPRINT_LEN],
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Begin>> {
-        let once = Some(retention);
-        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, once)) })
-    }
-
-    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.idempotency.free(lease)) })
-    }
-
-    fn idempotency_complete<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-        completion: Completion<'a>,
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.idempotency.complete(lease, completion)) })
-    }
-
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
-        Box::pin(async move {
-            Ok(match self.update_now(lease, true) {
-                false => Extended::Gone,
-                true if self.writer_waits(lease) => Extended::HeldWriterWaiting,
-                true => Extended::Held,
-            })
-        })
-    }
-
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.update_now(lease, false)) })
-    }
-
-    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(lease.mode == Mode::Write && self.withdraw_now(lease)) })
-    }
-
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let state = self.lock();
-            let permits = state
-                .namespaces
-                .get(lock.namespace)
-                .and_then(|ns| ns.semaphores.get(lock.name));
-            let live = permits.map_or(0, |permits| {
-                permits.values().filter(|&&ends| ends > now).count()
-            });
-            Ok(live as u32)
-        })
     }
 }
 

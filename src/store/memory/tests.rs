@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use super::*;
+use crate::Result;
+use crate::backend::{Backend, BoxFuture, Extended, LockRef};
 use crate::{Lock, RwLock, Semaphore, Store};
 
 const TTL: Duration = Duration::from_millis(100);
