@@ -41,6 +41,7 @@ pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::semaphore::Semaphore;
 pub use crate::spec::MAX_NAMESPACE_LEN;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::store::RedisStore;
 pub use crate::store::{Mode, Store, Warning};
 pub use crate::token::{LockToken, Permit, ReadToken};

@@ -24,6 +24,8 @@ pub(crate) use self::intents::IntentListener;
 pub use self::memory::MemoryStore;
 pub(crate) use self::notifications::Watch;
 #[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use self::redis::SentinelConnection;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{KeyLayout, KeyRole, RedisStore};
