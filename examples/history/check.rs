@@ -220,6 +220,69 @@ pub fn check(history: &[Value]) -> Verdict {
     verdict
 }
 
+/// The faults after which the store is written to through a new primary.
+const FAILOVERS: [&str; 2] = ["kill_primary", "sentinel_failover"];
+
+/// For each failover, in the history's order, its kind and the longest stretch in µs without a
+/// successful exclusive acquisition (a lock's or a writer's), from the fault's start until the
+/// first one after its end, when the sentinels and the replica had settled; `None` when none
+/// came after it (the history ended first, or the store stayed unwritable). The acquisitions
+/// in between split the stretch, since one answered just after the start may have been the
+/// old primary's.
+pub fn write_gaps(history: &[Value]) -> Vec<(&'static str, Option<u64>)> {
+    let mut writes: Vec<u64> = history
+        .iter()
+        .filter(|v| v["op"] == "hold" && (v["kind"] == "lock" || v["kind"] == "write"))
+        .filter_map(|v| v["acquired"].as_u64())
+        .collect();
+    writes.sort_unstable();
+    let failovers = history.iter().filter(|v| v["op"] == "fault");
+    let failovers = failovers.filter_map(|v| {
+        let kind = FAILOVERS.into_iter().find(|&kind| v["kind"] == kind)?;
+        Some((kind, v["invoked"].as_u64()?, v["completed"].as_u64()?))
+    });
+    failovers
+        .map(|(kind, from, until)| {
+            let (mut last, mut longest) = (from, 0);
+            for &at in &writes[writes.partition_point(|&at| at <= from)..] {
+                longest = longest.max(at - last);
+                last = at;
+                if at >= until {
+                    return (kind, Some(longest));
+                }
+            }
+            (kind, None)
+        })
+        .collect()
+}
+
+/// [`write_gaps`] in seconds by kind, and the longest of those writes resumed after; `None`
+/// without failovers.
+pub fn write_gaps_line(history: &[Value]) -> Option<String> {
+    let gaps = write_gaps(history);
+    let secs = |gap: Option<u64>| match gap {
+        Some(us) => format!("{:.2} s", us as f64 / 1e6),
+        None => "not resumed by the end".to_owned(),
+    };
+    let by_kind = FAILOVERS.into_iter().filter_map(|kind| {
+        let of_kind: Vec<String> = gaps
+            .iter()
+            .filter(|g| g.0 == kind)
+            .map(|g| secs(g.1))
+            .collect();
+        (!of_kind.is_empty()).then(|| format!("{kind} {}", of_kind.join(", ")))
+    });
+    let by_kind: Vec<String> = by_kind.collect();
+    if gaps.is_empty() {
+        return None;
+    }
+    let longest = secs(gaps.iter().filter_map(|g| g.1).max());
+    Some(format!(
+        "write gaps after failovers: {}; longest {longest}",
+        by_kind.join("; ")
+    ))
+}
+
 /// Requests through the layer against what their handlers recorded.
 fn requests(history: &[Value], verdict: &mut Verdict) {
     let handled: std::collections::BTreeSet<u64> = history
@@ -254,7 +317,7 @@ fn requests(history: &[Value], verdict: &mut Verdict) {
 mod tests {
     use serde_json::{Value, json};
 
-    use super::check;
+    use super::{check, write_gaps};
 
     fn request(request: u64, outcome: &str, status: u16) -> Value {
         json!({
@@ -274,6 +337,41 @@ mod tests {
             hold["request"] = json!(request);
         }
         hold
+    }
+
+    fn failover(kind: &str, invoked: u64, completed: u64) -> Value {
+        json!({
+            "op": "fault", "kind": kind, "invoked": invoked, "completed": completed,
+            "loses_data": false,
+        })
+    }
+
+    #[test]
+    fn a_write_gap_runs_from_the_failovers_start_to_the_first_write_after_its_end() {
+        // A write at 100, the primary killed over [1000, 2000], writes again from 3500: the
+        // gap is 2500 µs, not 3400 from the last write, and ends with the write at 3500.
+        let mut history = vec![
+            hold(0, None, 100, 200),
+            failover("kill_primary", 1_000, 2_000),
+            hold(1, None, 3_500, 3_600),
+            hold(0, None, 9_000, 9_100),
+        ];
+        assert_eq!(write_gaps(&history), [("kill_primary", Some(2_500))]);
+        // A write answered just after the start splits the stretch.
+        history.push(hold(1, None, 1_200, 1_300));
+        assert_eq!(write_gaps(&history), [("kill_primary", Some(2_300))]);
+    }
+
+    #[test]
+    fn writes_before_a_failover_do_not_end_its_gap() {
+        // Answered at 900 but recorded after the failover [1000, 2000]: writes did not resume.
+        let mut history = vec![
+            failover("sentinel_failover", 1_000, 2_000),
+            hold(0, None, 900, 950),
+        ];
+        assert_eq!(write_gaps(&history), [("sentinel_failover", None)]);
+        history.push(hold(1, None, 2_400, 2_500));
+        assert_eq!(write_gaps(&history), [("sentinel_failover", Some(1_400))]);
     }
 
     #[test]

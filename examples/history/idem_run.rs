@@ -149,7 +149,7 @@ pub fn run_one(seed: u64, secs: u64, variant: Variant) -> idem_check::Verdict {
                 LockStore::Replicated {
                     topology,
                     last_failover,
-                } => crate::nemesis::failover(choice, topology, last_failover, &runtime, at),
+                } => crate::nemesis::failover(choice, topology, last_failover, &runtime),
             },
         };
         history.extend(injected);

@@ -18,7 +18,9 @@
 //! One history in every run keeps its leases on a primary and a replica under three sentinels
 //! instead, the clients following the primary through them with `wait_for_replicas(1, ..)`,
 //! and fails over (`SIGKILL` of the primary, restarted as the new one's replica, or
-//! `SENTINEL FAILOVER`); `--sentinel` runs only such histories.
+//! `SENTINEL FAILOVER`); a steady writer runs beside the clients there, and the history's
+//! summary gives the longest write gap after each failover. `--sentinel` runs only such
+//! histories.
 //!
 //! Two histories in every run (`--idempotency` runs only those) pay through
 //! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that
@@ -65,10 +67,12 @@ use crate::connect::Locks;
 use crate::nemesis::LockStore;
 use crate::record::now_us;
 
-/// The library's clients; the HTTP server and its driver come after them.
+/// The library's clients; the HTTP server and its driver come after them, and in the histories
+/// that fail over, the steady writer.
 const WORKERS: u64 = 8;
 const SERVER: u64 = WORKERS;
 const DRIVER: u64 = WORKERS + 1;
+const STEADY: u64 = DRIVER + 1;
 
 /// Leases of the histories on one Redis, and of those that fail over: long enough to outlast
 /// most failovers (1–3 s here) on their heartbeat's retries.
@@ -181,6 +185,7 @@ fn main() {
                     secs,
                     control: flag("--control"),
                     broken_lock: flag("--broken-lock"),
+                    steady: flag("--steady"),
                     seed: number("--seed").unwrap_or(0),
                     ttl,
                 }
@@ -226,6 +231,9 @@ fn main() {
             };
             for violation in &verdict.violations {
                 println!("violation: {violation}");
+            }
+            if let Some(gaps) = check::write_gaps_line(&history) {
+                println!("{gaps}");
             }
             println!(
                 "1 histories, {} operations, {} violations",
@@ -331,7 +339,8 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let locks = store.locks();
     let port = server::free_port().to_string();
     let exe = std::env::current_exe().expect("this program");
-    let mut clients: Vec<Child> = (0..=DRIVER)
+    let last = if replicated { STEADY } else { DRIVER };
+    let mut clients: Vec<Child> = (0..=last)
         .map(|p| {
             let mut command = Command::new(&exe);
             let role = match p {
@@ -358,6 +367,9 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
                 }
                 _ => {}
             }
+            if p == STEADY {
+                command.arg("--steady");
+            }
             server::die_with_parent(&mut command);
             command.spawn().expect("a client process")
         })
@@ -381,7 +393,7 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let _ = server.wait();
 
     let mut history = faults;
-    for p in 0..=DRIVER {
+    for p in 0..=last {
         let file = std::fs::File::open(dir.join(format!("{p}.jsonl"))).expect("a client's history");
         for line in std::io::BufReader::new(file).lines() {
             let line = line.expect("a history line");
@@ -418,6 +430,9 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
         verdict.excused,
         path.display(),
     );
+    if let Some(gaps) = check::write_gaps_line(&history) {
+        println!("  {gaps}");
+    }
     verdict
 }
 

@@ -107,7 +107,7 @@ impl LockStore {
             LockStore::Replicated {
                 topology,
                 last_failover,
-            } => failover(choice, topology, last_failover, runtime, at),
+            } => failover(choice, topology, last_failover, runtime),
         }
     }
 }
@@ -180,12 +180,13 @@ pub fn failover(
     topology: &mut Topology,
     last: &mut Option<Instant>,
     runtime: &tokio::runtime::Runtime,
-    at: u64,
 ) -> Option<Value> {
     if last.is_some_and(|last| last.elapsed() < Duration::from_secs(8)) {
         return None;
     }
     runtime.block_on(settle(topology));
+    // The write gaps run from here: waiting for the sentinels to settle stops no writes.
+    let at = now_us();
     let kind = if choice <= 8 {
         topology.primary.stop();
         let promoted = runtime.block_on(until_promoted(topology, Duration::from_secs(60)));

@@ -5,6 +5,10 @@
 //!
 //! Under `--control` it is the broken client the checker must catch: no heartbeat, no deadline
 //! check before its next step, and unconditional writes, for work that often outlasts the TTL.
+//!
+//! Under `--steady` it is the steady writer of the histories that fail over: the other
+//! clients hold their leases for seconds, so the store's exclusive acquisitions come a median
+//! 1.4 s apart, too far apart to time a failover's write gap by.
 
 use std::future::Future;
 use std::io::Write;
@@ -12,7 +16,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tower_lease::{Held, Lock, LockToken, Permit, RwLock, Semaphore};
+use tower_lease::{Held, Lock, LockToken, Permit, RwLock, Semaphore, Store};
 
 use crate::connect::{Locks, connect, scaled};
 use crate::record::{Hold, acquire, now_us, op};
@@ -21,6 +25,9 @@ use crate::record::{Hold, acquire, now_us, op};
 pub const LOCK_NAMES: [&str; 2] = ["a", "b"];
 pub const RW_NAME: &str = "doc";
 pub const POOL_NAME: &str = "pool";
+/// The steady writer's lock names, a new one each time: a lease it could not release (the store
+/// failing over) keeps no later acquisition waiting.
+const STEADY_PREFIX: &str = "steady-";
 /// How many permits the semaphore has.
 pub const PERMITS: u32 = 2;
 
@@ -73,6 +80,8 @@ pub struct Worker {
     pub control: bool,
     /// The broken lock: see `broken.rs`.
     pub broken_lock: bool,
+    /// Takes and releases a lock every 100 ms (for leases of 300 ms, scaled), and nothing else.
+    pub steady: bool,
     pub seed: u64,
     pub ttl: Duration,
 }
@@ -88,6 +97,9 @@ enum Taken {
 impl Worker {
     pub async fn run(self, out: &mut impl Write) {
         let store = connect(&self.locks, self.ttl, self.broken_lock).await;
+        if self.steady {
+            return self.write_steadily(&store, out).await;
+        }
         let register = register(&self.register_url).await;
         let (lock, docs, pool, wait) = (
             lock(self.ttl),
@@ -200,6 +212,41 @@ impl Worker {
                 }
             }
             writeln!(out, "{}", hold.to_json()).expect("history file");
+        }
+    }
+
+    async fn write_steadily(&self, store: &Store, out: &mut impl Write) {
+        let lock = lock(self.ttl);
+        let end = now_us() + self.secs * 1_000_000;
+        let mut n = 0;
+        while now_us() < end {
+            n += 1;
+            let name = format!("{STEADY_PREFIX}{n}");
+            let invoked = now_us();
+            let taken = lock.try_lock(store, &name).await;
+            let acquired = now_us();
+            let line = match taken {
+                Ok(Some(token)) => {
+                    let mut hold = Hold {
+                        process: self.process,
+                        kind: "lock".to_owned(),
+                        name,
+                        fence: token.fence().expect("fenced"),
+                        invoked,
+                        acquired,
+                        confirmed: 0,
+                        release_invoked: now_us(),
+                        released: None,
+                        served: false,
+                    };
+                    hold.released = token.release().await.ok();
+                    hold.to_json()
+                }
+                Ok(None) => op(self.process, "lock", &name, "busy", invoked, acquired),
+                Err(_) => acquire(self.process, "lock", &name, "unknown", invoked, acquired),
+            };
+            writeln!(out, "{line}").expect("history file");
+            tokio::time::sleep(scaled(self.ttl, 10)).await;
         }
     }
 }

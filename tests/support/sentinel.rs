@@ -51,7 +51,13 @@ impl Topology {
                 (Some(proxy), port)
             }
         };
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &upstream.to_string()]);
+        let replica = RedisServer::start_with(&[
+            "--repl-diskless-sync-delay",
+            "0",
+            "--replicaof",
+            "127.0.0.1",
+            &upstream.to_string(),
+        ]);
         let topology = Topology {
             primary,
             replica,
