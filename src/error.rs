@@ -72,7 +72,7 @@ pub enum Error {
         wanted: u32,
     },
 
-    /// An error from a third-party [`Backend`](crate::store::Backend).
+    /// An error from a third-party [`Backend`](crate::backend::Backend).
     #[error(transparent)]
     Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
 }

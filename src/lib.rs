@@ -12,7 +12,7 @@
 
 mod acquire_within;
 mod attempt;
-mod backend;
+pub mod backend;
 mod error;
 mod finish_on_drop;
 mod holding;
@@ -32,6 +32,7 @@ mod watchdog;
 mod write_intent;
 
 pub use crate::attempt::Attempt;
+pub use crate::backend::{Mode, Warning};
 pub use crate::error::{Error, Result};
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
@@ -43,5 +44,5 @@ pub use crate::spec::MAX_NAMESPACE_LEN;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::store::RedisStore;
-pub use crate::store::{Mode, Store, Warning};
+pub use crate::store::Store;
 pub use crate::token::{LockToken, Permit, ReadToken};

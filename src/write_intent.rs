@@ -12,7 +12,7 @@ use crate::store::Store;
 /// [writer-preferred](crate::RwLock::writer_preferred) lock.
 ///
 /// An intent lives for a short window after each refused attempt
-/// ([`LockRef::write_intent`](crate::store::LockRef::write_intent)), so the waiter attempts at
+/// ([`LockRef::write_intent`](crate::backend::LockRef::write_intent)), so the waiter attempts at
 /// least twice per window, and every attempt carries one secret, which the intent holds. When
 /// the waiter gives up (its wait ran out, the store failed, or it was dropped because its client
 /// left) the intent goes with it, unless another writer has written its own since: readers must

@@ -1,8 +1,8 @@
 //! The contract of a lease store: the [`Backend`] trait, and the types its calls take and answer.
 //!
 //! Everything above it (the [`Store`](crate::Store) handle, the locks, the layers) talks to a
-//! store through these alone; the built-in stores implement them, and so can a store of yours.
-//! Users reach them as `tower_lease::store::*`.
+//! store through these alone; the built-in stores implement them, and so can a store of yours
+//! (`tower-lease-testkit` runs the scenarios every backend must pass).
 
 use std::fmt;
 use std::future::Future;

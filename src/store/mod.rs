@@ -1,10 +1,10 @@
-//! Where leases live: the [`Store`] handle, the built-in stores ([`MemoryStore`], and
-//! `RedisStore` with the `redis` feature), and the [`Backend`] trait with the types a store of
-//! your own implements.
+//! Where leases live: the [`Store`] handle, and the stores that ship with the crate
+//! ([`MemoryStore`], and `RedisStore` with the `redis` feature).
 //!
 //! Applications need only [`Store`] (re-exported at the crate root, with `RedisStore` for its
-//! options). Implement [`Backend`] to keep leases somewhere else: [`MemoryStore`] is a short
-//! example, and `tower-lease-testkit` runs the scenarios every backend must pass.
+//! options). To keep leases somewhere else, implement [`Backend`](crate::backend::Backend):
+//! [`MemoryStore`] is a short example, and `tower-lease-testkit` runs the scenarios every
+//! backend must pass.
 
 mod ghosts;
 mod handle;
@@ -13,11 +13,6 @@ mod memory;
 mod notifications;
 #[cfg(feature = "redis")]
 mod redis;
-
-pub use crate::backend::{
-    Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
-    LockRef, Mode, Secret, Warning,
-};
 
 pub use self::handle::Store;
 pub(crate) use self::intents::IntentListener;

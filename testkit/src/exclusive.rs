@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::LockRef;
+use tower_lease::backend::LockRef;
 use tower_lease::{Attempt, Lock, Mode};
 
 use crate::{Env, Holders, ROUNDING, assert_strangers_refused, poll};

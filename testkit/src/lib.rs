@@ -1,10 +1,10 @@
 //! The conformance suite of [`tower-lease`](tower_lease): the scenarios every lease store must
-//! pass, for a [`Backend`](tower_lease::store::Backend) of your own as for the built-in ones.
+//! pass, for a [`Backend`](tower_lease::backend::Backend) of your own as for the built-in ones.
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
 //! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`]); [`conformance!`] declares
 //! one `#[tokio::test]` per scenario, each on a fresh [`Env`]. The scenarios talk to the store
-//! through [`Store`] and [`Backend`](tower_lease::store::Backend) alone, in real time (their TTLs
+//! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
 //! are at most seconds) or under tokio's paused clock for a store that keeps time with
 //! [`tokio::time::Instant`].
 //!
@@ -12,9 +12,8 @@
 //!
 //! ```
 //! use tower_lease::Store;
-//! use tower_lease::store::{
-//!     Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, MemoryStore,
-//! };
+//! use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef};
+//! use tower_lease::store::MemoryStore;
 //! use tower_lease_testkit::Env;
 //!
 //! #[derive(Default)]
@@ -75,7 +74,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lease::store::{Extended, LeaseRef, LockRef, Secret};
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
 use tower_lease::{Mode, Store};
 
 /// Stores and clocks count whole milliseconds; comparisons allow that much rounding.

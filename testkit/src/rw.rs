@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::store::LockRef;
+use tower_lease::backend::LockRef;
 use tower_lease::{Attempt, Mode, RwLock};
 
 use crate::{Env, ROUNDING, assert_strangers_refused, poll};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 use tower_lease::RwLock;
-use tower_lease::store::{Extended, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
 
 use crate::{Env, ROUNDING};
 
@@ -122,7 +122,7 @@ pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let acquired = backend.acquire(reader).await.unwrap();
     assert!(matches!(
         acquired,
-        tower_lease::store::Acquisition::Acquired { .. }
+        tower_lease::backend::Acquisition::Acquired { .. }
     ));
     assert_eq!(
         backend.extend(reader).await.unwrap(),
@@ -135,7 +135,7 @@ pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let refused = backend.acquire(writer).await.unwrap();
     assert!(matches!(
         refused,
-        tower_lease::store::Acquisition::Busy { .. }
+        tower_lease::backend::Acquisition::Busy { .. }
     ));
     sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -164,7 +164,7 @@ pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let refused = backend.acquire(writer).await.unwrap();
     assert!(matches!(
         refused,
-        tower_lease::store::Acquisition::Acquired { .. }
+        tower_lease::backend::Acquisition::Acquired { .. }
     ));
     let stranger = LeaseRef::new(lock, Mode::Read, &other);
     assert_eq!(backend.extend(stranger).await.unwrap(), Extended::Gone);

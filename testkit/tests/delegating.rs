@@ -2,9 +2,8 @@
 //! memory store, as the crate documentation shows.
 
 use tower_lease::Store;
-use tower_lease::store::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, MemoryStore,
-};
+use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef};
+use tower_lease::store::MemoryStore;
 use tower_lease_testkit::Env;
 
 #[derive(Default)]

@@ -13,7 +13,7 @@ mod backend;
 mod fence_counters;
 mod idempotency;
 
-/// A [`Backend`](crate::store::Backend) that keeps leases in a map in this process; use it
+/// A [`Backend`](crate::backend::Backend) that keeps leases in a map in this process; use it
 /// through [`Store::memory`](crate::Store::memory).
 ///
 /// Expired leases are dropped when their name is next touched, and a sweep every so many calls

@@ -30,7 +30,7 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// `call` bounded by the store's deadline, boxed for [`Backend`](crate::store::Backend): with a
+    /// `call` bounded by the store's deadline, boxed for [`Backend`](crate::backend::Backend): with a
     /// timer of its own, or, when the connection keeps the deadline ([`Bound::Connection`]), as
     /// it is. Two boxes for
     /// two futures, so that a call without a timer does not carry room for one: a smaller

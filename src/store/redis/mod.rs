@@ -46,7 +46,7 @@ pub use self::sentinel::SentinelConnection;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A [`Backend`](crate::store::Backend) on Redis, over any redis-rs async connection, with its
+/// A [`Backend`](crate::backend::Backend) on Redis, over any redis-rs async connection, with its
 /// options.
 ///
 /// Made by one of four constructors, each with release notifications (a waiter hears of a

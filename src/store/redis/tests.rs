@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 
 use super::RedisStore;
 use crate::Error;
-use crate::store::{Backend, LeaseRef, LockRef, Mode, Secret};
+use crate::backend::{Backend, LeaseRef, LockRef, Mode, Secret};
 
 /// A connection that never answers, as a blackholed Redis.
 #[derive(Clone)]
