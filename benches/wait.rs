@@ -131,14 +131,10 @@ async fn main() {
 /// The cluster rows: bus messages per release and hand-offs, plain against sharded.
 #[cfg(feature = "cluster")]
 async fn cluster(count: usize) {
-    use redis::cluster_async::ClusterConnection;
-
     const ROUNDS: usize = 3;
     const RELEASES: usize = 300;
     let cluster = support::cluster::Cluster::start();
-    let client = RedisStore::<ClusterConnection>::cluster_client_builder(cluster.urls())
-        .build()
-        .unwrap();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     // The subscriber on the first node and the scripts' `PUBLISH`, as before `SPUBLISH`.
     let plain = || async {
         let subscriber = redis::Client::open(cluster.urls()[0].as_str()).unwrap();

@@ -14,6 +14,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// Redis answered with an error or the connection to it failed.
+    #[cfg(feature = "redis")]
     #[error("redis command failed: {0}")]
     Redis(#[from] redis::RedisError),
 
@@ -71,7 +72,7 @@ pub enum Error {
         wanted: u32,
     },
 
-    /// An error from a third-party [`Backend`](crate::store::Backend).
+    /// An error from a third-party [`Backend`](crate::backend::Backend).
     #[error(transparent)]
     Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
 }

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::attempt::Attempt;
+use crate::backend::BoxFuture;
 use crate::holding::Holding;
-use crate::store::BoxFuture;
 
 /// An acquisition's answer, with the instant its command was sent.
 pub(crate) type Acquired = (Instant, Result<Attempt<Holding>>);

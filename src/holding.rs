@@ -10,10 +10,11 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::attempt::{Attempt, outcome};
+use crate::backend::{Acquisition, Extended, LeaseRef, Mode, Secret};
 use crate::name::check_name;
 use crate::owned_name::OwnedName;
 use crate::spec::Spec;
-use crate::store::{Acquisition, Extended, LeaseRef, Mode, Secret, Store};
+use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
 /// A lease we hold, of any mode: what both token types and the layer are built on.
@@ -144,7 +145,7 @@ impl Holding {
     }
 
     /// The reservation of an idempotency key that
-    /// [`idempotency_begin`](crate::store::Backend::idempotency_begin), sent at `sent_at`,
+    /// [`idempotency_begin`](crate::backend::Backend::idempotency_begin), sent at `sent_at`,
     /// answered `Reserved` for `secret`.
     pub(crate) fn reserved(
         store: Store,
@@ -205,7 +206,7 @@ impl Holding {
         *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner()) = sent_at;
     }
 
-    /// This lease, as [`Backend`](crate::store::Backend) calls take it.
+    /// This lease, as [`Backend`](crate::backend::Backend) calls take it.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
         LeaseRef::new(
             self.spec.lock_ref(self.name.as_bytes()),

@@ -1,8 +1,18 @@
-#![doc = include_str!("../README.md")]
+// The README's examples run on Redis; without the `redis` feature the crate is the memory store
+// and the layers.
+#![cfg_attr(feature = "redis", doc = include_str!("../README.md"))]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "Lease-based locks and tower middleware on `Store::memory()`: the `redis` feature \
+           (on by default) adds `RedisStore`; see the README."
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod acquire_within;
 mod attempt;
+pub mod backend;
 mod error;
 mod finish_on_drop;
 mod holding;
@@ -18,9 +28,11 @@ pub mod store;
 mod telemetry;
 mod token;
 mod wait;
+mod watchdog;
 mod write_intent;
 
 pub use crate::attempt::Attempt;
+pub use crate::backend::{Mode, Warning};
 pub use crate::error::{Error, Result};
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
@@ -29,5 +41,8 @@ pub use crate::lock::{Lock, RwLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::semaphore::Semaphore;
 pub use crate::spec::MAX_NAMESPACE_LEN;
-pub use crate::store::{Mode, RedisStore, Store, Warning};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::store::RedisStore;
+pub use crate::store::Store;
 pub use crate::token::{LockToken, Permit, ReadToken};

@@ -5,14 +5,15 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
+use crate::acquire_within::acquire_within;
 use crate::attempt::Attempt;
+use crate::backend::Mode;
 use crate::holding::Holding;
 use crate::name::LockName;
 use crate::spec::Spec;
-use crate::store::{Mode, Store};
+use crate::store::Store;
 use crate::telemetry::AcquireOutcome;
 use crate::token::{LockToken, ReadToken};
-use crate::wait;
 
 impl Spec {
     /// Takes the lease on `name` if it is free.
@@ -45,7 +46,7 @@ impl Spec {
         let name = name.lock_name().into_owned().into_boxed_slice();
         let on_store_error = AcquireOutcome::StoreError;
         let (_, attempt) =
-            wait::acquire_within(store.clone(), self, mode, name, wait, on_store_error).await;
+            acquire_within(store.clone(), self, mode, name, wait, on_store_error).await;
         attempt
     }
 }

@@ -5,9 +5,10 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::attempt::Attempt;
+use crate::backend::Mode;
 use crate::name::{LockName, check_name};
 use crate::spec::Spec;
-use crate::store::{Mode, Store};
+use crate::store::Store;
 use crate::token::Permit;
 use crate::{Error, Result};
 

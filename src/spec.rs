@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::store::LockRef;
+use crate::backend::LockRef;
 use crate::{Error, Result};
 
 /// The longest namespace, in bytes.
@@ -89,7 +89,7 @@ impl Spec {
         }
     }
 
-    /// The lock named `name` under this definition, as [`Backend`](crate::store::Backend)
+    /// The lock named `name` under this definition, as [`Backend`](crate::backend::Backend)
     /// calls take it.
     pub(crate) fn lock_ref<'a>(&self, name: &'a [u8]) -> LockRef<'a> {
         LockRef {

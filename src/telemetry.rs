@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::store::Mode;
+use crate::backend::Mode;
 
 /// What an acquisition came to, as the `outcome` label of `tower_lease_acquire_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +161,7 @@ mod handles {
     use metrics::{Counter, Gauge, Histogram};
 
     use super::{AcquireOutcome, ExtendOutcome, LossReason};
-    use crate::store::Mode;
+    use crate::backend::Mode;
 
     pub(super) struct Handles {
         pub(super) acquire: [Counter; 7],

@@ -3,15 +3,16 @@
 
 use std::time::Duration;
 
+use crate::backend::{LeaseRef, Mode, Secret};
 use crate::finish_on_drop::FinishOnDrop;
 use crate::spec::Spec;
-use crate::store::{LeaseRef, Mode, Secret, Store};
+use crate::store::Store;
 
 /// A waiting writer's part in the write intent of a
 /// [writer-preferred](crate::RwLock::writer_preferred) lock.
 ///
 /// An intent lives for a short window after each refused attempt
-/// ([`LockRef::write_intent`](crate::store::LockRef::write_intent)), so the waiter attempts at
+/// ([`LockRef::write_intent`](crate::backend::LockRef::write_intent)), so the waiter attempts at
 /// least twice per window, and every attempt carries one secret, which the intent holds. When
 /// the waiter gives up (its wait ran out, the store failed, or it was dropped because its client
 /// left) the intent goes with it, unless another writer has written its own since: readers must

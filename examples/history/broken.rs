@@ -5,9 +5,8 @@
 //! broken client.
 
 use tower_lease::Store;
-use tower_lease::store::{
-    Acquisition, Backend, BoxFuture, Extended, KeyLayout, KeyRole, LeaseRef, LockRef, Mode,
-};
+use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode};
+use tower_lease::store::{KeyLayout, KeyRole};
 
 /// Wraps `inner`; `raw` reaches the same Redis, for the commands the real scripts would refuse.
 pub fn broken(inner: Store, raw: redis::aio::ConnectionManager) -> Store {

@@ -30,7 +30,7 @@ use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tower_lease::store::{
+use tower_lease::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, LeaseRef, LockRef,
 };
 use tower_lease::{Idempotency, IdempotencyLayer, Lease, Store};
@@ -321,7 +321,7 @@ impl Backend for AckBeforeStore {
     fn idempotency_begin<'a>(
         &'a self,
         lease: LeaseRef<'a>,
-        fingerprint: &'a [u8; tower_lease::store::FINGERPRINT_LEN],
+        fingerprint: &'a [u8; tower_lease::backend::FINGERPRINT_LEN],
     ) -> BoxFuture<'a, tower_lease::Result<Begin>> {
         self.inner.backend().idempotency_begin(lease, fingerprint)
     }
@@ -329,7 +329,7 @@ impl Backend for AckBeforeStore {
     fn idempotency_begin_once<'a>(
         &'a self,
         lease: LeaseRef<'a>,
-        fingerprint: &'a [u8; tower_lease::store::FINGERPRINT_LEN],
+        fingerprint: &'a [u8; tower_lease::backend::FINGERPRINT_LEN],
         retention: Duration,
     ) -> BoxFuture<'a, tower_lease::Result<Begin>> {
         let backend = self.inner.backend();

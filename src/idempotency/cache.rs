@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::store::FINGERPRINT_LEN;
+use crate::backend::FINGERPRINT_LEN;
 
 const MAX_ENTRIES: usize = 4096;
 const MAX_BYTES: usize = 16 * 1024 * 1024;

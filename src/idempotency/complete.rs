@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use super::cache::Replays;
 use super::config::Config;
 use crate::Store;
+use crate::backend::{Completion, FINGERPRINT_LEN};
 use crate::layer::Reason;
 use crate::lease::own::OwnLease;
-use crate::store::{Completion, FINGERPRINT_LEN};
 
 /// The first and the longest pause between two tries.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

@@ -2,7 +2,7 @@
 
 use http::request::Parts;
 
-use crate::store::FINGERPRINT_LEN;
+use crate::backend::FINGERPRINT_LEN;
 
 /// A 128-bit hash of the method, the path with query, and the whole body, each
 /// length-delimited so no two requests' inputs run together.

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http::Response;
 
 use super::body::IdempotentBody;
-use crate::store::BoxFuture;
+use crate::backend::BoxFuture;
 
 /// The response future of [`IdempotencyService`](super::IdempotencyService).
 ///

@@ -16,7 +16,7 @@ use crate::Store;
 use crate::layer::extract::ExtractName;
 use crate::layer::{OnRejection, Renderer};
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::store::watchdog::Watchdog;
+use crate::watchdog::Watchdog;
 
 /// The default scope of an [`IdempotencyLayer`]: every key is unique in the whole namespace.
 #[derive(Clone, Copy, Debug, Default)]

@@ -24,14 +24,14 @@ use super::complete::complete;
 use super::config::Config;
 use super::extension::IdempotencyKey;
 use super::record;
+use crate::backend::{FINGERPRINT_LEN, Secret};
 use crate::holding::Holding;
 use crate::layer::{BoxError, Reason};
 use crate::lease::heartbeat::Heartbeat;
 use crate::lease::own::OwnLease;
 use crate::owned_name::OwnedName;
-use crate::store::watchdog::Watchdog;
-use crate::store::{FINGERPRINT_LEN, Secret};
 use crate::telemetry::{self, IdempotencyOutcome};
+use crate::watchdog::Watchdog;
 
 /// A key the store reserved for this request.
 pub(crate) struct Reserved {

@@ -24,10 +24,11 @@ use super::future::ResponseFuture;
 use super::key;
 use super::record::{self, Record};
 use super::run::{Reserved, run};
+use crate::backend::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
 use crate::layer::extract::ExtractName;
 use crate::layer::{BoxError, Reason};
 use crate::name::LockName;
-use crate::store::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret, Watch};
+use crate::store::Watch;
 use crate::telemetry::{self, IdempotencyOutcome};
 
 /// The request header that carries the key.

@@ -17,7 +17,7 @@ use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
 use crate::finish_on_drop::FinishOnDrop;
-use crate::store::watchdog::{Overdue, Watchdog};
+use crate::watchdog::{Overdue, Watchdog};
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and

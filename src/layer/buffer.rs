@@ -20,7 +20,7 @@ use super::body::LeaseBody;
 use super::boxed::BoxError;
 use super::config::Config;
 use super::problem::{Problem, Reason};
-use crate::store::BoxFuture;
+use crate::backend::BoxFuture;
 
 /// The body policy of a layer that hands the request body to the inner service as it streams
 /// in, taking the lock before the body is read: the default.

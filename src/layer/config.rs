@@ -15,7 +15,7 @@ use super::shared_read::SharedReads;
 use crate::Store;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::spec::Spec;
-use crate::store::watchdog::Watchdog;
+use crate::watchdog::Watchdog;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -67,7 +67,7 @@ pub(crate) struct Config {
     pub(crate) release_wait: Duration,
     /// The coarse timer of that wait, shared by the layer's requests (see [`Overdue`]).
     ///
-    /// [`Overdue`]: crate::store::watchdog::Overdue
+    /// [`Overdue`]: crate::watchdog::Overdue
     pub(crate) release_timer: Arc<Watchdog>,
     /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
     /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).

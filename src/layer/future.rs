@@ -21,7 +21,7 @@ use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
 use crate::attempt::Attempt;
 use crate::finish_on_drop::FinishOnDrop;
-use crate::store::watchdog::Overdue;
+use crate::watchdog::Overdue;
 
 pin_project! {
     /// The response future of [`LockService`](super::LockService).

@@ -13,13 +13,13 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use super::shared_read::SharedRead;
 use crate::Result;
 use crate::attempt::Attempt;
+use crate::backend::BoxFuture;
 use crate::finish_on_drop::FinishOnDrop;
 use crate::holding::Holding;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::store::BoxFuture;
-use crate::store::watchdog::Watchdog;
+use crate::watchdog::Watchdog;
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;

@@ -38,7 +38,7 @@ macro_rules! options {
                     self.config.spec.ttl
                 );
                 self.config.timing.every = every;
-                self.config.first_beat_timer = crate::store::watchdog::Watchdog::new(every);
+                self.config.first_beat_timer = crate::watchdog::Watchdog::new(every);
                 self
             }
 
@@ -138,7 +138,7 @@ macro_rules! options {
             /// turns the deadline off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
                 self.config.body_timeout = timeout;
-                self.config.body_timer = crate::store::watchdog::Watchdog::new(timeout);
+                self.config.body_timer = crate::watchdog::Watchdog::new(timeout);
                 self
             }
 
@@ -151,7 +151,7 @@ macro_rules! options {
             /// release never lands.
             pub fn release_wait(mut self, wait: Duration) -> Self {
                 self.config.release_wait = wait;
-                self.config.release_timer = crate::store::watchdog::Watchdog::new(wait);
+                self.config.release_timer = crate::watchdog::Watchdog::new(wait);
                 self
             }
         }

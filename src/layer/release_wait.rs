@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use crate::finish_on_drop::FinishOnDrop;
-use crate::store::watchdog::Overdue;
+use crate::watchdog::Overdue;
 
 /// Waits for `release` until `wait` is over; after that the caller drops `release`, which
 /// finishes it in the background.

@@ -21,14 +21,14 @@ use super::problem::{Problem, Reason};
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
+use crate::acquire_within::acquire_within;
 use crate::attempt::{Attempt, outcome};
+use crate::backend::Mode;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::holding::Holding;
 use crate::owned_name::OwnedName;
 use crate::spec::Spec;
-use crate::store::Mode;
 use crate::telemetry;
-use crate::wait;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
@@ -151,7 +151,7 @@ where
                 let (store, wait) = (config.store.clone(), config.wait);
                 let name = name.into_boxed();
                 let (sent_at, attempt) =
-                    wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
+                    acquire_within(store, spec, mode, name, wait, on_store_error).await;
                 drop(slot);
                 let timing = config.timing;
                 attempt.map(|attempt| {

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::boxed::BoxError;
-use crate::store::watchdog::{Overdue, Watchdog};
+use crate::watchdog::{Overdue, Watchdog};
 
 pin_project! {
     /// The request body the inner service of [`LockLayer`](crate::LockLayer),

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::state::LeaseState;
-use crate::store::Mode;
+use crate::backend::Mode;
 
 /// The lease a request holds, put in its extensions by the layer.
 ///

@@ -8,9 +8,9 @@ use tokio::time::Instant;
 use super::handle::Lease;
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::state::LeaseState;
+use crate::backend::BoxFuture;
 use crate::holding::Holding;
-use crate::store::BoxFuture;
-use crate::store::watchdog::{Overdue, Watchdog};
+use crate::watchdog::{Overdue, Watchdog};
 
 /// Owns a lease the layer holds: its place in the layer's heartbeat, and its release.
 ///

@@ -31,8 +31,8 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Backend, LeaseRef, LockRef, Mode, Secret};
 use crate::Error;
+use crate::backend::{Backend, LeaseRef, LockRef, Mode, Secret};
 
 /// The first pause before a release is sent again; it doubles up to [`LAST_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(25);
@@ -133,6 +133,7 @@ impl Ghosts {
 /// Whether a call that failed with `error` may still act, or may have acted, on the store.
 fn may_still_land(error: &Error) -> bool {
     match error {
+        #[cfg(feature = "redis")]
         Error::Redis(error) => {
             // Redis answered with an error, or the connection was refused outright: the
             // command did not run. Anything else (a timeout, a connection that broke with the

@@ -3,34 +3,26 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::ghosts::Ghosts;
 use super::intents::Intents;
-use super::keys::KeyLayout;
 use super::memory::MemoryStore;
-use super::notify;
-use super::redis::RedisStore;
-use super::{Backend, LeaseRef, Mode, Warning};
+use super::notifications::Notifications;
+use crate::backend::{Backend, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
 use crate::wait::rooms::WaitRooms;
 use crate::{Error, Result};
 
 /// A cheap, cloneable handle on a lease store.
 ///
+/// Made by [`Store::memory`], from a `RedisStore` (feature `redis`: `RedisStore::connect` and its
+/// kin, then `.into()`), or by [`Store::from_backend`] on any [`Backend`].
+///
 /// ```
-/// # async fn connect(client: redis::Client) -> redis::RedisResult<()> {
-/// use tower_lease::{RedisStore, Store};
+/// use tower_lease::Store;
 ///
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// let store = Store::redis(conn.clone());
-///
-/// // With options:
-/// let store: Store = RedisStore::new(conn)
-///     .prefix("billing-locks")
-///     .timeout(std::time::Duration::from_millis(250))
-///     .into();
-/// # Ok(()) }
+/// let store = Store::memory();
+/// let same_store = store.clone();
 /// ```
 #[derive(Clone)]
 pub struct Store {
@@ -48,48 +40,7 @@ pub struct Store {
     ghosts: Ghosts,
 }
 
-/// A store's release notifications, and how it names their channels.
-#[derive(Clone, Debug)]
-pub(crate) struct Notifications {
-    pub(crate) notifier: Arc<notify::Notifier>,
-    pub(crate) layout: KeyLayout,
-    /// The store's deadline, which bounds a subscription too.
-    pub(crate) timeout: Duration,
-}
-
-impl Notifications {
-    /// Watches the releases of `name` in `namespace` (the lock of `mode`); `None` when the
-    /// subscription failed, or was not confirmed within the store's deadline or by `deadline`
-    /// (redis-rs bounds neither a subscriber's connection nor its `SUBSCRIBE`).
-    pub(crate) async fn watch(
-        &self,
-        mode: Mode,
-        namespace: &str,
-        name: &[u8],
-        deadline: tokio::time::Instant,
-    ) -> Option<notify::Watch> {
-        let channel = notify::channel(&self.layout, mode, namespace, name);
-        let deadline = deadline.min(tokio::time::Instant::now() + self.timeout);
-        let watch = tokio::time::timeout_at(deadline, self.notifier.watch(channel)).await;
-        watch.unwrap_or_else(|_| {
-            tracing::debug!("subscribing to release notifications timed out; polling");
-            None
-        })
-    }
-}
-
 impl Store {
-    /// A store on Redis with the default options (prefix `tower-lease`, 1 s deadline per call).
-    ///
-    /// Any redis-rs async connection works: `ConnectionManager` (reconnects by itself),
-    /// `MultiplexedConnection`, or with the `cluster` feature the cluster's async connection.
-    pub fn redis<C>(conn: C) -> Self
-    where
-        C: ::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        RedisStore::new(conn).into()
-    }
-
     /// A store in this process's memory, with the same semantics as Redis.
     ///
     /// It only coordinates tasks of one process: use it for tests, for single-replica
@@ -112,6 +63,7 @@ impl Store {
     }
 
     /// This store, with release notifications for its waiters.
+    #[cfg(feature = "redis")]
     pub(crate) fn with_notifications(mut self, notifications: Option<Notifications>) -> Self {
         if let Some(notifications) = &notifications {
             // The notifier raises the intents it hears of from other processes.
@@ -131,7 +83,7 @@ impl Store {
     /// otherwise.
     pub(crate) fn intent_key(&self, namespace: &str, name: &[u8]) -> Vec<u8> {
         match &self.notifications {
-            Some(n) => notify::channel(&n.layout, Mode::Write, namespace, name),
+            Some(n) => n.channel(Mode::Write, namespace, name),
             None => [
                 &(namespace.len() as u64).to_be_bytes(),
                 namespace.as_bytes(),
@@ -167,9 +119,11 @@ impl Store {
         &*self.backend
     }
 
-    /// Checks the store's setup for what can break the locks' guarantees: for Redis, a server
-    /// older than 5.0 or a `maxmemory-policy` that can evict lock keys (on every primary of a
-    /// cluster). Call it once at startup and report what it finds; it logs nothing itself.
+    /// Checks the store's setup for what can break the locks' guarantees, or slow them: for
+    /// Redis, a server older than 5.0, a `maxmemory-policy` that can evict lock keys (on every
+    /// primary of a cluster), fewer replicas than `wait_for_replicas` needs, and a store made
+    /// by `RedisStore::new` without release notifications. Call it once at startup and report
+    /// what it finds; it logs nothing itself.
     ///
     /// ```
     /// # async fn startup(store: tower_lease::Store) -> Result<(), tower_lease::Error> {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::{Instant, sleep_until};
 
-use crate::store::Mode;
+use crate::backend::Mode;
 
 /// Which lease a waiter waits for. Readers and writers of an `RwLock` wait in rooms of their
 /// own: a waiting writer must not hold back readers that would be let in at once, nor the
@@ -166,7 +166,7 @@ pub(crate) struct Turn<'a> {
     seat: &'a Seat,
     _permit: tokio::sync::SemaphorePermit<'a>,
     /// Whether the waiter queued for it behind others of this process.
-    pub(super) queued: bool,
+    pub(crate) queued: bool,
 }
 
 impl Turn<'_> {
@@ -177,17 +177,17 @@ impl Turn<'_> {
     }
 
     /// Whether the waiter that had the turn before took the lock (and so this process holds it).
-    pub(super) fn inherit_held(&self) -> bool {
+    pub(crate) fn inherit_held(&self) -> bool {
         self.seat.room.held_here.swap(false, Ordering::AcqRel)
     }
 
     /// Says the store failed this waiter's attempt, for the ones queued behind it.
-    pub(super) fn pass_on_failure(&self) {
+    pub(crate) fn pass_on_failure(&self) {
         self.seat.room.store_failed.notify_waiters();
     }
 
     /// Says this waiter took the lock, for the next one.
-    pub(super) fn pass_on_held(&self) {
+    pub(crate) fn pass_on_held(&self) {
         self.seat.room.held_here.store(true, Ordering::Release);
     }
 }

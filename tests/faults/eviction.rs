@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tower_lease::store::{KeyLayout, KeyRole};
-use tower_lease::{Error, Lock, Store, Warning};
+use tower_lease::{Error, Lock, RedisStore, Store, Warning};
 
 use crate::support::server::{fill, fill_until_full};
 use crate::support::{Endpoint, RedisServer};
@@ -22,7 +22,7 @@ async fn warnings(store: &Store) -> Vec<Warning> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_policies_that_can_evict_lock_keys() {
     let plain = RedisServer::start();
-    let store = Store::redis(plain.connection().await);
+    let store = Store::from(RedisStore::new(plain.connection().await));
     assert_eq!(
         warnings(&store).await,
         [],
@@ -37,7 +37,7 @@ async fn check_reports_policies_that_can_evict_lock_keys() {
     ] {
         let server =
             RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]);
-        let warnings = warnings(&Store::redis(server.connection().await)).await;
+        let warnings = warnings(&Store::from(RedisStore::new(server.connection().await))).await;
         assert_eq!(
             warnings,
             [Warning::EvictingPolicy {
@@ -55,7 +55,10 @@ async fn check_reports_policies_that_can_evict_lock_keys() {
 
     let safe =
         RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
-    assert_eq!(warnings(&Store::redis(safe.connection().await)).await, []);
+    assert_eq!(
+        warnings(&Store::from(RedisStore::new(safe.connection().await))).await,
+        []
+    );
     assert_eq!(Store::memory().check().await.unwrap(), []);
 }
 
@@ -63,7 +66,7 @@ async fn check_reports_policies_that_can_evict_lock_keys() {
 async fn volatile_policy_evicts_a_held_lock_and_lets_a_second_holder_in() {
     let server =
         RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru"]);
-    let store = Store::redis(server.connection().await);
+    let store = Store::from(RedisStore::new(server.connection().await));
     assert!(matches!(
         &warnings(&store).await[..],
         [Warning::EvictingPolicy { .. }]
@@ -107,7 +110,7 @@ async fn volatile_policy_evicts_a_held_lock_and_lets_a_second_holder_in() {
 async fn noeviction_with_memory_full_refuses_new_leases_with_an_error() {
     let server =
         RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]);
-    let store = Store::redis(server.connection().await);
+    let store = Store::from(RedisStore::new(server.connection().await));
     let held = JOBS.try_lock(&store, "held").await.unwrap().unwrap();
     let mut conn = server.connection().await;
     fill_until_full(&mut conn).await;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tower_lease::store::{KeyLayout, KeyRole};
-use tower_lease::{Lock, RwLock, Store};
+use tower_lease::{Lock, RedisStore, RwLock, Store};
 
 use crate::support::{Endpoint, RedisServer};
 
@@ -55,7 +55,7 @@ async fn fences_above_once_back(store: &Store, name: &str, floor: u64) -> u64 {
 #[tokio::test]
 async fn fences_grow_across_flushall_and_a_restart_without_persistence() {
     let mut server = RedisServer::start();
-    let store = Store::redis(server.connection_manager().await);
+    let store = Store::from(RedisStore::new(server.connection_manager().await));
     let name = "seat-1";
     let before = fences_above(&store, name, 0).await;
 
@@ -78,7 +78,7 @@ async fn fences_grow_across_flushall_and_a_restart_without_persistence() {
 #[tokio::test]
 async fn fences_grow_when_a_cluster_master_restarts_empty() {
     let mut cluster = crate::support::cluster::RedisCluster::start();
-    let store = Store::redis(cluster.connection().await);
+    let store = Store::from(RedisStore::new(cluster.connection().await));
     let layout = KeyLayout::default();
     // A name whose keys live on node 1, the one restarted.
     let victim = cluster.nodes()[1].port();
@@ -106,7 +106,7 @@ async fn fence_keys_of_distinct_names_expire_and_fences_still_grow_without_them(
     const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(100)).fenced();
     const HOUR_MS: i64 = 3_600_000;
     let server = RedisServer::start();
-    let store = Store::redis(server.connection().await);
+    let store = Store::from(RedisStore::new(server.connection().await));
     let mut raw = server.connection().await;
     let names = 2_000;
     for i in 0..names {

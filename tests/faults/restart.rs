@@ -35,7 +35,10 @@ async fn stores(server: &RedisServer) -> [(&'static str, Store); 2] {
             "connect",
             RedisStore::connect(&server.url()).await.unwrap().into(),
         ),
-        ("manager", Store::redis(server.connection_manager().await)),
+        (
+            "manager",
+            Store::from(RedisStore::new(server.connection_manager().await)),
+        ),
     ]
 }
 
@@ -122,7 +125,7 @@ async fn a_retried_acquisition_whose_reply_was_lost_answers_with_our_own_lease()
     let server = RedisServer::start();
     let mut raw = server.connection().await;
     let proxy = Proxy::to(&server).await;
-    let store = Store::redis(proxy.connection_manager().await);
+    let store = Store::from(RedisStore::new(proxy.connection_manager().await));
     let layout = KeyLayout::default();
     let key = |role, namespace, name: &str| layout.key(role, namespace, name.as_bytes());
     // Every script cached first: a lost `NOSCRIPT` reply would stop the test, not the store.

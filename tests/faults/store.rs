@@ -41,7 +41,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_loses_leases_and_the_store_recovers_by_itself() {
     let server = RedisServer::start();
-    let store = Store::redis(server.connection_manager().await);
+    let store = Store::from(RedisStore::new(server.connection_manager().await));
     let lock = JOBS.try_lock(&store, "restart").await.unwrap().unwrap();
     let read = DOCS.try_read(&store, "restart").await.unwrap().unwrap();
 
@@ -95,7 +95,7 @@ async fn restart_loses_leases_and_the_store_recovers_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_under_load_never_reaches_a_caller() {
     let server = RedisServer::start();
-    let store = Store::redis(server.connection().await);
+    let store = Store::from(RedisStore::new(server.connection().await));
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicUsize::new(0));
 
@@ -214,7 +214,7 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
 async fn default_deadline_bounds_a_blackholed_call() {
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;
-    let store = Store::redis(proxy.connection_manager().await);
+    let store = Store::from(RedisStore::new(proxy.connection_manager().await));
     JOBS.try_lock(&store, "warm")
         .await
         .unwrap()
@@ -365,7 +365,7 @@ async fn a_name_refused_lately_is_asked_in_one_round_trip() {
     let store: Store = RedisStore::new(proxy.connection_manager().await)
         .timeout(Duration::from_secs(5))
         .into();
-    let elsewhere = Store::redis(server.connection_manager().await);
+    let elsewhere = Store::from(RedisStore::new(server.connection_manager().await));
     let held = JOBS.try_lock(&elsewhere, "hot").await.unwrap().unwrap();
     let held_at = Instant::now();
     // Each way takes the delay: a round trip takes twice it, two take four times.

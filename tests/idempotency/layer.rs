@@ -478,7 +478,7 @@ async fn a_hundred_concurrent_retries_run_the_handler_once(env: Env) {
 }
 
 async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
-    use tower_lease::store::{Begin, LeaseRef, LockRef, Mode, Secret};
+    use tower_lease::backend::{Begin, LeaseRef, LockRef, Mode, Secret};
     const SHORT: Idempotency = PAYMENTS.lease(Duration::from_millis(500));
     // A replica reserved the key and died: nobody extends or ends its reservation.
     let secret = Secret::random();

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use tower_lease::store::{Begin, Completion, KeyRole, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
+
+use tower_lease::store::KeyRole;
 
 use crate::support::Env;
 
@@ -396,11 +398,11 @@ async fn at_most_once_a_freed_key_runs_again_and_a_completed_one_replays(env: En
 /// A backend written before idempotency keys: only the required methods.
 struct Older(tower_lease::store::MemoryStore);
 
-impl tower_lease::store::Backend for Older {
+impl tower_lease::backend::Backend for Older {
     fn acquire<'a>(
         &'a self,
         lease: LeaseRef<'a>,
-    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<tower_lease::store::Acquisition>>
+    ) -> tower_lease::backend::BoxFuture<'a, tower_lease::Result<tower_lease::backend::Acquisition>>
     {
         self.0.acquire(lease)
     }
@@ -408,28 +410,29 @@ impl tower_lease::store::Backend for Older {
     fn extend<'a>(
         &'a self,
         lease: LeaseRef<'a>,
-    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<tower_lease::store::Extended>> {
+    ) -> tower_lease::backend::BoxFuture<'a, tower_lease::Result<tower_lease::backend::Extended>>
+    {
         self.0.extend(lease)
     }
 
     fn release<'a>(
         &'a self,
         lease: LeaseRef<'a>,
-    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<bool>> {
+    ) -> tower_lease::backend::BoxFuture<'a, tower_lease::Result<bool>> {
         self.0.release(lease)
     }
 
     fn in_use<'a>(
         &'a self,
         lock: LockRef<'a>,
-    ) -> tower_lease::store::BoxFuture<'a, tower_lease::Result<u32>> {
+    ) -> tower_lease::backend::BoxFuture<'a, tower_lease::Result<u32>> {
         self.0.in_use(lock)
     }
 }
 
 #[tokio::test]
 async fn a_backend_without_idempotency_answers_a_clear_error() {
-    use tower_lease::store::Backend;
+    use tower_lease::backend::Backend;
     let older = Older(tower_lease::store::MemoryStore::new());
     let secret = Secret::random();
     let error = older

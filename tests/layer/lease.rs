@@ -13,7 +13,8 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::store::{Acquisition, KeyRole};
+use tower_lease::backend::Acquisition;
+use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, Lock, LockLayer, Store, extract};
 
 use crate::support::hooked::hooked;

@@ -12,7 +12,7 @@ use http::{Method, StatusCode};
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tower_lease::{Lock, LockLayer, MAX_NAME_LEN, Store, extract};
+use tower_lease::{Lock, LockLayer, MAX_NAME_LEN, RedisStore, Store, extract};
 
 use crate::support::http::{Http, Reply, serve};
 use crate::support::{Endpoint, RedisServer};
@@ -64,7 +64,7 @@ fn layer<E>(store: &Store, names: Names, extractor: E) -> LockLayer<E> {
 
 async fn setup(names: Names) -> Setup {
     let server = RedisServer::start();
-    let store = Store::redis(server.connection_manager().await);
+    let store = Store::from(RedisStore::new(server.connection_manager().await));
     let by_path = serve(
         Router::new()
             .route("/invoices/{id}/finalize", post(|| async { "done" }))

@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use http::{Method, StatusCode};
-use tower_lease::store::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
 use tower_lease::{Error, Idempotency, IdempotencyLayer, Store};
 
 use crate::gap::through_sentinels;

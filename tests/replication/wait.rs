@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
-use tower_lease::store::{Extended, LeaseRef, LockRef, Secret};
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
 use tower_lease::{Error, Lock, LockLayer, Mode, RedisStore, RwLock, Semaphore, Store, extract};
 
 use crate::support::http::{Http, count, serve};

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tower_lease::store::{KeyLayout, KeyRole};
-use tower_lease::{Lock, RwLock, Store, Warning};
+use tower_lease::{Lock, RedisStore, RwLock, Store, Warning};
 
 use crate::support::Endpoint;
 use crate::support::cluster::RedisCluster;
@@ -56,7 +56,7 @@ async fn every_operation_works_on_names_spread_over_all_nodes() {
         3,
         "names cover all nodes"
     );
-    let store = Store::redis(cluster.connection().await);
+    let store = Store::from(RedisStore::new(cluster.connection().await));
 
     for name in &names {
         let token = JOBS.try_lock(&store, name).await.unwrap().expect("free");
@@ -132,7 +132,7 @@ async fn every_operation_works_on_names_spread_over_all_nodes() {
 async fn scripts_load_on_the_node_that_owns_the_slot_after_a_flush() {
     let cluster = RedisCluster::start();
     let names = names();
-    let store = Store::redis(cluster.connection().await);
+    let store = Store::from(RedisStore::new(cluster.connection().await));
     // Warm: every script is cached on every node it ran on.
     for name in &names {
         JOBS.try_lock(&store, name)
@@ -185,8 +185,8 @@ async fn scripts_load_on_the_node_that_owns_the_slot_after_a_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_exclude_across_connections_and_keys_land_on_the_owning_node() {
     let cluster = RedisCluster::start();
-    let a = Store::redis(cluster.connection().await);
-    let b = Store::redis(cluster.connection().await);
+    let a = Store::from(RedisStore::new(cluster.connection().await));
+    let b = Store::from(RedisStore::new(cluster.connection().await));
     let names = names();
     let keys = KeyLayout::default();
     let mut tokens = Vec::new();
@@ -212,7 +212,7 @@ async fn leases_exclude_across_connections_and_keys_land_on_the_owning_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_looks_at_every_primary() {
     let cluster = RedisCluster::start();
-    let store = Store::redis(cluster.connection().await);
+    let store = Store::from(RedisStore::new(cluster.connection().await));
     // A store from a bare connection lacks notifications, and says so.
     assert_eq!(store.check().await.unwrap(), [Warning::NoNotifications]);
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tower_lease::store::{LeaseRef, LockRef, Secret};
+use tower_lease::backend::{LeaseRef, LockRef, Secret};
 use tower_lease::{Mode, Store};
 
 use crate::support::{Env, Raw, Setup};
@@ -32,7 +32,7 @@ async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
         let acquired = backend.acquire(lease(i, secret)).await;
         assert!(matches!(
             acquired,
-            Ok(tower_lease::store::Acquisition::Acquired { .. })
+            Ok(tower_lease::backend::Acquisition::Acquired { .. })
         ));
     }
     let stranger = Secret::random();
@@ -60,13 +60,13 @@ async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
         .await
         .unwrap()
     {
-        tower_lease::store::Acquisition::Busy { retry_after } => {
+        tower_lease::backend::Acquisition::Busy { retry_after } => {
             assert!(
                 retry_after > Duration::from_millis(1_750),
                 "{retry_after:?}"
             );
         }
-        acquired @ tower_lease::store::Acquisition::Acquired { .. } => {
+        acquired @ tower_lease::backend::Acquisition::Acquired { .. } => {
             panic!("not held: {acquired:?}")
         }
     }

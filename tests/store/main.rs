@@ -1,6 +1,6 @@
 //! The store: lock definitions and the key layout (no store needed), the conformance suite on a
-//! real `redis-server`, on a local Redis Cluster and in memory, `Backend::extend_many`, native
-//! compare-and-set, and what only a cluster shows. Each Redis-backed test starts its own servers
+//! real `redis-server` and on a local Redis Cluster (in memory: `tests/memory`),
+//! `Backend::extend_many`, native compare-and-set, and what only a cluster shows. Each Redis-backed test starts its own servers
 //! on free loopback ports.
 
 #[path = "../support/mod.rs"]

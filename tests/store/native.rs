@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use tower_lease::store::{Acquisition, LeaseRef, LockRef, Secret};
+use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Secret};
 use tower_lease::{Lock, Mode, RedisStore, Store};
 
 use crate::support::RedisServer;

@@ -125,7 +125,7 @@ impl RedisCluster {
         ClusterClient::new(self.urls()).expect("valid cluster urls")
     }
 
-    /// redis-rs's async cluster connection: what `Store::redis` takes with feature `cluster`.
+    /// redis-rs's async cluster connection: what `RedisStore::new` takes with feature `cluster`.
     pub async fn connection(&self) -> ClusterConnection {
         self.client()
             .get_async_connection()

@@ -16,7 +16,7 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How a test's store talks to Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Setup {
-    /// `Store::redis` with the defaults over one multiplexed connection, as the core's
+    /// `RedisStore::new` with the defaults over one multiplexed connection, as the core's
     /// conformance suite runs it (in memory: under paused time).
     Core,
     /// A `RedisStore` with the short [`STORE_TIMEOUT`], over a `ConnectionManager` on a single
@@ -52,7 +52,7 @@ impl Env {
         let server = RedisServer::start();
         let conn = server.connection().await;
         let store = match setup {
-            Setup::Core => Store::redis(conn.clone()),
+            Setup::Core => Store::from(RedisStore::new(conn.clone())),
             Setup::Layer => RedisStore::new(server.connection_manager().await)
                 .timeout(STORE_TIMEOUT)
                 .into(),
@@ -75,7 +75,7 @@ impl Env {
         let cluster = super::cluster::RedisCluster::start();
         let conn = cluster.connection().await;
         let store = match setup {
-            Setup::Core => Store::redis(conn.clone()),
+            Setup::Core => Store::from(RedisStore::new(conn.clone())),
             Setup::Layer => RedisStore::new(conn.clone()).timeout(STORE_TIMEOUT).into(),
         };
         Env {
@@ -134,11 +134,13 @@ impl Env {
 }
 
 /// A direct line to the Redis behind a store, and the store's key layout.
+#[derive(Clone)]
 pub struct Raw {
     conn: RawConn,
     layout: KeyLayout,
 }
 
+#[derive(Clone)]
 enum RawConn {
     Single(redis::aio::MultiplexedConnection),
     #[cfg(feature = "cluster")]

@@ -3,7 +3,7 @@
 //! is.
 
 use tower_lease::Store;
-use tower_lease::store::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Warning};
+use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Warning};
 
 /// A [`Store`] over `inner`'s backend whose acquisitions answer `on_acquire(answer)`.
 ///

@@ -117,6 +117,7 @@ impl Drop for Leader {
 /// The same failure again, for each request that waited on a failed acquisition.
 fn copy(error: &Error) -> Error {
     match error {
+        #[cfg(feature = "redis")]
         Error::Redis(e) => Error::Redis(e.clone()),
         Error::Timeout(d) => Error::Timeout(*d),
         Error::InvalidName { len } => Error::InvalidName { len: *len },

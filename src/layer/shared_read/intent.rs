@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::backend::Mode;
 use crate::lease::LeaseState;
-use crate::store::{IntentListener, Mode};
+use crate::store::IntentListener;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
 /// for a lock that does not prefer writers, which leaves no intent.
@@ -30,7 +31,7 @@ pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
         let ended = state.ended().clone();
         let name = name.to_vec();
         runtime.spawn(async move {
-            let deadline = Instant::now() + notifications.timeout;
+            let deadline = Instant::now() + notifications.timeout();
             let watch = tokio::select! {
                 watch = notifications.watch(Mode::Read, namespace, &name, deadline) => watch,
                 () = ended.cancelled() => return,

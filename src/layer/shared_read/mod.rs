@@ -43,12 +43,13 @@ mod linger;
 pub(crate) use self::acquire::{Leader, Waiter};
 
 use crate::Error;
+use crate::backend::BoxFuture;
 use crate::holding::Holding;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::store::watchdog::{Overdue, Watchdog};
-use crate::store::{BoxFuture, IntentListener};
+use crate::store::IntentListener;
+use crate::watchdog::{Overdue, Watchdog};
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::Result;
 use crate::attempt::Attempt;
-use crate::store::Mode;
+use crate::backend::Mode;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
 
@@ -241,27 +241,27 @@ struct Counting {
     extends: AtomicUsize,
 }
 
-impl crate::store::Backend for Arc<Counting> {
+impl crate::backend::Backend for Arc<Counting> {
     fn acquire<'a>(
         &'a self,
-        lease: crate::store::LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<crate::store::Acquisition>> {
+        lease: crate::backend::LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<crate::backend::Acquisition>> {
         self.memory.acquire(lease)
     }
 
     fn extend<'a>(
         &'a self,
-        lease: crate::store::LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<crate::store::Extended>> {
+        lease: crate::backend::LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<crate::backend::Extended>> {
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.memory.extend(lease)
     }
 
-    fn release<'a>(&'a self, lease: crate::store::LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, lease: crate::backend::LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         self.memory.release(lease)
     }
 
-    fn in_use<'a>(&'a self, lock: crate::store::LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+    fn in_use<'a>(&'a self, lock: crate::backend::LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
         self.memory.in_use(lock)
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A task per lease costs a timer, a task and a store round trip per lease and beat; at ten
 //! thousand held leases that is a good part of a core. One driver sends a due batch with one
-//! [`Backend::extend_many`](crate::store::Backend::extend_many) call (one pipeline on Redis)
+//! [`Backend::extend_many`](crate::backend::Backend::extend_many) call (one pipeline on Redis)
 //! instead.
 //!
 //! [`Heartbeat`] is the layer's handle on its driver; the driver itself is in [`driver`].

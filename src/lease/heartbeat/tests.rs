@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
 use crate::attempt::Attempt;
+use crate::backend::BoxFuture;
+use crate::backend::{Acquisition, Backend, Extended, LeaseRef, LockRef, Mode};
 use crate::holding::Holding;
 use crate::lease::own::OwnLease;
-use crate::store::BoxFuture;
-use crate::store::{Acquisition, Backend, Extended, LeaseRef, LockRef, MemoryStore, Mode};
+use crate::store::MemoryStore;
 use crate::{Error, Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("driver", Duration::from_millis(300));

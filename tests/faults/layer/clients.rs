@@ -12,7 +12,7 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tower_lease::{Lock, Store};
+use tower_lease::{Lock, RedisStore, Store};
 
 use super::{by_id, lock_keys};
 use crate::support::http::{Chunks, Http, serve, serve_counting_connections};
@@ -146,7 +146,7 @@ async fn a_storm_of_1000_cancelled_requests_leaves_no_lock_and_no_heartbeat() {
     const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
     let heartbeat = Duration::from_millis(100);
     let server = RedisServer::start();
-    let store = Store::redis(server.connection_manager().await);
+    let store = Store::from(RedisStore::new(server.connection_manager().await));
     let runs = Arc::new(AtomicUsize::new(0));
     let runs_in_app = runs.clone();
     let handler = move || {

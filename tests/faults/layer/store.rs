@@ -85,7 +85,7 @@ async fn restart_under_held_leases_answers_503_and_the_service_recovers() {
 async fn script_flush_under_http_load_never_reaches_a_client() {
     const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(2));
     let server = RedisServer::start();
-    let store = Store::redis(server.connection_manager().await);
+    let store = Store::from(RedisStore::new(server.connection_manager().await));
     let runs = Arc::new(AtomicUsize::new(0));
     let addr = serve_jobs(by_id(store, JOBS), &runs).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -276,7 +276,7 @@ async fn redis_out_of_memory_answers_503_never_a_panic() {
     const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
     let server =
         RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]);
-    let store = Store::redis(server.connection().await);
+    let store = Store::from(RedisStore::new(server.connection().await));
     let runs = Arc::new(AtomicUsize::new(0));
     let addr = serve_jobs(by_id(store, JOBS), &runs).await;
     let http = Http::new();

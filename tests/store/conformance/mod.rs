@@ -1,36 +1,47 @@
-//! The conformance suite: every behaviour of the core, run against a real `redis-server`
-//! (started per test on a free loopback port), a local Redis Cluster, and `Store::memory()`
-//! (under paused time). Tests that look at Redis itself (key names, PTTL, SCRIPT FLUSH) run on
-//! Redis and the cluster only, in `redis_only`.
+//! The conformance suite of `tower-lease-testkit`, every behaviour of the core, run against a
+//! real `redis-server` (started per test on a free loopback port) and a local Redis Cluster
+//! (`tests/memory` runs it on `Store::memory()`). Tests that look at Redis itself (key names,
+//! PTTL, SCRIPT FLUSH) run there only, in `redis_only`.
 
-mod exclusive;
-mod input;
-mod intent_window;
 mod redis_only;
-mod rw;
-mod semaphore;
-mod writer_preferred;
 
-use std::time::Duration;
+use tower_lease::store::KeyRole;
+use tower_lease_testkit::Env;
 
-use tower_lease::store::{LeaseRef, LockRef, Secret};
-use tower_lease::{Mode, Store};
+use crate::support;
 
-/// Redis and the clocks count whole milliseconds; allow that much rounding in comparisons.
-const ROUNDING: Duration = Duration::from_millis(3);
+/// The suite's `Env` on a store of `env`: for Redis with a second, notified store on the same
+/// servers and a look at the write-intent keys, and the servers kept running for the test.
+async fn testkit_env(env: support::Env) -> Env {
+    let mut kit = Env::new(env.store.clone());
+    if let Some(elsewhere) = env.notified().await {
+        kit = kit.with_elsewhere(elsewhere);
+    }
+    if env.is_redis() {
+        let raw = env.raw().clone();
+        kit = kit.with_intent_probe(move |namespace, name| {
+            let (raw, key) = (raw.clone(), raw.key(KeyRole::WriteIntent, namespace, name));
+            Box::pin(async move { raw.exists(&key).await })
+        });
+    }
+    kit.holding(env)
+}
 
-/// Asserts that a stranger, without the holder's secret, can neither release nor extend the
-/// `mode` lease of `lock`.
-async fn assert_strangers_refused(store: &Store, lock: LockRef<'_>, mode: Mode) {
-    let stranger = Secret::random();
-    let backend = store.backend();
-    let lease = LeaseRef::new(lock, mode, &stranger);
-    assert!(
-        !backend.release(lease).await.unwrap(),
-        "a stranger released a {mode:?} lease"
+mod on_redis {
+    tower_lease_testkit::conformance!(
+        crate::conformance::testkit_env(
+            crate::support::Env::redis(crate::support::Setup::Core).await
+        )
+        .await
     );
-    assert!(
-        backend.extend(lease).await.unwrap() == tower_lease::store::Extended::Gone,
-        "a stranger extended a {mode:?} lease"
+}
+
+#[cfg(feature = "cluster")]
+mod on_cluster {
+    tower_lease_testkit::conformance!(
+        crate::conformance::testkit_env(
+            crate::support::Env::cluster(crate::support::Setup::Core).await
+        )
+        .await
     );
 }

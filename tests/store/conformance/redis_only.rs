@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 use tower_lease::store::KeyRole;
-use tower_lease::{Lock, RwLock};
+use tower_lease::{Lock, RwLock, Semaphore};
 
 use crate::support::{Env, Raw};
 
@@ -18,6 +18,8 @@ crate::store_tests!(
         exact_key_names,
         custom_prefix,
         abandoned_lock_key_is_gone_after_ttl,
+        permit_set_layout_and_expiry,
+        permits_survive_script_flush,
     ]
 );
 
@@ -199,4 +201,50 @@ async fn abandoned_lock_key_is_gone_after_ttl(env: Env) {
         !raw.exists(&key).await,
         "an abandoned lock key outlived its TTL"
     );
+}
+
+const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
+
+async fn permit_set_layout_and_expiry(env: Env) {
+    let raw = env.raw();
+    let key = raw.key(KeyRole::Permits, "export", b"t");
+    assert_eq!(key, b"tower-lease:sem:{export:t}");
+    let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(300));
+    let a = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    let b = EXPORTS.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
+    // The set lives as long as its longest permit (10 s), and no longer.
+    let pttl = raw.pttl(&key).await;
+    assert!((9_000..=10_000).contains(&pttl), "PTTL {pttl}");
+    assert!(b.release().await.unwrap());
+    sleep(Duration::from_millis(400)).await;
+    // The ended permit no longer counts, but stays until the set is full or expires: while
+    // the set has room counting it, it has room without it. The expiry never moves earlier.
+    let c = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    assert_eq!(sem.in_use(&env.store, "t").await.unwrap(), 1);
+    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
+    assert!(raw.pttl(&key).await <= 10_000);
+    // Full counting the ended one: the next acquire drops it.
+    let d = sem.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    assert_eq!(raw.query::<i64>(redis::cmd("ZCARD").arg(&key)).await, 2);
+    assert!(!a.release().await.unwrap());
+    assert!(d.release().await.unwrap());
+    assert!(c.release().await.unwrap());
+    assert!(
+        !raw.exists(&key).await,
+        "an empty permit set must not linger"
+    );
+}
+
+async fn permits_survive_script_flush(env: Env) {
+    let raw = env.raw();
+    let flush = || async { raw.query::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await };
+    flush().await;
+    let permit = EXPORTS.try_acquire(&env.store, "t").await.unwrap().unwrap();
+    flush().await;
+    assert!(permit.extend().await.unwrap());
+    flush().await;
+    assert_eq!(EXPORTS.in_use(&env.store, "t").await.unwrap(), 1);
+    flush().await;
+    assert!(permit.release().await.unwrap());
 }

@@ -1,0 +1,361 @@
+//! The contract of a lease store: the [`Backend`] trait, and the types its calls take and answer.
+//!
+//! Everything above it (the [`Store`](crate::Store) handle, the locks, the layers) talks to a
+//! store through these alone; the built-in stores implement them, and so can a store of yours
+//! (`tower-lease-testkit` runs the scenarios every backend must pass).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::Result;
+
+mod idempotency;
+mod warning;
+
+pub(crate) use self::idempotency::unsupported;
+pub use self::idempotency::{Begin, Completion, FINGERPRINT_LEN};
+#[cfg(feature = "redis")]
+pub(crate) use self::warning::MIN_VERSION;
+pub use self::warning::Warning;
+
+/// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
+/// twice per window, so it may be late by half a window (a slow round trip, a busy executor)
+/// before a reader slips in; and an intent whose writer left without withdrawing it (a crash, a
+/// lost connection) keeps readers out for no longer than this.
+pub(crate) const WRITE_INTENT_WINDOW: Duration = Duration::from_millis(500);
+
+/// A boxed, `Send` future, as [`Backend`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Which lease a [`Backend`] call is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// The one lease of a [`Lock`](crate::Lock).
+    Exclusive,
+    /// A reader's lease of an [`RwLock`](crate::RwLock).
+    Read,
+    /// The writer's lease of an [`RwLock`](crate::RwLock).
+    Write,
+    /// One of the permits of a [`Semaphore`](crate::Semaphore).
+    Permit,
+    /// The in-flight reservation of an idempotency key under
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer): taken by
+    /// [`Backend::idempotency_begin`], extended and released like an exclusive lease.
+    Reservation,
+}
+
+impl Mode {
+    /// `"exclusive"`, `"read"`, `"write"`, `"permit"` or `"reservation"`: the mode as metrics and traces label
+    /// it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Read => "read",
+            Mode::Write => "write",
+            Mode::Permit => "permit",
+            Mode::Reservation => "reservation",
+        }
+    }
+}
+
+/// The lock a [`Backend`] call is about: namespace and name (already validated), TTL, whether
+/// acquisitions are fenced, and for a [`Semaphore`](crate::Semaphore) how many permits it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockRef<'a> {
+    /// The lock's namespace: printable ASCII without `:`, `{`, `}`.
+    pub namespace: &'a str,
+    /// The lock's name: 1 to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) arbitrary bytes.
+    pub name: &'a [u8],
+    /// How long a lease lasts from acquisition or extension, in whole milliseconds.
+    pub ttl: Duration,
+    /// Whether exclusive and write acquisitions take a fencing token.
+    pub fenced: bool,
+    /// Whether a write attempt refused by readers makes new readers wait
+    /// ([`RwLock::writer_preferred`](crate::RwLock::writer_preferred)).
+    pub writer_preferred: bool,
+    /// For [`Mode::Permit`]: the most permits live at once (at least 1); 0 for other locks.
+    pub permits: u32,
+}
+
+impl<'a> LockRef<'a> {
+    /// Names a lock for a direct [`Backend`] call, as the lock definitions do.
+    ///
+    /// The caller is responsible for what the definitions check: a valid namespace, a name of 1
+    /// to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes and a TTL of at least 1 ms.
+    /// It is unfenced, not writer-preferred and no semaphore until the builders below say so.
+    pub fn new(namespace: &'a str, name: &'a [u8], ttl: Duration) -> Self {
+        Self {
+            namespace,
+            name,
+            ttl,
+            fenced: false,
+            writer_preferred: false,
+            permits: 0,
+        }
+    }
+
+    /// The same lock, [fenced](crate::Lock::fenced): exclusive and write acquisitions issue a
+    /// fence.
+    pub fn fenced(self) -> Self {
+        Self {
+            fenced: true,
+            ..self
+        }
+    }
+
+    /// The same lock, as a semaphore of `permits` permits, for [`Mode::Permit`] calls.
+    pub fn permits(self, permits: u32) -> Self {
+        Self { permits, ..self }
+    }
+
+    /// How long the write intent of a refused writer attempt lasts: the write-intent window of
+    /// [`RwLock::writer_preferred`](crate::RwLock::writer_preferred), 500 ms or the TTL if that
+    /// is shorter, renewed by each attempt; `None` for a lock that does not prefer writers.
+    /// Every backend keeps the intent this long.
+    pub fn write_intent(&self) -> Option<Duration> {
+        self.writer_preferred
+            .then(|| self.ttl.min(WRITE_INTENT_WINDOW))
+    }
+
+    /// The same lock, [writer-preferred](crate::RwLock::writer_preferred).
+    pub fn writer_preferred(self) -> Self {
+        Self {
+            writer_preferred: true,
+            ..self
+        }
+    }
+}
+
+/// What an acquisition found: the lease is the caller's now, or someone else's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquisition {
+    /// The lease is now held with the caller's token.
+    Acquired {
+        /// For a fenced lock: the fence of this acquisition, `max(last + 1, store time in µs)`
+        /// (for a reader, the last writer's, 0 before any). `None` for an unfenced lock.
+        fence: Option<u64>,
+    },
+    /// Someone else holds it.
+    Busy {
+        /// How long the blocking lease has left.
+        retry_after: Duration,
+    },
+}
+
+/// What an extension found: the lease runs on for one TTL, or it is gone.
+///
+/// A reader's extension also says whether a writer of a
+/// [writer-preferred](crate::RwLock::writer_preferred) lock waits for the readers to leave:
+/// the layer then stops sharing that reader lease with new requests, so the writer gets in
+/// once the current reads end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Extended {
+    /// The lease was not held with its secret any more, and was not extended.
+    Gone,
+    /// The lease runs for one more TTL from now.
+    Held,
+    /// A reader lease runs for one more TTL from now, and a write intent is live: new readers
+    /// are refused until it ends.
+    HeldWriterWaiting,
+}
+
+impl Extended {
+    /// Whether the lease was extended.
+    pub fn is_held(self) -> bool {
+        !matches!(self, Extended::Gone)
+    }
+}
+
+/// The random secret that identifies one lease: whoever has it can extend or release the lease.
+/// Its `Debug` output does not show it.
+///
+/// The [tokens](crate::LockToken) that applications hold keep it private; only a [`Backend`]
+/// sees it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Secret([u8; 16]);
+
+impl Secret {
+    /// A fresh secret of 16 random bytes.
+    pub fn random() -> Self {
+        Secret(rand::random())
+    }
+
+    /// The secret's bytes, as stored.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The lease a [`Backend`] call acts on: which lock, in which mode, held with which secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseRef<'a> {
+    /// The lock.
+    pub lock: LockRef<'a>,
+    /// Which of the lock's leases.
+    pub mode: Mode,
+    /// The secret the lease is (or is to be) held with.
+    pub secret: &'a Secret,
+}
+
+impl<'a> LeaseRef<'a> {
+    /// Names a lease for a direct [`Backend`] call.
+    pub fn new(lock: LockRef<'a>, mode: Mode, secret: &'a Secret) -> Self {
+        Self { lock, mode, secret }
+    }
+}
+
+/// The operations a lease store provides. Object-safe, so a [`Store`](crate::Store) can hold
+/// any of them.
+///
+/// Implement it to keep leases somewhere else; [`Store::memory`](crate::Store::memory)'s `MemoryStore`
+/// is a short example, and `tower-lease-testkit` runs the scenarios every backend must pass. Every
+/// implementation must give the semantics of the Redis scripts:
+///
+/// - `acquire` never waits: it takes the lease or answers [`Acquisition::Busy`] with the blocking
+///   lease's remaining time. A writer is refused while a writer or any live reader holds; a
+///   reader is refused while a writer holds.
+/// - `extend` and `release` act only when the lease is still held with *this* secret and answer
+///   `false` (for `extend`, [`Extended::Gone`]) otherwise; `extend` never re-acquires a lease
+///   that ran out. A reader's `extend` answers [`Extended::HeldWriterWaiting`] when it extended
+///   the lease while a write intent lives (the intent that makes `acquire` refuse readers).
+/// - A write `acquire` of a [writer-preferred](LockRef::writer_preferred) lock refused by live
+///   readers (not by a writer) leaves a write intent, holding the attempt's secret, for
+///   [`LockRef::write_intent`]; a successful one removes it. While it lives, reader `acquire`s
+///   answer `Busy` with its remaining time. [`withdraw_intent`](Self::withdraw_intent) removes it
+///   only while it still holds the caller's secret.
+/// - A permit is refused while `permits` permits of the name are live; its `retry_after` is
+///   the earliest live permit's remaining lease. Permits extend and release one by one, like
+///   readers.
+/// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
+///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
+///   counter is lost.
+/// - An `acquire` or `idempotency_begin` that fails with an error that leaves open whether it
+///   acted (a timeout, an [`Error::Backend`](crate::Error::Backend), a reply not understood) is
+///   followed by `release` calls with the same secret, in the background, until one answers:
+///   what it may still take is given back.
+pub trait Backend: Send + Sync + 'static {
+    /// Takes `lease` if it is free.
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;
+
+    /// Restarts `lease` for one TTL; [`Extended::Gone`] if it is not held with its secret any
+    /// more.
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>>;
+
+    /// Ends `lease`; `false` if it was not held with its secret any more.
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
+
+    /// Removes the write intent that the refused write attempts of `lease` (a [`Mode::Write`]
+    /// lease of a writer-preferred lock, with the secret those attempts carried) left, when a
+    /// waiting writer gives up; `true` if it removed one. An intent that holds another secret
+    /// (another writer's, still waiting) stays. Like a release, a removal wakes the lock's
+    /// waiters elsewhere where the store notifies them.
+    ///
+    /// The default removes nothing and answers `false`, which is right for a backend that keeps
+    /// no intents; one that keeps them must override it, or a writer that gave up holds readers
+    /// off for the rest of its intent's window.
+    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        let _ = lease;
+        Box::pin(async { Ok(false) })
+    }
+
+    /// How many permits of the semaphore `lock` names are live now.
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>>;
+
+    /// Extends many leases at once, answering in the order of `leases` what
+    /// [`extend`](Self::extend) would have answered for each.
+    ///
+    /// The layer's heartbeat sends the extensions that fall due together through this. The
+    /// default runs the single `extend`s concurrently; `RedisStore` sends them in one
+    /// pipeline, which costs the client and the server far less per lease.
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [LeaseRef<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Extended>>> {
+        let calls = leases.iter().map(|&lease| self.extend(lease));
+        Box::pin(futures_util::future::join_all(calls))
+    }
+
+    /// Looks at an idempotency key for [`IdempotencyLayer`](crate::IdempotencyLayer), in one
+    /// atomic step: a completed record answers [`Begin::Completed`] when its fingerprint is
+    /// `fingerprint` and [`Begin::Mismatch`] otherwise; else a live reservation answers
+    /// [`Begin::InFlight`]; else `lease` (a [`Mode::Reservation`] lease, whose name is the
+    /// encoded scope and key) is taken, [`Begin::Reserved`]. A reservation found held with
+    /// `lease`'s own secret (a retried call whose reply was lost) answers `Reserved` too.
+    ///
+    /// [`extend`](Self::extend) and [`release`](Self::release) act on the reservation as on
+    /// an exclusive lease; a release frees the key for the next request.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        let _ = (lease, fingerprint);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// Stores `completion` under the key of the reservation `lease`, for
+    /// `completion.retention`, and ends the reservation, only while the reservation is still
+    /// held with `lease`'s secret, or the key is empty (the reservation ran out and nobody
+    /// took it, or the store lost it in a restart: the work the record records ran, and no
+    /// other request runs); `false` (and nothing stored) when another request holds the key
+    /// or completed it. A call retried after it went through finds its own record and answers
+    /// `true`, so the layer retries a completion that failed until it learns the answer.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let _ = (lease, completion);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// [`idempotency_begin`](Self::idempotency_begin) for an
+    /// [at-most-once](crate::Idempotency::at_most_once) key: reserving the key also leaves a
+    /// marker that lives for `retention`, and a key found free while its marker lives (its
+    /// holder died without completing or freeing it) answers [`Begin::OutcomeUnknown`].
+    /// A completion ends the marker with the reservation;
+    /// [`idempotency_free`](Self::idempotency_free) removes both.
+    ///
+    /// The default answers an error saying the backend does not support idempotency keys.
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        let _ = (lease, fingerprint, retention);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// Frees the key of the reservation `lease` for the next request, with the marker an
+    /// at-most-once reservation left, only while the reservation is held with `lease`'s
+    /// secret; `false` otherwise. The layer calls it when a response is not stored (a `5xx`).
+    ///
+    /// The default is [`release`](Self::release), enough for a backend without
+    /// [`idempotency_begin_once`](Self::idempotency_begin_once).
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.release(lease)
+    }
+
+    /// Looks for setup problems that can break the guarantees, for [`Store::check`](crate::Store::check). The
+    /// default finds none.
+    fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}

@@ -1,0 +1,185 @@
+//! [`Backend`] for [`RedisStore`]: which script or command each call sends, and how its answer
+//! reads.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+
+use super::cas::{Cas, native_mode};
+use super::check;
+use super::script_call::{Call, LastArg};
+use super::scripts::{
+    ACQUIRE, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT, WRITE_ACQUIRE,
+};
+use super::{KeyRole, RedisStore, acquisition, answered_one, notify};
+use crate::backend::{
+    Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
+    LockRef, Mode, Warning, unsupported,
+};
+use crate::{Error, Result};
+
+impl<C> Backend for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn check(&self) -> BoxFuture<'_, Result<Vec<Warning>>> {
+        self.bounded(async move {
+            let (started, mut conn) = (self.started(), self.conn.clone());
+            let store = check::Asked {
+                replicas: self.replicas.map(|r| r.wanted),
+                notifications: self.notifier.is_some(),
+            };
+            let mut reply = check::redis(&mut conn, store).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = check::redis(&mut conn, store).await;
+            }
+            let warnings = self.reply(reply)?;
+            // Asked again: the server may have changed since the store first asked.
+            self.probe_native().await;
+            Ok(warnings)
+        })
+    }
+
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        let LeaseRef { lock, mode, secret } = lease;
+        let wait = self.replicas;
+        if mode == Mode::Exclusive && !lock.fenced {
+            if let Some(replicas) = wait {
+                return self.bounded(self.set_nx_replicated(lock, secret, replicas));
+            }
+            // Boxed on its own, without room for the scripts' state it never uses.
+            if self.contended.is_contended(lock.namespace, lock.name) {
+                return self.bounded(self.set_nx_and_pttl(lock, secret));
+            }
+            return self.bounded(self.set_nx(lock, secret));
+        }
+        self.bounded(async move {
+            const RW: &[KeyRole] = &[KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
+            let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
+                Mode::Exclusive => (
+                    &ACQUIRE,
+                    &[KeyRole::Lock],
+                    Some(KeyRole::LockFence),
+                    LastArg::Ttl,
+                ),
+                Mode::Permit => (
+                    &PERMIT_ACQUIRE,
+                    &[KeyRole::Permits],
+                    None,
+                    LastArg::TtlAnd(lock.permits.into()),
+                ),
+                Mode::Read => (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), LastArg::Ttl),
+                Mode::Write => {
+                    let intent = lock.write_intent().unwrap_or_default();
+                    let last = LastArg::TtlAnd(intent.as_millis() as u64);
+                    (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
+                }
+                // Reservations are taken by `idempotency_begin` only.
+                Mode::Reservation => return Err(unsupported()),
+            };
+            let secret = Some(secret);
+            let call = Call {
+                script,
+                lock,
+                roles,
+                fence,
+                secret,
+                last,
+            };
+            let (reply, waited) = self.run_waiting(call, wait).await?;
+            let acquisition = acquisition(reply, lock)?;
+            match wait {
+                None => Ok(acquisition),
+                Some(replicas) => {
+                    self.unless_replicated(lease, acquisition, waited, replicas)
+                        .await
+                }
+            }
+        })
+    }
+
+    fn idempotency_begin<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin(lease, fingerprint))
+    }
+
+    fn idempotency_complete<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        completion: Completion<'a>,
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_complete(lease, completion))
+    }
+
+    fn idempotency_begin_once<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+        fingerprint: &'a [u8; FINGERPRINT_LEN],
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Begin>> {
+        self.bounded(self.idem_begin_once(lease, fingerprint, retention))
+    }
+
+    fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.bounded(self.idem_free(lease))
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        self.bounded(async move {
+            let roles = [KeyRole::Permits];
+            let reply = self
+                .run(&PERMITS_IN_USE, lock, &roles, None, None, LastArg::Ttl)
+                .await?;
+            redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))
+        })
+    }
+
+    fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        if lease.mode != Mode::Write || !lease.lock.writer_preferred {
+            return Box::pin(async { Ok(false) });
+        }
+        self.bounded(async move {
+            let LeaseRef { lock, mode, secret } = lease;
+            let channel = notify::channel(&self.layout, mode, lock.namespace, lock.name);
+            let (roles, last) = ([KeyRole::WriteIntent], LastArg::Channel(&channel));
+            let reply = self
+                .run(&WITHDRAW_INTENT, lock, &roles, None, Some(secret), last)
+                .await?;
+            answered_one(reply)
+        })
+    }
+
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
+        if native_mode(lease.mode) && self.native.get() != Cas::Lua {
+            return self.bounded(async move {
+                match self.extend_native(lease).await? {
+                    Some(extended) => Ok(extended),
+                    None => self.extend_script(lease).await,
+                }
+            });
+        }
+        self.bounded(self.extend_script(lease))
+    }
+
+    fn extend_many<'a>(
+        &'a self,
+        leases: &'a [LeaseRef<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Extended>>> {
+        Box::pin(self.extend_pipelined(leases))
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        if native_mode(lease.mode) && self.native.get() != Cas::Lua {
+            return self.bounded(async move {
+                match self.release_native(lease).await? {
+                    Some(released) => Ok(released),
+                    None => self.release_script(lease).await,
+                }
+            });
+        }
+        self.bounded(self.release_script(lease))
+    }
+}

@@ -1,0 +1,343 @@
+//! Release notifications from Redis, for bounded waits: every release that frees a name
+//! publishes on the name's channel (the lock's key without its role suffix), and one subscriber
+//! connection per store, started on first use, wakes this process's waiter of that name.
+//!
+//! # Lifecycle
+//!
+//! - **Starts** with the first [`watch`](Notifier::watch): it connects a `PubSub` connection
+//!   and spawns the task that reads its messages.
+//! - **Owns** the subscriptions of the names that have a waiter in this process (one each: only
+//!   the first waiter of a name watches), counted by their [`Watch`]es.
+//! - **Restarts by itself** when the connection ends (a Redis restart, a network cut): it wakes
+//!   every watcher (a restart may have freed their locks without a message), reconnects with a
+//!   backoff of 10 to 100 ms, and subscribes again to the names still watched.
+//! - **Stops** when the store is dropped: the task holds only a weak handle on the notifier.
+//!
+//! - **Follows the primary** on a Sentinel store: when the primary moves, the connection to
+//!   the old one is dropped as if it ended, and the new one is subscribed to.
+//!
+//! Without it (a store built from a bare connection, or a failed subscription) waiters poll.
+//!
+//! # On a cluster
+//!
+//! With sharded notifications (`sharded.rs`: Redis 7.0 on every master) the subscriber is one
+//! cluster connection, which subscribes with `SSUBSCRIBE` on the master that owns each name and
+//! reconnects to its nodes by itself; it never ends, so the lifecycle above reads differently:
+//!
+//! - a lost node (a `Disconnection` push) wakes every watcher, and redis-rs subscribes to that
+//!   node's channels again once it is back; each confirmation wakes its watcher once more, since
+//!   a release may have gone unheard in between;
+//! - a slot that moved to another master ends its subscriptions there (an `sunsubscribe` the
+//!   server sends): the watcher is woken and the channel subscribed again, on the new owner.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+#[cfg(feature = "cluster")]
+use super::sharded::Push;
+pub(crate) use super::subscriber::Subscriber;
+use super::subscriber::{Reader, Sink, Source};
+use super::{KeyLayout, KeyRole};
+use crate::backend::Mode;
+use crate::store::intents::Intents;
+use redis::aio::PubSubStream;
+use tokio::sync::Notify;
+
+mod watch;
+
+pub(crate) use self::watch::{Notifications, Watch};
+
+/// The payload of the message a refused writer of a writer-preferred lock publishes on the
+/// lock's channel (`write_acquire.lua`); a release publishes an empty one.
+const INTENT: &[u8] = b"w";
+const FIRST_RECONNECT: Duration = Duration::from_millis(10);
+const MAX_RECONNECT: Duration = Duration::from_millis(100);
+/// How long resubscribing after a lost connection may take: a store's default deadline.
+const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A store's subscriber connection, and the names this process watches.
+pub(crate) struct Notifier {
+    subscriber: Subscriber,
+    /// Where intent messages go: the listening shares of this process.
+    intents: Arc<Intents>,
+    state: Mutex<State>,
+    /// Serialises connecting, subscribing and unsubscribing, so a name's unsubscribe never
+    /// overtakes a new subscription to it.
+    commands: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The live connection's sink; `None` before the first watch and while reconnecting.
+    sink: Option<Sink>,
+    channels: HashMap<Vec<u8>, Arc<Notify>>,
+    /// Sharded channels whose subscription a lost node or a moved slot ended, until it is
+    /// confirmed again.
+    #[cfg(feature = "cluster")]
+    stale: std::collections::HashSet<Vec<u8>>,
+}
+
+impl fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Notifier")
+            .field("connected", &state.sink.is_some())
+            .field("channels", &state.channels.len())
+            .finish()
+    }
+}
+
+/// The channel releases of `name` publish on: the lock's key without its role suffix.
+pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
+    match mode {
+        Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),
+        Mode::Permit => layout.key(KeyRole::Permits, namespace, name),
+        Mode::Reservation => layout.key(KeyRole::Idempotency, namespace, name),
+        Mode::Read | Mode::Write => {
+            let mut key = layout.key(KeyRole::Writer, namespace, name);
+            key.truncate(key.len() - b":w".len());
+            key
+        }
+    }
+}
+
+impl Notifier {
+    pub(crate) fn new(subscriber: Subscriber) -> Arc<Self> {
+        Arc::new(Notifier {
+            subscriber,
+            intents: Arc::default(),
+            state: Mutex::default(),
+            commands: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub(crate) fn intents(&self) -> &Arc<Intents> {
+        &self.intents
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Subscribes to `channel` (once per process) and answers a watch on it; `None` when the
+    /// subscription could not be made (the waiter then polls). Resolves once the subscription
+    /// is confirmed, so a release published after it is never missed.
+    pub(crate) async fn watch(self: &Arc<Self>, channel: Vec<u8>) -> Option<Watch> {
+        let (notify, subscribed) = {
+            let mut state = self.state();
+            let subscribed = state.channels.contains_key(&channel);
+            let notify = state.channels.entry(channel.clone()).or_default().clone();
+            (notify, subscribed)
+        };
+        let watch = Watch {
+            notifier: self.clone(),
+            channel,
+            notify,
+            subscribed_now: !subscribed,
+        };
+        if subscribed {
+            return Some(watch);
+        }
+        let _commands = self.commands.lock().await;
+        let mut sink = self.sink().await?;
+        match sink.subscribe(std::slice::from_ref(&watch.channel)).await {
+            Ok(()) => Some(watch),
+            Err(error) => {
+                tracing::debug!(%error, "subscribing to release notifications failed; polling");
+                None
+            }
+        }
+    }
+
+    /// The live connection's sink, connecting first if there is none. Called under
+    /// `commands`.
+    async fn sink(self: &Arc<Self>) -> Option<Sink> {
+        if let Some(sink) = self.state().sink.clone() {
+            return Some(sink);
+        }
+        match self.subscriber.connect().await {
+            Ok((sink, reader)) => {
+                self.state().sink = Some(sink.clone());
+                match reader {
+                    Reader::Plain(plain) => {
+                        let (source, stream) = *plain;
+                        tokio::spawn(read(Arc::downgrade(self), source, stream));
+                    }
+                    #[cfg(feature = "cluster")]
+                    Reader::Sharded(pushes) => {
+                        tokio::spawn(read_sharded(Arc::downgrade(self), pushes));
+                    }
+                    #[cfg(feature = "cluster")]
+                    Reader::Running => {}
+                }
+                Some(sink)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "no release notifications: the subscriber could not connect");
+                None
+            }
+        }
+    }
+
+    /// A message on `channel`: a write intent for the shares, a release for the watcher.
+    fn heard(&self, channel: &[u8], payload: &[u8]) {
+        // A write intent, not a release: it frees nothing a waiter could take.
+        if payload == INTENT {
+            self.intents.raise(channel);
+        } else {
+            self.released(channel);
+        }
+    }
+
+    /// Wakes the watcher of `channel`.
+    fn released(&self, channel: &[u8]) {
+        if let Some(notify) = self.state().channels.get(channel) {
+            notify.notify_one();
+        }
+    }
+
+    /// The connection ended: wake every watcher and forget the sink.
+    fn disconnected(&self) -> Vec<Vec<u8>> {
+        let mut state = self.state();
+        state.sink = None;
+        state
+            .channels
+            .values()
+            .for_each(|notify| notify.notify_one());
+        state.channels.keys().cloned().collect()
+    }
+}
+
+/// The subscriber task: hands each message to its watcher; when the connection ends (or the
+/// primary moved away from it), wakes them all and reconnects while any name is watched (see
+/// the module docs).
+async fn read(notifier: Weak<Notifier>, mut source: Source, mut stream: PubSubStream) {
+    loop {
+        loop {
+            let message = tokio::select! {
+                message = stream.next() => message,
+                () = source.moved() => None,
+            };
+            let Some(message) = message else {
+                break;
+            };
+            let Some(notifier) = notifier.upgrade() else {
+                return;
+            };
+            let Ok(channel) = message.get_channel::<Vec<u8>>() else {
+                continue;
+            };
+            notifier.heard(&channel, message.get_payload_bytes());
+        }
+        let mut backoff = FIRST_RECONNECT;
+        stream = loop {
+            let Some(notifier) = notifier.upgrade() else {
+                return;
+            };
+            let watched = notifier.disconnected();
+            if watched.is_empty() {
+                // Nobody waits: the next watch connects again.
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_RECONNECT);
+            let _commands = notifier.commands.lock().await;
+            // Bounded, since redis-rs bounds neither: a connection or a `SUBSCRIBE` that hangs
+            // (a network cut) would hold `commands`, and so every new watch, for good.
+            let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, async {
+                let (mut sink, stream) = source.pubsub().await?.split();
+                sink.subscribe(&watched).await?;
+                Ok::<_, redis::RedisError>((sink, stream))
+            });
+            let Ok(Ok((sink, stream))) = subscribed.await else {
+                continue;
+            };
+            notifier.state().sink = Some(Sink::Plain(sink));
+            tracing::debug!(channels = watched.len(), "release notifications resumed");
+            break stream;
+        };
+    }
+}
+
+/// The sharded subscriber's task: hands each message to its watcher, and wakes and subscribes
+/// again the watchers whose subscription a lost node or a moved slot ended (see the module docs).
+/// The pushes end with the notifier, whose connection holds their sender.
+#[cfg(feature = "cluster")]
+async fn read_sharded(
+    notifier: Weak<Notifier>,
+    mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+) {
+    while let Some(push) = pushes.recv().await {
+        let Some(notifier) = notifier.upgrade() else {
+            return;
+        };
+        match Push::from(push) {
+            Push::Message { channel, payload } => notifier.heard(&channel, &payload),
+            Push::Subscribed(channel) => {
+                let mut state = notifier.state();
+                if state.stale.remove(&channel)
+                    && let Some(notify) = state.channels.get(&channel)
+                {
+                    notify.notify_one();
+                }
+            }
+            // Ours (a watch dropped) when nobody watches the channel any more.
+            Push::Unsubscribed(channel) => {
+                let mut state = notifier.state();
+                let Some(notify) = state.channels.get(&channel) else {
+                    continue;
+                };
+                notify.notify_one();
+                state.stale.insert(channel.clone());
+                drop(state);
+                tokio::spawn(resubscribe(notifier.clone(), channel));
+            }
+            Push::Disconnected => {
+                let mut state = notifier.state();
+                let State {
+                    channels, stale, ..
+                } = &mut *state;
+                for (channel, notify) in channels.iter() {
+                    notify.notify_one();
+                    stale.insert(channel.clone());
+                }
+            }
+            Push::Other => {}
+        }
+    }
+}
+
+/// Subscribes to `channel` again after the server ended its subscription (its slot moved), with
+/// a backoff while that fails, for as long as it is watched.
+#[cfg(feature = "cluster")]
+async fn resubscribe(notifier: Arc<Notifier>, channel: Vec<u8>) {
+    let mut backoff = FIRST_RECONNECT;
+    loop {
+        {
+            let _commands = notifier.commands.lock().await;
+            let sink = {
+                let state = notifier.state();
+                if !state.channels.contains_key(&channel) {
+                    return;
+                }
+                state.sink.clone()
+            };
+            let Some(mut sink) = sink else {
+                return;
+            };
+            let channels = std::slice::from_ref(&channel);
+            // Bounded as the plain subscriber's resubscription is, for the same reason.
+            let subscribed = tokio::time::timeout(RESUBSCRIBE_TIMEOUT, sink.subscribe(channels));
+            if let Ok(Ok(())) = subscribed.await {
+                tracing::debug!("a moved channel's release notifications resumed");
+                return;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RECONNECT);
+    }
+}

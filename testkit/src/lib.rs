@@ -1,0 +1,321 @@
+//! The conformance suite of [`tower-lease`](tower_lease): the scenarios every lease store must
+//! pass, for a [`Backend`](tower_lease::backend::Backend) of your own as for the built-in ones.
+//!
+//! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
+//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`]); [`conformance!`] declares
+//! one `#[tokio::test]` per scenario, each on a fresh [`Env`]. The scenarios talk to the store
+//! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
+//! are at most seconds) or under tokio's paused clock for a store that keeps time with
+//! [`tokio::time::Instant`].
+//!
+//! A backend of your own, here one that hands every call to the memory store:
+//!
+//! ```
+//! use tower_lease::Store;
+//! use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef};
+//! use tower_lease::store::MemoryStore;
+//! use tower_lease_testkit::Env;
+//!
+//! #[derive(Default)]
+//! struct Delegating(MemoryStore);
+//!
+//! impl Backend for Delegating {
+//!     fn acquire<'a>(
+//!         &'a self,
+//!         lease: LeaseRef<'a>,
+//!     ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
+//!         self.0.acquire(lease)
+//!     }
+//!     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<Extended>> {
+//!         self.0.extend(lease)
+//!     }
+//!     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+//!         self.0.release(lease)
+//!     }
+//!     fn withdraw_intent<'a>(
+//!         &'a self,
+//!         lease: LeaseRef<'a>,
+//!     ) -> BoxFuture<'a, tower_lease::Result<bool>> {
+//!         self.0.withdraw_intent(lease)
+//!     }
+//!     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+//!         self.0.in_use(lock)
+//!     }
+//! }
+//!
+//! fn env() -> Env {
+//!     Env::new(Store::from_backend(Delegating::default()))
+//! }
+//!
+//! // In a test target (`tests/conformance.rs`): one test per scenario. `paused:` runs them
+//! // under tokio's paused clock, which the memory store follows.
+//! tower_lease_testkit::conformance!(paused: env());
+//! # fn main() {}
+//! ```
+//!
+//! `tests/delegating.rs` in this crate runs exactly that. The crate's own tests run the suite on
+//! `Store::memory()`, on a `redis-server` and on a Redis Cluster.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod exclusive;
+pub mod input;
+pub mod intent_window;
+pub mod rw;
+pub mod semaphore;
+pub mod writer_preferred;
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
+use tower_lease::{Mode, Store};
+
+/// Stores and clocks count whole milliseconds; comparisons allow that much rounding.
+pub const ROUNDING: Duration = Duration::from_millis(3);
+
+/// A look behind a store's back: whether the backend still keeps the write intent of a name,
+/// given its namespace and name.
+pub type IntentProbe =
+    Box<dyn Fn(&str, &[u8]) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// What a scenario runs on: the store under test and, where the backend has them, a second
+/// store on the same backend as another process would make it, and a look at its write intents.
+pub struct Env {
+    /// The store under test.
+    pub store: Store,
+    elsewhere: Option<Store>,
+    intent_probe: Option<IntentProbe>,
+    guards: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl Env {
+    /// An environment on `store` alone.
+    pub fn new(store: Store) -> Self {
+        Env {
+            store,
+            elsewhere: None,
+            intent_probe: None,
+            guards: Vec::new(),
+        }
+    }
+
+    /// Adds a second store on the same backend, as another process would make it (for Redis:
+    /// with release notifications of its own); the scenarios that need one also run across
+    /// the two.
+    pub fn with_elsewhere(mut self, store: Store) -> Self {
+        self.elsewhere = Some(store);
+        self
+    }
+
+    /// Adds a look at the write intents the backend keeps, so the scenarios also check that
+    /// an intent is gone, not only that readers get in.
+    pub fn with_intent_probe(
+        mut self,
+        probe: impl Fn(&str, &[u8]) -> Pin<Box<dyn Future<Output = bool> + Send>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.intent_probe = Some(Box::new(probe));
+        self
+    }
+
+    /// Keeps `guard` (a server process, a temporary directory) alive as long as this `Env`.
+    pub fn holding(mut self, guard: impl Any + Send + Sync) -> Self {
+        self.guards.push(Box::new(guard));
+        self
+    }
+
+    /// The second store on the same backend, if there is one.
+    pub fn elsewhere(&self) -> Option<Store> {
+        self.elsewhere.clone()
+    }
+
+    /// Whether the backend still keeps the write intent of `name` in `namespace`; `false`
+    /// without an [intent probe](Self::with_intent_probe).
+    pub async fn intent_kept(&self, namespace: &str, name: &[u8]) -> bool {
+        match &self.intent_probe {
+            Some(probe) => probe(namespace, name).await,
+            None => false,
+        }
+    }
+}
+
+impl fmt::Debug for Env {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Env")
+            .field("store", &self.store)
+            .field("elsewhere", &self.elsewhere)
+            .field("intent_probe", &self.intent_probe.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asserts that a stranger, without the holder's secret, can neither release nor extend the
+/// `mode` lease of `lock`.
+pub async fn assert_strangers_refused(store: &Store, lock: LockRef<'_>, mode: Mode) {
+    let stranger = Secret::random();
+    let backend = store.backend();
+    let lease = LeaseRef::new(lock, mode, &stranger);
+    assert!(
+        !backend.release(lease).await.unwrap(),
+        "a stranger released a {mode:?} lease"
+    );
+    assert!(
+        backend.extend(lease).await.unwrap() == Extended::Gone,
+        "a stranger extended a {mode:?} lease"
+    );
+}
+
+/// Calls `attempt` every `every` until it answers `Some`, for at most `limit` (at least once);
+/// answers the value and the instant the successful attempt started.
+pub async fn poll<T, F, Fut>(
+    every: Duration,
+    limit: Duration,
+    mut attempt: F,
+) -> Option<(T, Instant)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let sent = Instant::now();
+        if let Some(value) = attempt().await {
+            return Some((value, sent));
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Counts the holders inside a critical section, and the most that were inside at once.
+#[derive(Clone, Debug, Default)]
+pub struct Holders {
+    inside: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Holders {
+    /// Counts one more holder inside until the guard drops.
+    #[must_use = "the holder is inside until the guard drops"]
+    pub fn enter(&self) -> Inside {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Inside(self.inside.clone())
+    }
+
+    /// The most holders that were inside at the same time.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// One holder inside a [`Holders`] count; leaves when dropped.
+#[derive(Debug)]
+pub struct Inside(Arc<AtomicUsize>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Declares one `#[tokio::test]` per scenario of the suite, each on the [`Env`] that `$env`
+/// makes (evaluated afresh per test, inside modules one level below the call: name what it
+/// calls by a path that resolves there, such as `super::env()` or a crate path; the generated
+/// modules import the caller's items with `use super::*`).
+///
+/// - `conformance!(env())`: on tokio's multi-threaded runtime, in real time, for a store
+///   across the network;
+/// - `conformance!(paused: env())`: on the current-thread runtime with the clock paused, for a
+///   store that keeps time with [`tokio::time::Instant`] (the memory store).
+///
+/// `$env` is evaluated inside each async test, so it may `.await` (`make_env().await`).
+///
+/// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features (and
+/// `test-util` for `paused:`) among its dev-dependencies.
+#[macro_export]
+macro_rules! conformance {
+    (paused: $env:expr) => {
+        $crate::__conformance!(@all [tokio::test(start_paused = true)] $env);
+    };
+    ($env:expr) => {
+        $crate::__conformance!(@all [tokio::test(flavor = "multi_thread", worker_threads = 2)] $env);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance {
+    (@all $attr:tt $env:expr) => {
+        $crate::__conformance!(@module $attr $env; exclusive: [
+            mutual_exclusion,
+            only_the_holder_releases_or_extends,
+            stale_release_leaves_next_holder_alone,
+            extend_after_expiry_does_not_reacquire,
+            extend_keeps_the_lease,
+            abandoned_lease_frees_itself_after_ttl,
+            retry_after_is_the_holders_remaining_lease,
+            fences_increase_per_name,
+        ]);
+        $crate::__conformance!(@module $attr $env; input: [
+            names_out_of_range_are_errors,
+            binary_names_lock_independently,
+        ]);
+        $crate::__conformance!(@module $attr $env; intent_window: [
+            a_waiting_writer_that_gives_up_leaves_no_intent,
+            a_dropped_waiting_writer_leaves_no_intent,
+            an_immediate_writers_intent_ends_within_the_window,
+            a_waiting_writer_keeps_its_intent_while_readers_stay,
+        ]);
+        $crate::__conformance!(@module $attr $env; rw: [
+            readers_share,
+            writer_excludes_everyone,
+            readers_block_writer_until_released,
+            crashed_reader_stops_blocking_after_ttl,
+            reader_and_writer_tokens_are_holder_only,
+            retry_after_for_read_and_write,
+            write_fences_increase_and_readers_see_the_generation,
+        ]);
+        $crate::__conformance!(@module $attr $env; semaphore: [
+            permits_up_to_the_limit,
+            retry_after_is_the_earliest_live_permit,
+            an_abandoned_permit_frees_its_slot_after_its_ttl,
+            extend_after_expiry_fails_and_takes_no_slot,
+            extend_keeps_a_permit_past_its_first_ttl,
+            permits_are_holder_only,
+            each_call_checks_its_own_limit,
+            a_waiter_gets_the_slot_a_release_frees,
+            bad_input_is_a_clear_error,
+        ]);
+        $crate::__conformance!(@module $attr $env; writer_preferred: [
+            a_refused_writer_holds_new_readers_off_until_the_readers_leave,
+            an_abandoned_intent_ends_by_itself,
+            without_the_preference_readers_keep_coming_in,
+            a_readers_extension_reports_a_waiting_writer,
+        ]);
+    };
+    (@module [$attr:meta] $env:expr; $module:ident: [$($name:ident),* $(,)?]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $(
+                #[$attr]
+                async fn $name() {
+                    $crate::$module::$name($env).await
+                }
+            )*
+        }
+    };
+}

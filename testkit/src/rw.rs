@@ -1,0 +1,262 @@
+//! `RwLock`: one writer, or any number of readers with a lease each.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+use tower_lease::backend::LockRef;
+use tower_lease::{Attempt, Mode, RwLock};
+
+use crate::{Env, ROUNDING, assert_strangers_refused, poll};
+
+const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
+
+/// Readers share.
+pub async fn readers_share(env: Env) {
+    let mut readers = Vec::new();
+    for _ in 0..10 {
+        let reader = CATALOG.try_read(&env.store, "shop").await.unwrap();
+        readers.push(reader.expect("readers must not exclude each other"));
+    }
+    for reader in readers {
+        assert!(reader.release().await.unwrap());
+    }
+}
+
+/// Writer excludes everyone.
+pub async fn writer_excludes_everyone(env: Env) {
+    let writer = CATALOG
+        .try_write(&env.store, "shop")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none(),
+        "two writers"
+    );
+    assert!(
+        CATALOG
+            .try_read(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none(),
+        "reader beside writer"
+    );
+    assert!(writer.release().await.unwrap());
+    let reader = CATALOG.try_read(&env.store, "shop").await.unwrap();
+    assert!(
+        reader.is_some(),
+        "a released writer must let readers in at once"
+    );
+}
+
+/// Readers block writer until released.
+pub async fn readers_block_writer_until_released(env: Env) {
+    let first = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
+    let second = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
+    assert!(
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Releasing one reader leaves the other's lease in place.
+    assert!(first.release().await.unwrap());
+    assert!(
+        second.extend().await.unwrap(),
+        "the other reader's lease went with the first"
+    );
+    assert!(
+        CATALOG
+            .try_write(&env.store, "shop")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    assert!(second.release().await.unwrap());
+    let writer = CATALOG.try_write(&env.store, "shop").await.unwrap();
+    assert!(
+        writer.is_some(),
+        "no reader is left, the writer must get in"
+    );
+}
+
+/// Crashed reader stops blocking after ttl.
+pub async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
+    let ttl = Duration::from_millis(300);
+    let short = RwLock::<str>::new("catalog", ttl);
+    let sent = Instant::now();
+    drop(short.try_read(&env.store, "crash").await.unwrap().unwrap());
+    let answered = Instant::now();
+
+    let (writer, got_in) = poll(Duration::from_millis(5), Duration::from_secs(3), || async {
+        short.try_write(&env.store, "crash").await.unwrap()
+    })
+    .await
+    .expect("a crashed reader must stop blocking writers");
+    assert!(
+        got_in + ROUNDING >= sent + ttl,
+        "writer got in before the reader's TTL"
+    );
+    assert!(
+        got_in <= answered + ttl + Duration::from_millis(250),
+        "writer waited far too long"
+    );
+    assert!(writer.release().await.unwrap());
+}
+
+/// Reader and writer tokens are holder only.
+pub async fn reader_and_writer_tokens_are_holder_only(env: Env) {
+    let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
+    let lock = LockRef::new(short.namespace(), b"tokens", short.ttl());
+
+    let reader = short.try_read(&env.store, "tokens").await.unwrap().unwrap();
+    assert_strangers_refused(&env.store, lock, Mode::Read).await;
+    assert!(
+        short
+            .try_write(&env.store, "tokens")
+            .await
+            .unwrap()
+            .is_none(),
+        "stranger freed it"
+    );
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !reader.extend().await.unwrap(),
+        "a reader extended after its lease ran out"
+    );
+    assert!(
+        !reader.release().await.unwrap(),
+        "a reader released after its lease ran out"
+    );
+
+    let writer = short
+        .try_write(&env.store, "tokens")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_strangers_refused(&env.store, lock, Mode::Write).await;
+    assert!(
+        short
+            .try_read(&env.store, "tokens")
+            .await
+            .unwrap()
+            .is_none(),
+        "stranger freed it"
+    );
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !writer.extend().await.unwrap(),
+        "a writer extended after its lease ran out"
+    );
+    let next = CATALOG.try_write(&env.store, "tokens").await.unwrap();
+    assert!(next.is_some(), "a failed extend must not re-acquire");
+    assert!(
+        !writer.release().await.unwrap(),
+        "a stale writer released the next one's lease"
+    );
+    assert!(
+        CATALOG
+            .try_read(&env.store, "tokens")
+            .await
+            .unwrap()
+            .is_none(),
+        "next writer lost"
+    );
+}
+
+/// Asserts that `attempt`, sent at `asked` and answered at `told`, waits for a lease that ends
+/// between `earliest` and `latest`.
+fn assert_retry_after<T>(
+    attempt: Attempt<T>,
+    (asked, told): (Instant, Instant),
+    (earliest, latest): (Instant, Instant),
+) {
+    let Attempt::Busy { retry_after } = attempt else {
+        panic!("the lock is held")
+    };
+    let at_most = latest.saturating_duration_since(asked) + ROUNDING;
+    let at_least = earliest
+        .saturating_duration_since(told)
+        .saturating_sub(ROUNDING);
+    assert!(
+        retry_after >= at_least && retry_after <= at_most,
+        "retry_after {retry_after:?} not within {at_least:?}..={at_most:?}"
+    );
+}
+
+/// Retry after for read and write.
+pub async fn retry_after_for_read_and_write(env: Env) {
+    let ttl = Duration::from_millis(1000);
+    let lock = RwLock::<str>::new("catalog", ttl);
+    let longer = RwLock::<str>::new("catalog", ttl * 2);
+
+    // A writer blocks readers and writers until its lease ends.
+    let sent = Instant::now();
+    let writer = lock.try_write(&env.store, "wait").await.unwrap().unwrap();
+    let answered = Instant::now();
+    sleep(Duration::from_millis(200)).await;
+    for read in [true, false] {
+        let asked = Instant::now();
+        let attempt = if read {
+            lock.attempt_read(&env.store, "wait")
+                .await
+                .unwrap()
+                .map(drop)
+        } else {
+            lock.attempt_write(&env.store, "wait")
+                .await
+                .unwrap()
+                .map(drop)
+        };
+        let told = Instant::now();
+        assert_retry_after(attempt, (asked, told), (sent + ttl, answered + ttl));
+    }
+    assert!(writer.release().await.unwrap());
+
+    // Readers block a writer until the *last* reader lease ends.
+    let sent = Instant::now();
+    let _short_reader = lock.try_read(&env.store, "wait").await.unwrap().unwrap();
+    let _long_reader = longer.try_read(&env.store, "wait").await.unwrap().unwrap();
+    let answered = Instant::now();
+    sleep(Duration::from_millis(200)).await;
+    let asked = Instant::now();
+    let attempt = lock.attempt_write(&env.store, "wait").await.unwrap();
+    let told = Instant::now();
+    assert_retry_after(attempt, (asked, told), (sent + ttl * 2, answered + ttl * 2));
+}
+
+/// Write fences increase and readers see the generation.
+pub async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
+    let fenced = CATALOG.fenced();
+    let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();
+    assert_eq!(reader.fence(), Some(0), "nobody has written yet");
+    assert!(reader.release().await.unwrap());
+
+    let mut last = 0;
+    for _ in 0..3 {
+        let writer = fenced.try_write(&env.store, "gen").await.unwrap().unwrap();
+        let fence = writer.fence().expect("a fenced writer has a fence");
+        assert!(fence > last, "fence {fence} after {last}");
+        last = fence;
+        assert!(writer.release().await.unwrap());
+    }
+    let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();
+    assert_eq!(
+        reader.fence(),
+        Some(last),
+        "a reader sees the last writer's generation"
+    );
+    let plain = CATALOG
+        .try_write(&env.store, "plain")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(plain.fence(), None);
+}

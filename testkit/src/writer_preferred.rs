@@ -1,0 +1,171 @@
+//! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
+//! the intent's remaining time as their `retry_after`, until the readers leave and the writer
+//! gets in; an intent ends by itself one window after its attempt; without the preference, readers
+//! keep coming. A reader's extension reports a live intent (`Extended::HeldWriterWaiting`),
+//! through the single call and the batch, and still extends the lease.
+
+use std::time::Duration;
+
+use tokio::time::sleep;
+use tower_lease::RwLock;
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
+
+use crate::{Env, ROUNDING};
+
+const TTL: Duration = Duration::from_millis(900);
+const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).writer_preferred();
+const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
+/// The write-intent window (500 ms, shorter than the TTL).
+const INTENT: Duration = Duration::from_millis(500);
+
+/// A refused writer holds new readers off until the readers leave.
+pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
+    assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
+    let reader = PREFERRED
+        .try_read(&env.store, "doc")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        PREFERRED
+            .try_write(&env.store, "doc")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let refused = PREFERRED.attempt_read(&env.store, "doc").await.unwrap();
+    let retry_after = refused
+        .retry_after()
+        .expect("a new reader waits for the writer");
+    assert!(
+        retry_after <= INTENT + ROUNDING && retry_after > INTENT - Duration::from_millis(200),
+        "retry_after {retry_after:?}, the intent's remaining time"
+    );
+
+    assert!(reader.release().await.unwrap());
+    let writer = PREFERRED.try_write(&env.store, "doc").await.unwrap();
+    let writer = writer.expect("the writer gets in once the readers left");
+    assert!(
+        PREFERRED
+            .try_read(&env.store, "doc")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(writer.release().await.unwrap());
+    let reader = PREFERRED.try_read(&env.store, "doc").await.unwrap();
+    assert!(
+        reader
+            .expect("no intent left after the write")
+            .release()
+            .await
+            .unwrap()
+    );
+}
+
+/// An abandoned intent ends by itself.
+pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
+    let reader = PREFERRED
+        .try_read(&env.store, "gone")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        PREFERRED
+            .try_write(&env.store, "gone")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        PREFERRED
+            .try_read(&env.store, "gone")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The writer did not wait; its intent ends one window after its attempt.
+    sleep(INTENT + Duration::from_millis(50)).await;
+    let second = PREFERRED.try_read(&env.store, "gone").await.unwrap();
+    assert!(
+        second
+            .expect("readers come in again")
+            .release()
+            .await
+            .unwrap()
+    );
+    assert!(reader.release().await.unwrap());
+}
+
+/// Without the preference readers keep coming in.
+pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
+    let first = PLAIN.try_read(&env.store, "doc").await.unwrap().unwrap();
+    assert!(PLAIN.try_write(&env.store, "doc").await.unwrap().is_none());
+    let second = PLAIN.try_read(&env.store, "doc").await.unwrap();
+    assert!(
+        second
+            .expect("a new reader is let in")
+            .release()
+            .await
+            .unwrap()
+    );
+    assert!(first.release().await.unwrap());
+}
+
+/// A readers extension reports a waiting writer.
+pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
+    let backend = env.store.backend();
+    let (mine, other) = (Secret::random(), Secret::random());
+    let lock = LockRef::new("extend-intent", b"doc", TTL).writer_preferred();
+    let reader = LeaseRef::new(lock, Mode::Read, &mine);
+    let acquired = backend.acquire(reader).await.unwrap();
+    assert!(matches!(
+        acquired,
+        tower_lease::backend::Acquisition::Acquired { .. }
+    ));
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::Held,
+        "no writer yet"
+    );
+
+    // A writer refused by the reader leaves its intent.
+    let writer = LeaseRef::new(lock, Mode::Write, &other);
+    let refused = backend.acquire(writer).await.unwrap();
+    assert!(matches!(
+        refused,
+        tower_lease::backend::Acquisition::Busy { .. }
+    ));
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::HeldWriterWaiting,
+        "the reader hears of the waiting writer"
+    );
+    let batch = backend.extend_many(&[reader, reader]).await;
+    assert!(
+        batch
+            .iter()
+            .all(|answer| matches!(answer, Ok(Extended::HeldWriterWaiting))),
+        "and so does a batch: {batch:?}"
+    );
+    // At 1 s the lease still lives (extended at 300 ms for 900 ms), and the intent has run out
+    // (500 ms after the write attempt, which was not repeated): a plain answer again.
+    sleep(Duration::from_millis(700)).await;
+    assert_eq!(backend.extend(reader).await.unwrap(), Extended::Held);
+    assert!(backend.release(reader).await.unwrap());
+    assert_eq!(
+        backend.extend(reader).await.unwrap(),
+        Extended::Gone,
+        "a released lease is gone"
+    );
+    // A stranger's extend is gone too, intent or not.
+    let refused = backend.acquire(writer).await.unwrap();
+    assert!(matches!(
+        refused,
+        tower_lease::backend::Acquisition::Acquired { .. }
+    ));
+    let stranger = LeaseRef::new(lock, Mode::Read, &other);
+    assert_eq!(backend.extend(stranger).await.unwrap(), Extended::Gone);
+}
