@@ -17,6 +17,10 @@ pub(crate) enum AcquireOutcome {
     Busy,
     /// The name was refused before the store was asked.
     InvalidName,
+    /// The request named no lock, and the layer requires one.
+    MissingName,
+    /// The request's own limit of permits was 0.
+    InvalidLimit,
     /// The store failed or missed its deadline, and the caller was refused.
     StoreError,
     /// The store failed and the layer ran the request unlocked (`fail_open`).
@@ -115,7 +119,7 @@ fn describe() {
         use metrics::Unit;
         metrics::describe_counter!(
             "tower_lease_acquire_total",
-            "Lock acquisitions by outcome: acquired, held, waited, timed_out_waiting, invalid_name, store_error, unlocked"
+            "Lock acquisitions by outcome: acquired, held, waited, timed_out_waiting, invalid_name, missing_name, invalid_limit, store_error, unlocked"
         );
         metrics::describe_histogram!(
             "tower_lease_wait_seconds",
@@ -164,7 +168,7 @@ mod handles {
     use crate::store::Mode;
 
     pub(super) struct Handles {
-        pub(super) acquire: [Counter; 7],
+        pub(super) acquire: [Counter; 9],
         pub(super) wait_seconds: Histogram,
         pub(super) waiters: Gauge,
         pub(super) acquire_seconds: Histogram,
@@ -176,10 +180,12 @@ mod handles {
 
     impl AcquireOutcome {
         /// In declaration order, so `outcome as usize` indexes it.
-        const ALL: [AcquireOutcome; 7] = [
+        const ALL: [AcquireOutcome; 9] = [
             AcquireOutcome::Acquired,
             AcquireOutcome::Busy,
             AcquireOutcome::InvalidName,
+            AcquireOutcome::MissingName,
+            AcquireOutcome::InvalidLimit,
             AcquireOutcome::StoreError,
             AcquireOutcome::Unlocked,
             AcquireOutcome::Waited,
@@ -191,6 +197,8 @@ mod handles {
                 AcquireOutcome::Acquired => "acquired",
                 AcquireOutcome::Busy => "held",
                 AcquireOutcome::InvalidName => "invalid_name",
+                AcquireOutcome::MissingName => "missing_name",
+                AcquireOutcome::InvalidLimit => "invalid_limit",
                 AcquireOutcome::StoreError => "store_error",
                 AcquireOutcome::Unlocked => "unlocked",
                 AcquireOutcome::Waited => "waited",

@@ -47,6 +47,11 @@ pub enum Reason {
     NotReplicated,
     /// The lease was lost while the inner service ran; its outcome is unknown.
     LeaseLost,
+    /// The inner service panicked while it ran under an
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer)'s reservation; nothing was stored and
+    /// the key was freed (an [at-most-once](crate::Idempotency::at_most_once) key keeps its
+    /// marker).
+    HandlerFailed,
     /// The request body is longer than the layer
     /// [buffers](crate::LockLayer::buffer_body).
     BodyTooLarge {
@@ -130,6 +135,7 @@ impl Problem {
             Reason::StoreUnavailable | Reason::NotReplicated | Reason::LeaseLost => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Reason::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Reason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Reason::IdempotencyKeyInvalid | Reason::IdempotencyKeyMissing => {
@@ -157,6 +163,7 @@ impl Problem {
             Reason::StoreUnavailable => "urn:tower-lease:lock-store-unavailable",
             Reason::NotReplicated => "urn:tower-lease:not-replicated",
             Reason::LeaseLost => "urn:tower-lease:lease-lost",
+            Reason::HandlerFailed => "urn:tower-lease:handler-failed",
             Reason::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
             Reason::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
             Reason::BodyUnreadable => "urn:tower-lease:body-unreadable",
@@ -181,6 +188,7 @@ impl Problem {
             Reason::StoreUnavailable => "The lock service is unavailable",
             Reason::NotReplicated => "The lock could not be replicated",
             Reason::LeaseLost => "The lock was lost while the request was being served",
+            Reason::HandlerFailed => "The request's handler failed",
             Reason::BodyTooLarge { .. } => "The request body is too large",
             Reason::BodyTimeout { .. } => "The request body did not arrive in time",
             Reason::BodyUnreadable => "The request body could not be read",
@@ -240,6 +248,10 @@ impl Problem {
             Reason::LeaseLost => format!(
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
+            ),
+            Reason::HandlerFailed => format!(
+                "The {namespace} request's handler failed before it answered; nothing was \
+                 stored for its idempotency key."
             ),
             Reason::BodyTooLarge { limit } => format!(
                 "Requests that take the {namespace} lock may carry at most {limit} bytes of body."

@@ -106,7 +106,7 @@ where
                 let mode = self.access.mode(&req);
                 let span = request_span(namespace, mode);
                 span.in_scope(|| tracing::debug!("no lock name, request refused"));
-                telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
+                telemetry::refused(namespace, mode, telemetry::AcquireOutcome::MissingName);
                 let config = self.config.clone();
                 return ResponseFuture::refused(Problem::from(Reason::MissingName), config, span);
             }
@@ -125,7 +125,7 @@ where
         }
         let Some(spec) = self.access.spec(&req, self.config.spec) else {
             span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
-            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
+            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidLimit);
             let problem = Problem::from(Reason::InvalidLimit);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         };
