@@ -13,7 +13,7 @@ use crate::store::Mode;
 pub(crate) enum AcquireOutcome {
     /// The lease was taken.
     Acquired,
-    /// Someone else holds the lock (the label says `held`).
+    /// Someone else holds the lock.
     Busy,
     /// The name was refused before the store was asked.
     InvalidName,
@@ -119,7 +119,7 @@ fn describe() {
         use metrics::Unit;
         metrics::describe_counter!(
             "tower_lease_acquire_total",
-            "Lock acquisitions by outcome: acquired, held, waited, timed_out_waiting, invalid_name, missing_name, invalid_limit, store_error, unlocked"
+            "Lock acquisitions by outcome: acquired, busy, waited, timed_out_waiting, invalid_name, missing_name, invalid_limit, store_error, unlocked"
         );
         metrics::describe_histogram!(
             "tower_lease_wait_seconds",
@@ -195,7 +195,7 @@ mod handles {
         fn as_str(self) -> &'static str {
             match self {
                 AcquireOutcome::Acquired => "acquired",
-                AcquireOutcome::Busy => "held",
+                AcquireOutcome::Busy => "busy",
                 AcquireOutcome::InvalidName => "invalid_name",
                 AcquireOutcome::MissingName => "missing_name",
                 AcquireOutcome::InvalidLimit => "invalid_limit",

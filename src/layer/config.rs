@@ -46,7 +46,7 @@ pub(crate) struct Config {
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
-    /// How long a request waits for a held lock (zero: answer at once).
+    /// How long a request waits for a busy lock (zero: answer at once).
     pub(crate) wait: Duration,
     /// The most requests of this layer waiting at once.
     pub(crate) max_waiters: usize,

@@ -24,7 +24,7 @@ use crate::finish_on_drop::FinishOnDrop;
 use crate::store::watchdog::Overdue;
 
 pin_project! {
-    /// The response future of [`LockService`](super::LockService).
+    /// The response future of [`LeaseService`](super::LeaseService).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<TimeoutBody<B>>>,
@@ -101,7 +101,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
-    /// limit of a permit's acquisition, whose refusal says "full" rather than "held".
+    /// limit of a permit's acquisition, whose refusal says "full" rather than "busy".
     pub(crate) fn acquiring(
         acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
@@ -194,7 +194,7 @@ where
                                 namespace,
                                 ?retry_after,
                                 ?lease,
-                                "lock held, request refused"
+                                "lock busy, request refused"
                             );
                             let problem = match full_at {
                                 Some(limit) => Problem::from(Reason::Full { retry_after, limit }),

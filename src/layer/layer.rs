@@ -11,7 +11,7 @@ use tower_layer::Layer;
 use super::buffer::{BufferBody, Buffered, Streamed};
 use super::config::Config;
 use super::extract::SafeMethods;
-use super::service::{Access, LockService};
+use super::service::{Access, LeaseService};
 use super::shared_read::SharedReads;
 use crate::{Lock, RwLock, Store};
 
@@ -197,29 +197,29 @@ impl<E, R, P> RwLockLayer<E, R, P> {
 }
 
 impl<E, P> LockLayer<E, P> {
-    fn service<S>(&self, inner: S) -> LockService<S, E>
+    fn service<S>(&self, inner: S) -> LeaseService<S, E>
     where
         E: Clone,
     {
         let config = Arc::new(self.config.clone());
-        LockService::new(inner, config, self.extractor.clone(), Access::Exclusive)
+        LeaseService::new(inner, config, self.extractor.clone(), Access::Exclusive)
     }
 }
 
 impl<E, R, P> RwLockLayer<E, R, P> {
-    fn service<S>(&self, inner: S) -> LockService<S, E, R>
+    fn service<S>(&self, inner: S) -> LeaseService<S, E, R>
     where
         E: Clone,
         R: Clone,
     {
         let config = Arc::new(self.config.clone());
         let access = Access::ReadWrite(self.read_when.clone());
-        LockService::new(inner, config, self.extractor.clone(), access)
+        LeaseService::new(inner, config, self.extractor.clone(), access)
     }
 }
 
 impl<S, E: Clone> Layer<S> for LockLayer<E, Streamed> {
-    type Service = LockService<S, E>;
+    type Service = LeaseService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.service(inner)
@@ -227,7 +227,7 @@ impl<S, E: Clone> Layer<S> for LockLayer<E, Streamed> {
 }
 
 impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
-    type Service = BufferBody<LockService<S, E>>;
+    type Service = BufferBody<LeaseService<S, E>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
@@ -235,7 +235,7 @@ impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
 }
 
 impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Streamed> {
-    type Service = LockService<S, E, R>;
+    type Service = LeaseService<S, E, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.service(inner)
@@ -243,7 +243,7 @@ impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Streamed> {
 }
 
 impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Buffered> {
-    type Service = BufferBody<LockService<S, E, R>>;
+    type Service = BufferBody<LeaseService<S, E, R>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BufferBody::new(self.service(inner), Arc::new(self.config.clone()))

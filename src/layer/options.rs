@@ -106,7 +106,7 @@ macro_rules! options {
                 self
             }
 
-            /// Waits up to `wait` for a held lock (or a free permit) before refusing the
+            /// Waits up to `wait` for a busy lock (or a free permit) before refusing the
             /// request: no wait by default. The request is woken
             /// at once by a release in this process, or in any process when the store has
             /// [release notifications](crate::RedisStore::notifications); at the holder's lease

@@ -155,7 +155,7 @@ impl Problem {
     /// be dereferenced, so they name no host.
     fn type_uri(self) -> &'static str {
         match self.reason {
-            Reason::Busy { .. } => "urn:tower-lease:lock-held",
+            Reason::Busy { .. } => "urn:tower-lease:lock-busy",
             Reason::Full { .. } => "urn:tower-lease:concurrency-limit",
             Reason::InvalidLimit => "urn:tower-lease:invalid-concurrency-limit",
             Reason::InvalidName => "urn:tower-lease:invalid-lock-name",

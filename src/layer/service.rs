@@ -1,4 +1,6 @@
-//! [`LockService`]: the one service behind both layers.
+//! [`LeaseService`]: the one service behind every lease layer (`LockLayer`, `RwLockLayer`,
+//! `SemaphoreLayer`): each request under a lease of the layer's lock, read-write lock or
+//! semaphore.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -45,14 +47,14 @@ pub(crate) enum Access<R, P> {
 /// [`SemaphoreLayer`](crate::SemaphoreLayer) make. `R` only matters for the second, `P` for the
 /// third.
 #[derive(Clone)]
-pub struct LockService<S, E, R = SafeMethods, P = SemaphorePermits> {
+pub struct LeaseService<S, E, R = SafeMethods, P = SemaphorePermits> {
     inner: S,
     config: Arc<Config>,
     extractor: E,
     access: Access<R, P>,
 }
 
-impl<S, E, R, P> LockService<S, E, R, P> {
+impl<S, E, R, P> LeaseService<S, E, R, P> {
     pub(crate) fn new(inner: S, config: Arc<Config>, extractor: E, access: Access<R, P>) -> Self {
         Self {
             inner,
@@ -78,7 +80,7 @@ impl<S, E, R, P> LockService<S, E, R, P> {
     }
 }
 
-impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R, P>
+impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LeaseService<S, E, R, P>
 where
     S: Service<Request<TimeoutBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     ReqBody: http_body::Body,
@@ -299,9 +301,9 @@ impl<R, P> Access<R, P> {
     }
 }
 
-impl<S: fmt::Debug, E, R, P> fmt::Debug for LockService<S, E, R, P> {
+impl<S: fmt::Debug, E, R, P> fmt::Debug for LeaseService<S, E, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockService")
+        f.debug_struct("LeaseService")
             .field("inner", &self.inner)
             .field("config", &self.config)
             .finish_non_exhaustive()

@@ -126,7 +126,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
     assert!(JOBS.try_lock(&store, "a").await.unwrap().is_none());
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=held")
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=busy")
     );
 
     assert!(JOBS.try_lock(&store, "").await.is_err());
@@ -147,7 +147,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
         1.0
     );
     assert_eq!(
-        rw["tower_lease_acquire_total{mode=write,namespace=docs,outcome=held}"],
+        rw["tower_lease_acquire_total{mode=write,namespace=docs,outcome=busy}"],
         1.0
     );
 
@@ -213,7 +213,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
     );
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=held")
+        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=busy")
     );
     assert!(holder.release().await.unwrap());
     recorded();
@@ -314,7 +314,7 @@ async fn permits_count_under_mode_permit() {
     assert!(POOL.try_acquire(&store, "a").await.unwrap().is_none());
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=permit,namespace=pool,outcome=held")
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=busy")
     );
     assert!(permit.release().await.unwrap());
     assert_eq!(

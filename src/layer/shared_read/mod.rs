@@ -73,7 +73,9 @@ struct Share {
 
 /// What a share's acquisition came to.
 enum Outcome {
-    Held(Held),
+    /// The share holds the lease.
+    Acquired(Held),
+    /// Someone else holds the lock, for about this long.
     Busy(Duration),
     Failed(Error),
     /// The leading request went away before it sent anything: the waiters start again.
@@ -121,7 +123,7 @@ impl SharedReads {
         let shares = self.lock();
         let share = shares.get(name)?;
         match share.outcome.get() {
-            Some(Outcome::Held(held)) if held.admits(now) => {
+            Some(Outcome::Acquired(held)) if held.admits(now) => {
                 share.members.fetch_add(1, Ordering::Relaxed);
                 Some(SharedRead::new(self.clone(), share.clone()))
             }
@@ -139,7 +141,7 @@ impl SharedReads {
                     share.members.fetch_add(1, Ordering::Relaxed);
                     return Entry::Waiting(Waiter::new(self.clone(), share.clone()));
                 }
-                Some(Outcome::Held(held)) if held.admits(now) => {
+                Some(Outcome::Acquired(held)) if held.admits(now) => {
                     share.members.fetch_add(1, Ordering::Relaxed);
                     return Entry::Joined(SharedRead::new(self.clone(), share.clone()));
                 }
@@ -169,7 +171,7 @@ impl SharedReads {
         let taken = shares
             .get(name)
             .is_some_and(|share| match share.outcome.get() {
-                Some(Outcome::Held(held)) => held.admits(now),
+                Some(Outcome::Acquired(held)) => held.admits(now),
                 None => true,
                 Some(_) => false,
             });
@@ -213,7 +215,7 @@ impl SharedReads {
     /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
     /// no lease leaves the registry at once, so the next request asks the store again.
     fn publish(&self, share: &Arc<Share>, outcome: Outcome) {
-        let held = matches!(outcome, Outcome::Held(_));
+        let held = matches!(outcome, Outcome::Acquired(_));
         {
             let mut shares = self.lock();
             if share.outcome.set(outcome).is_err() {
@@ -235,7 +237,7 @@ impl Share {
     fn new(name: &[u8], held: Option<Held>) -> Self {
         let outcome = OnceLock::new();
         if let Some(held) = held {
-            let _ = outcome.set(Outcome::Held(held));
+            let _ = outcome.set(Outcome::Acquired(held));
         }
         Share {
             name: name.into(),
@@ -252,7 +254,7 @@ impl Share {
 
     fn held(&self) -> Option<&Held> {
         match self.outcome.get() {
-            Some(Outcome::Held(held)) => Some(held),
+            Some(Outcome::Acquired(held)) => Some(held),
             _ => None,
         }
     }
