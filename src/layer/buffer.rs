@@ -19,7 +19,8 @@ use tower_service::Service;
 use super::body::LeaseBody;
 use super::boxed::BoxError;
 use super::config::Config;
-use super::problem::{Problem, Reason};
+use super::problem::Problem;
+use super::refusal::Reason;
 use crate::store::BoxFuture;
 
 /// The body policy of a layer that hands the request body to the inner service as it streams

@@ -33,8 +33,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
-    /// The status of a busy answer (for a semaphore: full).
-    pub(crate) busy_status: StatusCode,
+    /// The status of a busy answer (for a semaphore: full), when the user chose one; the
+    /// [refusal table](super::refusal)'s otherwise.
+    pub(crate) busy_status: Option<StatusCode>,
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
@@ -83,7 +84,7 @@ impl Config {
         Self {
             store,
             spec,
-            busy_status: StatusCode::CONFLICT,
+            busy_status: None,
             hold_times: Arc::default(),
             fail_open: false,
             timing,
@@ -108,8 +109,8 @@ impl Config {
 }
 
 impl Config {
-    /// The layer's answer to `problem`, with the status the problem has (see
-    /// [`Problem::status`]), rendered by the layer's hook if it has one.
+    /// The layer's answer to `problem`, with the status the [refusal table](super::refusal)
+    /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.busy_status);
         self.renderer.respond(problem, status, self.spec.namespace)
@@ -118,10 +119,10 @@ impl Config {
 
 /// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
 /// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn refusal_status(option: &str, status: StatusCode) -> StatusCode {
+pub(super) fn refusal_status(option: &str, status: StatusCode) -> Option<StatusCode> {
     assert!(
         status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
         "tower-lease: {option} must be a 4xx status or 503, got {status}"
     );
-    status
+    Some(status)
 }

@@ -62,8 +62,7 @@ impl<E> SemaphoreLayer<E> {
     /// As with [`LockLayer::new`](crate::LockLayer::new), the semaphore may have any name type
     /// `N`, and the extractor should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, semaphore: Semaphore<N>, extractor: E) -> Self {
-        let mut config = Config::new(store, semaphore.spec());
-        config.busy_status = StatusCode::TOO_MANY_REQUESTS;
+        let config = Config::new(store, semaphore.spec());
         Self {
             config,
             extractor,
