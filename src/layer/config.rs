@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use super::body::LeaseBody;
+use super::deadline::Deadline;
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
@@ -56,25 +57,34 @@ pub(crate) struct Config {
     /// The most request body bytes buffered layers read before locking.
     pub(crate) body_limit: usize,
     /// How long the request body may take to arrive: before the lock for buffered layers,
-    /// under it otherwise.
-    pub(crate) body_timeout: Duration,
-    /// The coarse timer of that deadline under the lock (see [`TimeoutBody`]).
+    /// under it otherwise (see [`TimeoutBody`]).
     ///
     /// [`TimeoutBody`]: super::timeout_body::TimeoutBody
-    pub(crate) body_timer: Arc<Watchdog>,
+    pub(crate) body_timeout: Deadline,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
-    /// How long the response waits for the release before it goes out anyway.
-    pub(crate) release_wait: Duration,
-    /// The coarse timer of that wait, shared by the layer's requests (see [`Overdue`]).
+    /// How long the response waits for the release before it goes out anyway (see
+    /// [`Overdue`]).
     ///
     /// [`Overdue`]: crate::store::watchdog::Overdue
-    pub(crate) release_timer: Arc<Watchdog>,
+    pub(crate) release_wait: Deadline,
     /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
     /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).
     pub(crate) first_beat_timer: Arc<Watchdog>,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
+    /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
+}
+
+/// How an `RwLockLayer`'s reads take their leases: one setting, so that the options that
+/// change it (`coalesce_reads`, `linger_reads`) change one thing and cannot undo each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadSharing {
+    /// Each read has a reader lease of its own.
+    Separate,
+    /// Overlapping reads of a name share one reader lease, which outlives its last read by
+    /// `linger` (zero: released at once).
+    Coalesced { linger: Duration },
 }
 
 impl Config {
@@ -97,11 +107,9 @@ impl Config {
             max_waiters: DEFAULT_MAX_WAITERS,
             waiting: Arc::default(),
             body_limit: 0,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            body_timer: Watchdog::new(DEFAULT_BODY_TIMEOUT),
+            body_timeout: Deadline::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
-            release_wait: DEFAULT_RELEASE_WAIT,
-            release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
+            release_wait: Deadline::new(DEFAULT_RELEASE_WAIT),
             first_beat_timer: Watchdog::new(timing.every),
             shared_reads: None,
         }
@@ -109,6 +117,25 @@ impl Config {
 }
 
 impl Config {
+    /// How the layer's reads take their leases now.
+    pub(crate) fn read_sharing(&self) -> ReadSharing {
+        match &self.shared_reads {
+            None => ReadSharing::Separate,
+            Some(reads) => ReadSharing::Coalesced {
+                linger: reads.linger(),
+            },
+        }
+    }
+
+    /// Makes the layer's reads take their leases as `sharing` says, with a fresh registry of
+    /// shares.
+    pub(crate) fn share_reads(&mut self, sharing: ReadSharing) {
+        self.shared_reads = match sharing {
+            ReadSharing::Separate => None,
+            ReadSharing::Coalesced { linger } => Some(Arc::new(SharedReads::lingering(linger))),
+        };
+    }
+
     /// The layer's answer to `problem`, with the status the [refusal table](super::refusal)
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {

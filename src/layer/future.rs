@@ -176,7 +176,8 @@ where
                             // The body is read under the lock from here on: it gets its
                             // deadline now, so a trickling client cannot hold the lock.
                             let (parts, body) = req.into_parts();
-                            let (timeout, timer) = (config.body_timeout, &config.body_timer);
+                            let (timeout, timer) =
+                                (config.body_timeout.after(), config.body_timeout.timer());
                             let (body, body_late) = TimeoutBody::within(body, timeout, timer);
                             let inner = inner.call(Request::from_parts(parts, body));
                             State::Locked {
@@ -277,7 +278,7 @@ where
                         // Locked → ReleasingToRefuse.
                         this.state.set(releasing_lost(guard, config));
                     } else if body_late {
-                        let after = config.body_timeout;
+                        let after = config.body_timeout.after();
                         tracing::debug!(namespace, ?after, "request body too slow under the lock");
                         // Locked → ReleasingToRefuse: the handler's answer to a body that never
                         // came whole is replaced by the layer's 408.
@@ -291,7 +292,7 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(response.map(|res| {
                             res.map(|body| {
-                                let timer = config.release_timer.clone();
+                                let timer = config.release_wait.timer().clone();
                                 let on_loss = config.on_lease_lost;
                                 LeaseBody::holding(body, guard, on_loss, timer, timed)
                             })
@@ -300,7 +301,7 @@ where
                         config.hold_times.record(now - *since);
                         // Locked → Releasing: give the lease back before the head goes out.
                         let release = FinishOnDrop::release(guard.release());
-                        let wait = Overdue::new(config.release_timer.clone());
+                        let wait = Overdue::new(config.release_wait.timer().clone());
                         this.state.set(State::Releasing {
                             release,
                             wait,
@@ -348,7 +349,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     let release = FinishOnDrop::release(guard.release());
-    let wait = Overdue::new(config.release_timer.clone());
+    let wait = Overdue::new(config.release_wait.timer().clone());
     State::ReleasingToRefuse {
         release,
         wait,

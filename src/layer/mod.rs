@@ -286,6 +286,7 @@
 mod layer;
 
 mod config;
+mod deadline;
 
 mod body;
 mod boxed;

@@ -137,8 +137,7 @@ macro_rules! options {
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
             /// turns the deadline off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = timeout;
-                self.config.body_timer = crate::store::watchdog::Watchdog::new(timeout);
+                self.config.body_timeout = super::deadline::Deadline::new(timeout);
                 self
             }
 
@@ -150,8 +149,7 @@ macro_rules! options {
             /// response for the store's whole deadline; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = wait;
-                self.config.release_timer = crate::store::watchdog::Watchdog::new(wait);
+                self.config.release_wait = super::deadline::Deadline::new(wait);
                 self
             }
         }

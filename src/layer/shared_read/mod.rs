@@ -103,6 +103,11 @@ pub(crate) enum Entry {
 }
 
 impl SharedReads {
+    /// How long a share outlives its last request.
+    pub(crate) fn linger(&self) -> Duration {
+        self.linger
+    }
+
     /// Shares that linger for up to `linger` after their last request (see
     /// [`linger`](linger::linger)).
     pub(crate) fn lingering(linger: Duration) -> Self {
