@@ -7,16 +7,15 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use super::body::LeaseBody;
-use super::deadline::Deadline;
+use super::deadline::{Beat, Deadline};
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::rejection::Renderer;
 use super::shared_read::SharedReads;
 use crate::Store;
-use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::lease::heartbeat::Heartbeat;
 use crate::spec::Spec;
-use crate::store::watchdog::Watchdog;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -40,7 +39,8 @@ pub(crate) struct Config {
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
-    pub(crate) timing: HeartbeatTiming,
+    /// How the layer's leases are extended, and the timer of their first beat.
+    pub(crate) beat: Beat,
     /// The heartbeat of this layer's leases: the store's, shared with every other layer and
     /// [`Held`](crate::Held) on it.
     pub(crate) heartbeat: Heartbeat,
@@ -68,9 +68,6 @@ pub(crate) struct Config {
     ///
     /// [`Overdue`]: crate::store::watchdog::Overdue
     pub(crate) release_wait: Deadline,
-    /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
-    /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).
-    pub(crate) first_beat_timer: Arc<Watchdog>,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
@@ -89,7 +86,6 @@ pub(crate) enum ReadSharing {
 
 impl Config {
     pub(crate) fn new(store: Store, spec: Spec) -> Self {
-        let timing = HeartbeatTiming::for_ttl(spec.ttl);
         let heartbeat = store.heartbeat().clone();
         Self {
             store,
@@ -97,7 +93,7 @@ impl Config {
             busy_status: None,
             hold_times: Arc::default(),
             fail_open: false,
-            timing,
+            beat: Beat::for_ttl(spec.ttl),
             heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
@@ -110,7 +106,6 @@ impl Config {
             body_timeout: Deadline::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
             release_wait: Deadline::new(DEFAULT_RELEASE_WAIT),
-            first_beat_timer: Watchdog::new(timing.every),
             shared_reads: None,
         }
     }

@@ -255,7 +255,11 @@ where
                     let response = match inner.poll(cx) {
                         Poll::Ready(response) => response,
                         Poll::Pending => {
-                            held.poll_first_beat(cx, &config.heartbeat, &config.first_beat_timer);
+                            held.poll_first_beat(
+                                cx,
+                                &config.heartbeat,
+                                config.beat.first_beat_timer(),
+                            );
                             if abort_on_loss && held.poll_lost(cx).is_ready() {
                                 // Locked → ReleasingToRefuse, on the next turn of the loop.
                                 continue;

@@ -37,8 +37,7 @@ macro_rules! options {
                      the TTL ({:?})",
                     self.config.spec.ttl
                 );
-                self.config.timing.every = every;
-                self.config.first_beat_timer = crate::store::watchdog::Watchdog::new(every);
+                self.config.beat.set_every(every);
                 self
             }
 
@@ -46,7 +45,7 @@ macro_rules! options {
             /// keep the lock forever: the lease then runs out at most one TTL later and counts
             /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
             pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.config.timing.max_hold = Some(max_hold);
+                self.config.beat.set_max_hold(max_hold);
                 self
             }
 

@@ -156,7 +156,7 @@ where
                 let (sent_at, attempt) =
                     wait::acquire_within(store, spec, mode, name, wait, on_store_error).await;
                 drop(slot);
-                let timing = config.timing;
+                let timing = config.beat.timing();
                 attempt.map(|attempt| {
                     attempt.map(|holding| match &shared {
                         Some(reads) => match reads.adopt(holding, sent_at, timing) {
@@ -174,7 +174,7 @@ where
                     FinishOnDrop::guarded(Box::pin(read))
                 }
                 None => {
-                    let (store, timing) = (config.store.clone(), config.timing);
+                    let (store, timing) = (config.store.clone(), config.beat.timing());
                     let on_store_error = Some(on_store_error);
                     let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
                     // A named future rather than an `async` block around `attempt`, which would
@@ -214,7 +214,7 @@ async fn shared_read(
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
                 let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error).await;
-                let answer = leader.publish(attempt, sent_at, config.timing);
+                let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }
             Entry::Waiting(waiter) => waiter.outcome().await,
