@@ -27,6 +27,10 @@
 //! - `WRITER_PREFERRED` (default `0`): `1` makes the documents' `RwLock` writer-preferred.
 //! - `COALESCE_READS` (default `1`): `0` gives every read of a document a reader lease of its
 //!   own instead of sharing one per document in this process.
+//! - `RELAY_READS` (default `0`): `1` keeps each read of a document inside, after `READ_MS`,
+//!   until a later read entered (`docs:{name}:entered`), a read was refused after it entered
+//!   (`docs:{name}:refused`, which the caller counts), or `docs:{name}:stop` is set: reads
+//!   handed on like a baton, which overlap however long a machine pauses.
 //!
 //! `POST /counters/{name}/increment` answers `200` with the new value, `409` while another
 //! request holds the counter, `503` when the store fails or the lease was lost.
@@ -59,6 +63,7 @@ struct App<C> {
     counters: C,
     work: Duration,
     read: Duration,
+    relay: bool,
 }
 
 /// A read of a document: inside for `READ_MS`, counted in the witness.
@@ -83,7 +88,33 @@ where
             .await
             .map_err(failed)?;
     }
+    let (entered, refused) = (
+        format!("docs:{name}:entered"),
+        format!("docs:{name}:refused"),
+    );
+    let relayed: Option<(i64, Option<i64>)> = match app.relay {
+        true => Some((
+            conn.incr(&entered, 1).await.map_err(failed)?,
+            conn.get(&refused).await.map_err(failed)?,
+        )),
+        false => None,
+    };
     tokio::time::sleep(app.read).await;
+    if let Some((me, refused_before)) = relayed {
+        loop {
+            let now: (i64, Option<i64>, bool) = redis::pipe()
+                .get(&entered)
+                .get(&refused)
+                .exists(format!("docs:{name}:stop"))
+                .query_async(&mut conn)
+                .await
+                .map_err(failed)?;
+            if now.0 > me || now.1 != refused_before || now.2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     let () = conn.decr(&readers, 1).await.map_err(failed)?;
     Ok("read")
 }
@@ -233,6 +264,7 @@ where
         counters,
         work,
         read,
+        relay: flag("RELAY_READS", false),
     });
 
     let listener = TcpListener::bind(&listen).await?;

@@ -45,7 +45,7 @@ impl<T> Attempt<T> {
 }
 
 /// What `answer` counts as in `tower_lease_acquire_total`: a lease taken is `acquired`, or
-/// `waited` when the caller waited for it; a refusal is `held`, or `timed_out_waiting` after a
+/// `waited` when the caller waited for it; a refusal is `busy`, or `timed_out_waiting` after a
 /// wait; a store failure counts as `on_store_error` (the layer's `fail_open` runs the request
 /// unlocked and counts it so).
 pub(crate) fn outcome<T>(

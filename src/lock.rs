@@ -29,7 +29,7 @@ impl Spec {
         Holding::acquire(store.clone(), self, mode, name.lock_name()).await
     }
 
-    /// Acquires, waiting up to `wait` while the lock is held; a zero wait is one attempt.
+    /// Acquires, waiting up to `wait` while the lock is busy; a zero wait is one attempt.
     pub(crate) async fn acquire_within<N>(
         self,
         store: &Store,
@@ -217,7 +217,7 @@ impl<N: LockName + ?Sized> Lock<N> {
         Ok(self.attempt(store, name).await?.acquired())
     }
 
-    /// Like [`try_lock`](Self::try_lock), but while the lock is held, waits up to `wait` for it:
+    /// Like [`try_lock`](Self::try_lock), but while the lock is busy, waits up to `wait` for it:
     /// woken at once by a release in this process, or in any process when the store has
     /// [release notifications](crate::RedisStore::notifications) (as `RedisStore::connect` makes
     /// it); at the holder's lease end; and otherwise by polling (from 5 ms, backing off to
@@ -240,7 +240,7 @@ impl<N: LockName + ?Sized> Lock<N> {
         Ok(attempt.map(LockToken::new).acquired())
     }
 
-    /// Like [`try_lock`](Self::try_lock), but when the lock is held it also says how long the
+    /// Like [`try_lock`](Self::try_lock), but when the lock is busy it also says how long the
     /// holder's lease has left.
     pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
         let attempt = self.spec.acquire(store, Mode::Exclusive, name).await?;

@@ -13,10 +13,14 @@ use crate::backend::Mode;
 pub(crate) enum AcquireOutcome {
     /// The lease was taken.
     Acquired,
-    /// Someone else holds the lock (the label says `held`).
+    /// Someone else holds the lock.
     Busy,
     /// The name was refused before the store was asked.
     InvalidName,
+    /// The request named no lock, and the layer requires one.
+    MissingName,
+    /// The request's own limit of permits was 0.
+    InvalidLimit,
     /// The store failed or missed its deadline, and the caller was refused.
     StoreError,
     /// The store failed and the layer ran the request unlocked (`fail_open`).
@@ -115,7 +119,7 @@ fn describe() {
         use metrics::Unit;
         metrics::describe_counter!(
             "tower_lease_acquire_total",
-            "Lock acquisitions by outcome: acquired, held, waited, timed_out_waiting, invalid_name, store_error, unlocked"
+            "Lock acquisitions by outcome: acquired, busy, waited, timed_out_waiting, invalid_name, missing_name, invalid_limit, store_error, unlocked"
         );
         metrics::describe_histogram!(
             "tower_lease_wait_seconds",
@@ -164,7 +168,7 @@ mod handles {
     use crate::backend::Mode;
 
     pub(super) struct Handles {
-        pub(super) acquire: [Counter; 7],
+        pub(super) acquire: [Counter; 9],
         pub(super) wait_seconds: Histogram,
         pub(super) waiters: Gauge,
         pub(super) acquire_seconds: Histogram,
@@ -176,10 +180,12 @@ mod handles {
 
     impl AcquireOutcome {
         /// In declaration order, so `outcome as usize` indexes it.
-        const ALL: [AcquireOutcome; 7] = [
+        const ALL: [AcquireOutcome; 9] = [
             AcquireOutcome::Acquired,
             AcquireOutcome::Busy,
             AcquireOutcome::InvalidName,
+            AcquireOutcome::MissingName,
+            AcquireOutcome::InvalidLimit,
             AcquireOutcome::StoreError,
             AcquireOutcome::Unlocked,
             AcquireOutcome::Waited,
@@ -189,8 +195,10 @@ mod handles {
         fn as_str(self) -> &'static str {
             match self {
                 AcquireOutcome::Acquired => "acquired",
-                AcquireOutcome::Busy => "held",
+                AcquireOutcome::Busy => "busy",
                 AcquireOutcome::InvalidName => "invalid_name",
+                AcquireOutcome::MissingName => "missing_name",
+                AcquireOutcome::InvalidLimit => "invalid_limit",
                 AcquireOutcome::StoreError => "store_error",
                 AcquireOutcome::Unlocked => "unlocked",
                 AcquireOutcome::Waited => "waited",

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::Response;
 
 use super::Idempotency;
 use super::background::Background;
@@ -54,7 +54,8 @@ impl Config {
     /// The layer's answer to `problem`, rendered by its hook if it has one.
     pub(crate) fn refuse<B>(&self, reason: Reason) -> Response<IdempotentBody<B>> {
         let problem = Problem::from(reason);
-        let status = problem.status(StatusCode::CONFLICT);
+        // No taken lock here: every reason's status is the refusal table's.
+        let status = problem.status(None);
         let namespace = self.idempotency.spec.namespace;
         let response = self.renderer.respond_boxed(problem, status, namespace);
         response.map(IdempotentBody::rendered)

@@ -42,6 +42,7 @@
 //! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`wait`](IdempotencyLayer::wait), the first's response once it is stored |
 //! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
 //! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
+//! | the first's handler panicked | `500` `urn:tower-lease:handler-failed`; nothing stored, the key freed before that answer: the retry runs (under [`at_most_once`](Idempotency::at_most_once), `409` outcome unknown) |
 //! | the first's response was not stored (see below) | `410` `urn:tower-lease:idempotency-not-stored`, with `Idempotent-Replayed: true` and the first's status in the detail; never a second run |
 //! | under [`at_most_once`](Idempotency::at_most_once), a retry after the first's holder died | `409` `urn:tower-lease:idempotency-outcome-unknown`, no `Retry-After`, for the retention; never a second run |
 //! | the store failed | `503` `urn:tower-lease:lock-store-unavailable`, `Retry-After: 1` |

@@ -6,6 +6,7 @@
 //! lost the work is dropped and nothing is stored.
 
 use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -119,11 +120,23 @@ where
     }
     .await;
     let (own, done) = done;
-    let Some(done) = done else {
-        // Lost: the work was dropped, and the reservation is someone else's or gone.
-        telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
-        drop(own);
-        return Ok(config.refuse(Reason::LeaseLost));
+    let done = match done {
+        Worked::Done(done) => done,
+        Worked::Lost => {
+            // The work was dropped, and the reservation is someone else's or gone.
+            telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
+            drop(own);
+            return Ok(config.refuse(Reason::LeaseLost));
+        }
+        Worked::Panicked => {
+            // As a `5xx` of its own: nothing stored. The reservation is released before the
+            // answer, so a retry runs at once; an at-most-once key keeps its marker, since
+            // the work may have taken effect before it panicked.
+            tracing::error!(namespace, "the handler panicked under an idempotency key");
+            telemetry::idempotency(namespace, IdempotencyOutcome::NotStored);
+            own.release().await;
+            return Ok(config.refuse(Reason::HandlerFailed));
+        }
     };
     let (parts, data, ending) = match done {
         Ok(done) => done,
@@ -230,9 +243,19 @@ fn joined(first: Option<Bytes>, data: BytesMut) -> Bytes {
     first.unwrap_or_else(|| data.freeze())
 }
 
+/// How the work under a reservation ended.
+enum Worked<T> {
+    /// It finished while the lease was held.
+    Done(T),
+    /// The lease was lost first, or had run out by the time the work finished.
+    Lost,
+    /// The handler (or its response body) panicked.
+    Panicked,
+}
+
 pin_project! {
-    /// `work` under the reservation: `None` when the lease was lost first or had run out by
-    /// the time the work finished; the lease comes back either way. The deadline is checked
+    /// `work` under the reservation, caught if it panics (the task would otherwise end with
+    /// the lease in it, and its client could not be told); the lease comes back either way. The deadline is checked
     /// before every poll of the work, as [`Held::run`](crate::Held::run) does.
     struct UnderLease<F> {
         own: Option<OwnLease>,
@@ -244,7 +267,7 @@ pin_project! {
 }
 
 impl<F: Future> Future for UnderLease<F> {
-    type Output = (OwnLease, Option<F::Output>);
+    type Output = (OwnLease, Worked<F::Output>);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -253,17 +276,27 @@ impl<F: Future> Future for UnderLease<F> {
             .as_mut()
             .expect("UnderLease polled after completion");
         if own.state().over_at(Instant::now()) {
-            return Poll::Ready((this.own.take().expect("there"), None));
+            return Poll::Ready((this.own.take().expect("there"), Worked::Lost));
         }
         // Most requests end before their first beat, and never enrol in the heartbeat.
         own.poll_first_beat(cx, this.heartbeat, this.timer);
-        if let Poll::Ready(output) = this.work.poll(cx) {
-            let own = this.own.take().expect("there");
-            let held = !own.state().over_at(Instant::now());
-            return Poll::Ready((own, held.then_some(output)));
+        // Unwind-safe as used: after a panic the work is never polled again, only dropped.
+        let mut work = this.work;
+        let polled = panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        match polled {
+            Ok(Poll::Ready(output)) => {
+                let own = this.own.take().expect("there");
+                let worked = match own.state().over_at(Instant::now()) {
+                    true => Worked::Lost,
+                    false => Worked::Done(output),
+                };
+                return Poll::Ready((own, worked));
+            }
+            Err(_) => return Poll::Ready((this.own.take().expect("there"), Worked::Panicked)),
+            Ok(Poll::Pending) => {}
         }
         if own.state().poll_ended(cx).is_ready() {
-            return Poll::Ready((this.own.take().expect("there"), None));
+            return Poll::Ready((this.own.take().expect("there"), Worked::Lost));
         }
         Poll::Pending
     }

@@ -201,7 +201,8 @@ where
     });
     match rx.await {
         Ok(answer) => answer,
-        // The task panicked (the handler did): the lease was dropped with it, freeing the key.
+        // The task panicked outside the handler (whose panics `run` catches): a bug of the
+        // layer or of the store's client. The lease was dropped with it, freeing the key.
         Err(_) => Ok(config.refuse(Reason::StoreUnavailable)),
     }
 }

@@ -19,7 +19,8 @@ use tower_service::Service;
 use super::body::LeaseBody;
 use super::boxed::BoxError;
 use super::config::Config;
-use super::problem::{Problem, Reason};
+use super::problem::Problem;
+use super::refusal::Reason;
 use crate::backend::BoxFuture;
 
 /// The body policy of a layer that hands the request body to the inner service as it streams
@@ -69,7 +70,7 @@ impl<T: fmt::Debug> fmt::Debug for BufferBody<T> {
         f.debug_struct("BufferBody")
             .field("inner", &self.inner)
             .field("limit", &self.config.body_limit)
-            .field("timeout", &self.config.body_timeout)
+            .field("timeout", &self.config.body_timeout.after())
             .finish()
     }
 }
@@ -110,7 +111,7 @@ where
             let collected = Limited::new(body, limit).collect().await;
             collected.map(|body| body.to_bytes())
         };
-        let read = Box::pin(tokio::time::timeout(config.body_timeout, read));
+        let read = Box::pin(tokio::time::timeout(config.body_timeout.after(), read));
         let state = BufferState::Reading { read, parts, inner };
         BufferFuture { state, config }
     }
@@ -198,7 +199,7 @@ where
                         }
                         // Reading → Refusing: not in time.
                         Err(_elapsed) => {
-                            let after = config.body_timeout;
+                            let after = config.body_timeout.after();
                             tracing::debug!(namespace, ?after, "request body too slow");
                             let problem = Problem::from(Reason::BodyTimeout { after });
                             BufferState::Refusing { problem }

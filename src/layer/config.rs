@@ -7,15 +7,15 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use super::body::LeaseBody;
+use super::deadline::{Beat, Deadline};
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::rejection::Renderer;
 use super::shared_read::SharedReads;
 use crate::Store;
-use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::lease::heartbeat::Heartbeat;
 use crate::spec::Spec;
-use crate::watchdog::Watchdog;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -33,12 +33,14 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
-    /// The status of a busy answer (for a semaphore: full).
-    pub(crate) busy_status: StatusCode,
+    /// The status of a busy answer (for a semaphore: full), when the user chose one; the
+    /// [refusal table](super::refusal)'s otherwise.
+    pub(crate) busy_status: Option<StatusCode>,
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
-    pub(crate) timing: HeartbeatTiming,
+    /// How the layer's leases are extended, and the timer of their first beat.
+    pub(crate) beat: Beat,
     /// The heartbeat of this layer's leases: the store's, shared with every other layer and
     /// [`Held`](crate::Held) on it.
     pub(crate) heartbeat: Heartbeat,
@@ -46,7 +48,7 @@ pub(crate) struct Config {
     pub(crate) hold_through_body: bool,
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
-    /// How long a request waits for a held lock (zero: answer at once).
+    /// How long a request waits for a busy lock (zero: answer at once).
     pub(crate) wait: Duration,
     /// The most requests of this layer waiting at once.
     pub(crate) max_waiters: usize,
@@ -55,38 +57,43 @@ pub(crate) struct Config {
     /// The most request body bytes buffered layers read before locking.
     pub(crate) body_limit: usize,
     /// How long the request body may take to arrive: before the lock for buffered layers,
-    /// under it otherwise.
-    pub(crate) body_timeout: Duration,
-    /// The coarse timer of that deadline under the lock (see [`TimeoutBody`]).
+    /// under it otherwise (see [`TimeoutBody`]).
     ///
     /// [`TimeoutBody`]: super::timeout_body::TimeoutBody
-    pub(crate) body_timer: Arc<Watchdog>,
+    pub(crate) body_timeout: Deadline,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
-    /// How long the response waits for the release before it goes out anyway.
-    pub(crate) release_wait: Duration,
-    /// The coarse timer of that wait, shared by the layer's requests (see [`Overdue`]).
+    /// How long the response waits for the release before it goes out anyway (see
+    /// [`Overdue`]).
     ///
     /// [`Overdue`]: crate::watchdog::Overdue
-    pub(crate) release_timer: Arc<Watchdog>,
-    /// The coarse timer of a lease's first beat, one heartbeat after its acquisition (see
-    /// [`poll_first_beat`](super::guard::LeaseGuard::poll_first_beat)).
-    pub(crate) first_beat_timer: Arc<Watchdog>,
+    pub(crate) release_wait: Deadline,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
+    /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
+}
+
+/// How an `RwLockLayer`'s reads take their leases: one setting, so that the options that
+/// change it (`coalesce_reads`, `linger_reads`) change one thing and cannot undo each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadSharing {
+    /// Each read has a reader lease of its own.
+    Separate,
+    /// Overlapping reads of a name share one reader lease, which outlives its last read by
+    /// `linger` (zero: released at once).
+    Coalesced { linger: Duration },
 }
 
 impl Config {
     pub(crate) fn new(store: Store, spec: Spec) -> Self {
-        let timing = HeartbeatTiming::for_ttl(spec.ttl);
         let heartbeat = store.heartbeat().clone();
         Self {
             store,
             spec,
-            busy_status: StatusCode::CONFLICT,
+            busy_status: None,
             hold_times: Arc::default(),
             fail_open: false,
-            timing,
+            beat: Beat::for_ttl(spec.ttl),
             heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
@@ -96,20 +103,36 @@ impl Config {
             max_waiters: DEFAULT_MAX_WAITERS,
             waiting: Arc::default(),
             body_limit: 0,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            body_timer: Watchdog::new(DEFAULT_BODY_TIMEOUT),
+            body_timeout: Deadline::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
-            release_wait: DEFAULT_RELEASE_WAIT,
-            release_timer: Watchdog::new(DEFAULT_RELEASE_WAIT),
-            first_beat_timer: Watchdog::new(timing.every),
+            release_wait: Deadline::new(DEFAULT_RELEASE_WAIT),
             shared_reads: None,
         }
     }
 }
 
 impl Config {
-    /// The layer's answer to `problem`, with the status the problem has (see
-    /// [`Problem::status`]), rendered by the layer's hook if it has one.
+    /// How the layer's reads take their leases now.
+    pub(crate) fn read_sharing(&self) -> ReadSharing {
+        match &self.shared_reads {
+            None => ReadSharing::Separate,
+            Some(reads) => ReadSharing::Coalesced {
+                linger: reads.linger(),
+            },
+        }
+    }
+
+    /// Makes the layer's reads take their leases as `sharing` says, with a fresh registry of
+    /// shares.
+    pub(crate) fn share_reads(&mut self, sharing: ReadSharing) {
+        self.shared_reads = match sharing {
+            ReadSharing::Separate => None,
+            ReadSharing::Coalesced { linger } => Some(Arc::new(SharedReads::lingering(linger))),
+        };
+    }
+
+    /// The layer's answer to `problem`, with the status the [refusal table](super::refusal)
+    /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.busy_status);
         self.renderer.respond(problem, status, self.spec.namespace)
@@ -118,10 +141,10 @@ impl Config {
 
 /// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
 /// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn refusal_status(option: &str, status: StatusCode) -> StatusCode {
+pub(super) fn refusal_status(option: &str, status: StatusCode) -> Option<StatusCode> {
     assert!(
         status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
         "tower-lease: {option} must be a 4xx status or 503, got {status}"
     );
-    status
+    Some(status)
 }

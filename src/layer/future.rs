@@ -16,7 +16,8 @@ use super::body::LeaseBody;
 use super::config::Config;
 use super::guard::{Guarded, LeaseGuard};
 use super::lease_lost::LeaseLost;
-use super::problem::{Problem, Reason};
+use super::problem::Problem;
+use super::refusal::Reason;
 use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
 use crate::attempt::Attempt;
@@ -24,7 +25,7 @@ use crate::finish_on_drop::FinishOnDrop;
 use crate::watchdog::Overdue;
 
 pin_project! {
-    /// The response future of [`LockService`](super::LockService).
+    /// The response future of [`LeaseService`](super::LeaseService).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<TimeoutBody<B>>>,
@@ -101,7 +102,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
-    /// limit of a permit's acquisition, whose refusal says "full" rather than "held".
+    /// limit of a permit's acquisition, whose refusal says "full" rather than "busy".
     pub(crate) fn acquiring(
         acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
@@ -175,7 +176,8 @@ where
                             // The body is read under the lock from here on: it gets its
                             // deadline now, so a trickling client cannot hold the lock.
                             let (parts, body) = req.into_parts();
-                            let (timeout, timer) = (config.body_timeout, &config.body_timer);
+                            let (timeout, timer) =
+                                (config.body_timeout.after(), config.body_timeout.timer());
                             let (body, body_late) = TimeoutBody::within(body, timeout, timer);
                             let inner = inner.call(Request::from_parts(parts, body));
                             State::Locked {
@@ -194,7 +196,7 @@ where
                                 namespace,
                                 ?retry_after,
                                 ?lease,
-                                "lock held, request refused"
+                                "lock busy, request refused"
                             );
                             let problem = match full_at {
                                 Some(limit) => Problem::from(Reason::Full { retry_after, limit }),
@@ -253,7 +255,11 @@ where
                     let response = match inner.poll(cx) {
                         Poll::Ready(response) => response,
                         Poll::Pending => {
-                            held.poll_first_beat(cx, &config.heartbeat, &config.first_beat_timer);
+                            held.poll_first_beat(
+                                cx,
+                                &config.heartbeat,
+                                config.beat.first_beat_timer(),
+                            );
                             if abort_on_loss && held.poll_lost(cx).is_ready() {
                                 // Locked → ReleasingToRefuse, on the next turn of the loop.
                                 continue;
@@ -276,7 +282,7 @@ where
                         // Locked → ReleasingToRefuse.
                         this.state.set(releasing_lost(guard, config));
                     } else if body_late {
-                        let after = config.body_timeout;
+                        let after = config.body_timeout.after();
                         tracing::debug!(namespace, ?after, "request body too slow under the lock");
                         // Locked → ReleasingToRefuse: the handler's answer to a body that never
                         // came whole is replaced by the layer's 408.
@@ -290,7 +296,7 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(response.map(|res| {
                             res.map(|body| {
-                                let timer = config.release_timer.clone();
+                                let timer = config.release_wait.timer().clone();
                                 let on_loss = config.on_lease_lost;
                                 LeaseBody::holding(body, guard, on_loss, timer, timed)
                             })
@@ -299,7 +305,7 @@ where
                         config.hold_times.record(now - *since);
                         // Locked → Releasing: give the lease back before the head goes out.
                         let release = FinishOnDrop::release(guard.release());
-                        let wait = Overdue::new(config.release_timer.clone());
+                        let wait = Overdue::new(config.release_wait.timer().clone());
                         this.state.set(State::Releasing {
                             release,
                             wait,
@@ -347,7 +353,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     let release = FinishOnDrop::release(guard.release());
-    let wait = Overdue::new(config.release_timer.clone());
+    let wait = Overdue::new(config.release_wait.timer().clone());
     State::ReleasingToRefuse {
         release,
         wait,

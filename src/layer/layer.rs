@@ -9,10 +9,9 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::buffer::{BufferBody, Buffered, Streamed};
-use super::config::Config;
+use super::config::{Config, ReadSharing};
 use super::extract::SafeMethods;
-use super::service::{Access, LockService};
-use super::shared_read::SharedReads;
+use super::service::{Access, LeaseService};
 use crate::{Lock, RwLock, Store};
 
 /// Guards each request with an exclusive [`Lock`] on the name its extractor picks.
@@ -121,7 +120,8 @@ impl<E> RwLockLayer<E> {
     /// should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
         let mut config = Config::new(store, lock.spec());
-        config.shared_reads = Some(Arc::default());
+        let linger = Duration::ZERO;
+        config.share_reads(ReadSharing::Coalesced { linger });
         Self {
             config,
             extractor,
@@ -163,9 +163,17 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// `acquired` (or as the outcome it shared), and the held gauge counts leases in the store,
     /// not requests; see [shared reads](crate::layer#shared-reads).
     ///
-    /// Turn it off to give every read request a reader lease of its own.
+    /// Turn it off to give every read request a reader lease of its own (and no
+    /// [linger](Self::linger_reads)); turned on, it keeps a linger set before.
     pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
-        self.config.shared_reads = coalesce.then(Arc::default);
+        let sharing = match (coalesce, self.config.read_sharing()) {
+            (false, _) => ReadSharing::Separate,
+            (true, ReadSharing::Separate) => ReadSharing::Coalesced {
+                linger: Duration::ZERO,
+            },
+            (true, coalesced) => coalesced,
+        };
+        self.config.share_reads(sharing);
         self
     }
 
@@ -179,7 +187,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// plain writer may wait for it once after the last read, plus the release's notification.
     /// A short linger (10 to 20 ms) is enough for bursts: see `benches/README.md`.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
-        self.config.shared_reads = Some(Arc::new(SharedReads::lingering(linger)));
+        self.config.share_reads(ReadSharing::Coalesced { linger });
         self
     }
 
@@ -197,29 +205,29 @@ impl<E, R, P> RwLockLayer<E, R, P> {
 }
 
 impl<E, P> LockLayer<E, P> {
-    fn service<S>(&self, inner: S) -> LockService<S, E>
+    fn service<S>(&self, inner: S) -> LeaseService<S, E>
     where
         E: Clone,
     {
         let config = Arc::new(self.config.clone());
-        LockService::new(inner, config, self.extractor.clone(), Access::Exclusive)
+        LeaseService::new(inner, config, self.extractor.clone(), Access::Exclusive)
     }
 }
 
 impl<E, R, P> RwLockLayer<E, R, P> {
-    fn service<S>(&self, inner: S) -> LockService<S, E, R>
+    fn service<S>(&self, inner: S) -> LeaseService<S, E, R>
     where
         E: Clone,
         R: Clone,
     {
         let config = Arc::new(self.config.clone());
         let access = Access::ReadWrite(self.read_when.clone());
-        LockService::new(inner, config, self.extractor.clone(), access)
+        LeaseService::new(inner, config, self.extractor.clone(), access)
     }
 }
 
 impl<S, E: Clone> Layer<S> for LockLayer<E, Streamed> {
-    type Service = LockService<S, E>;
+    type Service = LeaseService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.service(inner)
@@ -227,7 +235,7 @@ impl<S, E: Clone> Layer<S> for LockLayer<E, Streamed> {
 }
 
 impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
-    type Service = BufferBody<LockService<S, E>>;
+    type Service = BufferBody<LeaseService<S, E>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
@@ -235,7 +243,7 @@ impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
 }
 
 impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Streamed> {
-    type Service = LockService<S, E, R>;
+    type Service = LeaseService<S, E, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.service(inner)
@@ -243,7 +251,7 @@ impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Streamed> {
 }
 
 impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Buffered> {
-    type Service = BufferBody<LockService<S, E, R>>;
+    type Service = BufferBody<LeaseService<S, E, R>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
@@ -263,5 +271,48 @@ impl<E, R, P> fmt::Debug for RwLockLayer<E, R, P> {
         f.debug_struct("RwLockLayer")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(3));
+
+    fn linger<E, R, P>(layer: &RwLockLayer<E, R, P>) -> Option<Duration> {
+        layer
+            .config
+            .shared_reads
+            .as_ref()
+            .map(|reads| reads.linger())
+    }
+
+    #[test]
+    fn coalesce_reads_and_linger_reads_do_not_undo_each_other() {
+        let store = Store::memory();
+        let layer = |store: &Store| RwLockLayer::new(store.clone(), DOCS, crate::extract::path());
+        let ms = Duration::from_millis;
+        assert_eq!(
+            linger(&layer(&store)),
+            Some(Duration::ZERO),
+            "coalesced by default"
+        );
+        let lingering = layer(&store).linger_reads(ms(15)).coalesce_reads(true);
+        assert_eq!(
+            linger(&lingering),
+            Some(ms(15)),
+            "coalescing keeps the linger"
+        );
+        let coalesced = layer(&store).coalesce_reads(true).linger_reads(ms(15));
+        assert_eq!(linger(&coalesced), Some(ms(15)));
+        let separate = layer(&store).linger_reads(ms(15)).coalesce_reads(false);
+        assert_eq!(
+            linger(&separate),
+            None,
+            "false turns sharing, and so lingering, off"
+        );
+        let again = layer(&store).coalesce_reads(false).linger_reads(ms(15));
+        assert_eq!(linger(&again), Some(ms(15)), "a linger implies coalescing");
     }
 }

@@ -137,7 +137,7 @@
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
 //! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
-//! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a held lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
+//! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a busy lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
 //! | [`.max_waiters(n)`](crate::LockLayer::max_waiters) | 1024 | the most requests of the layer waiting at once; beyond it a request is answered at once |
 //! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
@@ -157,7 +157,7 @@
 //! |---|---|---|---|
 //! | extractor answers `None` | the inner service's | the inner service's | the inner service's |
 //! | name empty, over 1024 bytes, or (without `.binary_names()`) not UTF-8 text or holding a control character or a brace | `400 Bad Request` | `content-type: application/problem+json` | problem `urn:tower-lease:invalid-lock-name` |
-//! | lock held by another request | `409 Conflict`, or `.busy_status(…)` | `retry-after` (the expected wait, below), problem+json | problem `urn:tower-lease:lock-held` |
+//! | lock busy: held by another request | `409 Conflict`, or `.busy_status(…)` | `retry-after` (the expected wait, below), problem+json | problem `urn:tower-lease:lock-busy` |
 //! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the expected wait), problem+json | problem `urn:tower-lease:concurrency-limit` |
 //! | a limit of 0 from `.permits(..)` | `400 Bad Request` | problem+json | problem `urn:tower-lease:invalid-concurrency-limit` |
 //! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
@@ -172,7 +172,7 @@
 //! Every refusal above goes through the [`on_rejection`](crate::LockLayer::on_rejection) hook
 //! when the layer has one.
 //!
-//! - `Retry-After` on a held lock (or a full semaphore) is the expected wait: the 90th
+//! - `Retry-After` on a busy lock (or a full semaphore) is the expected wait: the 90th
 //!   percentile of the last 16 holds the layer saw, never more than the blocking lease has left
 //!   (which is all the layer knows before it has seen a hold), in whole seconds, rounded up, at
 //!   least 1 (RFC 9110). A holder's heartbeat keeps its lease at about one TTL for as long as it
@@ -185,7 +185,7 @@
 //!   stable identifiers (not links):
 //!
 //! ```json
-//! {"type":"urn:tower-lease:lock-held","title":"The resource is locked by another request","status":409,
+//! {"type":"urn:tower-lease:lock-busy","title":"The resource is locked by another request","status":409,
 //!  "detail":"Another request holds the invoice lock for this resource; retry in 30 s.","namespace":"invoice"}
 //! ```
 //!
@@ -269,7 +269,7 @@
 //! Each request's [`Lease`] is its own view: `is_held()` turns `false` and `ended()` resolves
 //! when that request is done, even while others still share the lease; `fence()` is the shared
 //! lease's. With the `metrics` feature, a request that joins (or shared an acquisition) counts
-//! in `tower_lease_acquire_total` with the outcome it got (`acquired`, `held`, `store_error`),
+//! in `tower_lease_acquire_total` with the outcome it got (`acquired`, `busy`, `store_error`),
 //! without an `acquire_seconds` sample; `tower_lease_held`, `tower_lease_hold_seconds`,
 //! `tower_lease_extend_total` and `tower_lease_lost_total` count leases in the store, so a
 //! shared lease counts once however many requests share it.
@@ -286,6 +286,7 @@
 mod layer;
 
 mod config;
+mod deadline;
 
 mod body;
 mod boxed;
@@ -298,6 +299,7 @@ mod hold_times;
 mod lease_lost;
 mod options;
 mod problem;
+mod refusal;
 mod rejection;
 mod release_wait;
 mod semaphore;
@@ -313,10 +315,10 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease_lost::LeaseLost;
 pub(crate) use self::problem::Problem;
-pub use self::problem::Reason;
+pub use self::refusal::Reason;
 pub(crate) use self::rejection::Renderer;
 pub use self::rejection::{AnyBody, BytesBody, OnRejection, Rejection};
 pub use self::semaphore::SemaphoreLayer;
-pub use self::service::LockService;
+pub use self::service::LeaseService;
 pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};
 pub use crate::lease::Lease;

@@ -37,8 +37,7 @@ macro_rules! options {
                      the TTL ({:?})",
                     self.config.spec.ttl
                 );
-                self.config.timing.every = every;
-                self.config.first_beat_timer = crate::watchdog::Watchdog::new(every);
+                self.config.beat.set_every(every);
                 self
             }
 
@@ -46,7 +45,7 @@ macro_rules! options {
             /// keep the lock forever: the lease then runs out at most one TTL later and counts
             /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
             pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.config.timing.max_hold = Some(max_hold);
+                self.config.beat.set_max_hold(max_hold);
                 self
             }
 
@@ -106,7 +105,7 @@ macro_rules! options {
                 self
             }
 
-            /// Waits up to `wait` for a held lock (or a free permit) before refusing the
+            /// Waits up to `wait` for a busy lock (or a free permit) before refusing the
             /// request: no wait by default. The request is woken
             /// at once by a release in this process, or in any process when the store has
             /// [release notifications](crate::RedisStore::notifications); at the holder's lease
@@ -137,8 +136,7 @@ macro_rules! options {
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
             /// turns the deadline off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = timeout;
-                self.config.body_timer = crate::watchdog::Watchdog::new(timeout);
+                self.config.body_timeout = super::deadline::Deadline::new(timeout);
                 self
             }
 
@@ -150,8 +148,7 @@ macro_rules! options {
             /// response for the store's whole deadline; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = wait;
-                self.config.release_timer = crate::watchdog::Watchdog::new(wait);
+                self.config.release_wait = super::deadline::Deadline::new(wait);
                 self
             }
         }

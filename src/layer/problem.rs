@@ -1,4 +1,5 @@
-//! The responses the layer makes itself: RFC 9457 `application/problem+json` documents.
+//! The responses the layer makes itself: RFC 9457 `application/problem+json` documents, with
+//! the status, type and title [the refusal table](super::refusal) gives each reason.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -8,88 +9,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::extract::NameDefect;
+use super::refusal::{Reason, Refusal};
 
 const PROBLEM_JSON: &str = "application/problem+json";
-
-/// Why the layer refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Reason {
-    /// Someone else holds the lock.
-    Busy {
-        /// How long the request may expect to wait: the 90th percentile of the holds this
-        /// layer saw lately, never more than the holder's remaining lease (which is all there
-        /// is before any hold was seen). A holder keeps extending its lease while it works, so
-        /// the lease alone would say about a TTL for a job of milliseconds. A hint, not a
-        /// promise that the lock is free then.
-        retry_after: Duration,
-    },
-    /// Every permit of the [`SemaphoreLayer`](crate::SemaphoreLayer)'s semaphore is taken.
-    Full {
-        /// How long the request may expect to wait, as for [`Busy`](Self::Busy): the holds
-        /// seen lately, never more than the earliest live permit's remaining lease.
-        retry_after: Duration,
-        /// The limit this request was refused at.
-        limit: u32,
-    },
-    /// The [`SemaphoreLayer`](crate::SemaphoreLayer)'s per-request
-    /// [`permits`](crate::SemaphoreLayer::permits) gave this request a limit of 0.
-    InvalidLimit,
-    /// The request names a lock the layer refuses to take: empty, too long, or (without
-    /// [`binary_names`](crate::LockLayer::binary_names)) not text.
-    InvalidName,
-    /// The request names no lock, and the layer [requires](crate::LockLayer::require_name) one.
-    MissingName,
-    /// The store failed or did not answer in time, and the layer fails closed.
-    StoreUnavailable,
-    /// The store took the lease, but fewer replicas acknowledged it than the store
-    /// [waits for](crate::RedisStore::wait_for_replicas); the lease was given up.
-    NotReplicated,
-    /// The lease was lost while the inner service ran; its outcome is unknown.
-    LeaseLost,
-    /// The request body is longer than the layer
-    /// [buffers](crate::LockLayer::buffer_body).
-    BodyTooLarge {
-        /// The most bytes the layer reads.
-        limit: usize,
-    },
-    /// The request body did not arrive within the layer's
-    /// [`body_timeout`](crate::LockLayer::body_timeout).
-    BodyTimeout {
-        /// How long the layer waited.
-        after: Duration,
-    },
-    /// The request body broke off or was malformed while the layer
-    /// [buffered](crate::LockLayer::buffer_body) it.
-    BodyUnreadable,
-    /// The `Idempotency-Key` header of a request to an
-    /// [`IdempotencyLayer`](crate::IdempotencyLayer) is not a valid key.
-    IdempotencyKeyInvalid,
-    /// The request carries no `Idempotency-Key`, and the
-    /// [`IdempotencyLayer`](crate::IdempotencyLayer) [requires](crate::IdempotencyLayer::require_key) one.
-    IdempotencyKeyMissing,
-    /// A request with the same idempotency key is running.
-    IdempotencyInFlight {
-        /// How long its reservation has left (a hint: its heartbeat keeps extending it).
-        retry_after: Duration,
-    },
-    /// The idempotency key was used before for a request with another method, path or body.
-    IdempotencyKeyReused,
-    /// The first request with this idempotency key completed, but its response was not
-    /// stored (over [`max_response`](crate::IdempotencyLayer::max_response), or broken off),
-    /// so it is neither replayed nor run again.
-    IdempotencyNotStored {
-        /// The status the first request completed with.
-        status: StatusCode,
-    },
-    /// Whether the request with this idempotency key took effect is not known (yet).
-    IdempotencyOutcomeUnknown {
-        /// `Some` (`503`): the request ran, and its response is still being stored; a retry
-        /// then replays it. `None` (`409`): its holder died before it completed, under
-        /// [`at_most_once`](crate::Idempotency::at_most_once), so it is never run again.
-        retry_after: Option<Duration>,
-    },
-}
 
 /// A refusal as the layer renders it: its [`Reason`], and for a bad name what is wrong with
 /// it (the detail the public reason leaves out).
@@ -117,83 +39,14 @@ impl Problem {
         }
     }
 
-    /// The status the layer answers this problem with: `refused` (the layer's `busy_status`, or
-    /// a semaphore's `full_status`) when the lock is taken, and for the rest the one status
-    /// each problem has.
-    pub(crate) fn status(self, refused: StatusCode) -> StatusCode {
-        match self.reason {
-            Reason::Busy { .. } | Reason::Full { .. } => refused,
-            Reason::InvalidLimit
-            | Reason::InvalidName
-            | Reason::MissingName
-            | Reason::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Reason::StoreUnavailable | Reason::NotReplicated | Reason::LeaseLost => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Reason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Reason::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Reason::IdempotencyKeyInvalid | Reason::IdempotencyKeyMissing => {
-                StatusCode::BAD_REQUEST
-            }
-            Reason::IdempotencyInFlight { .. } => StatusCode::CONFLICT,
-            Reason::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Reason::IdempotencyNotStored { .. } => StatusCode::GONE,
-            Reason::IdempotencyOutcomeUnknown {
-                retry_after: Some(_),
-            } => StatusCode::SERVICE_UNAVAILABLE,
-            Reason::IdempotencyOutcomeUnknown { retry_after: None } => StatusCode::CONFLICT,
-        }
-    }
-
-    /// The problem `type` URI: stable identifiers clients can match on. They are not meant to
-    /// be dereferenced, so they name no host.
-    fn type_uri(self) -> &'static str {
-        match self.reason {
-            Reason::Busy { .. } => "urn:tower-lease:lock-held",
-            Reason::Full { .. } => "urn:tower-lease:concurrency-limit",
-            Reason::InvalidLimit => "urn:tower-lease:invalid-concurrency-limit",
-            Reason::InvalidName => "urn:tower-lease:invalid-lock-name",
-            Reason::MissingName => "urn:tower-lease:missing-lock-name",
-            Reason::StoreUnavailable => "urn:tower-lease:lock-store-unavailable",
-            Reason::NotReplicated => "urn:tower-lease:not-replicated",
-            Reason::LeaseLost => "urn:tower-lease:lease-lost",
-            Reason::BodyTooLarge { .. } => "urn:tower-lease:body-too-large",
-            Reason::BodyTimeout { .. } => "urn:tower-lease:body-timeout",
-            Reason::BodyUnreadable => "urn:tower-lease:body-unreadable",
-            Reason::IdempotencyKeyInvalid => "urn:tower-lease:idempotency-key-invalid",
-            Reason::IdempotencyKeyMissing => "urn:tower-lease:idempotency-key-missing",
-            Reason::IdempotencyInFlight { .. } => "urn:tower-lease:idempotency-in-flight",
-            Reason::IdempotencyKeyReused => "urn:tower-lease:idempotency-key-reused",
-            Reason::IdempotencyNotStored { .. } => "urn:tower-lease:idempotency-not-stored",
-            Reason::IdempotencyOutcomeUnknown { .. } => {
-                "urn:tower-lease:idempotency-outcome-unknown"
-            }
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self.reason {
-            Reason::Busy { .. } => "The resource is locked by another request",
-            Reason::Full { .. } => "Too many requests for this resource are running",
-            Reason::InvalidLimit => "The request is allowed no concurrent requests",
-            Reason::InvalidName => "The request names a resource that cannot be locked",
-            Reason::MissingName => "The request does not name the resource to lock",
-            Reason::StoreUnavailable => "The lock service is unavailable",
-            Reason::NotReplicated => "The lock could not be replicated",
-            Reason::LeaseLost => "The lock was lost while the request was being served",
-            Reason::BodyTooLarge { .. } => "The request body is too large",
-            Reason::BodyTimeout { .. } => "The request body did not arrive in time",
-            Reason::BodyUnreadable => "The request body could not be read",
-            Reason::IdempotencyKeyInvalid => "The Idempotency-Key header is invalid",
-            Reason::IdempotencyKeyMissing => "The request needs an Idempotency-Key header",
-            Reason::IdempotencyInFlight { .. } => "A request with this idempotency key is running",
-            Reason::IdempotencyKeyReused => "The idempotency key was used for another request",
-            Reason::IdempotencyNotStored { .. } => {
-                "The request with this idempotency key completed, but its response was not kept"
-            }
-            Reason::IdempotencyOutcomeUnknown { .. } => {
-                "The outcome of the request with this idempotency key is unknown"
-            }
+    /// The status the layer answers this problem with: the [table](Refusal)'s, or `busy`
+    /// (the layer's [`busy_status`](crate::LockLayer::busy_status) or
+    /// [`full_status`](crate::SemaphoreLayer::full_status)) when the user set one and the
+    /// lock is taken.
+    pub(crate) fn status(self, busy: Option<StatusCode>) -> StatusCode {
+        match (self.reason, busy) {
+            (Reason::Busy { .. } | Reason::Full { .. }, Some(status)) => status,
+            _ => Refusal::of(self.reason).status,
         }
     }
 
@@ -240,6 +93,10 @@ impl Problem {
             Reason::LeaseLost => format!(
                 "The {namespace} lease ran out before the request finished, so its outcome \
                  is unknown; check the resource before retrying."
+            ),
+            Reason::HandlerFailed => format!(
+                "The {namespace} request's handler failed before it answered; nothing was \
+                 stored for its idempotency key."
             ),
             Reason::BodyTooLarge { limit } => format!(
                 "Requests that take the {namespace} lock may carry at most {limit} bytes of body."
@@ -309,9 +166,10 @@ impl Problem {
     pub(crate) fn response(self, status: StatusCode, namespace: &str) -> Response<Bytes> {
         let mut json = String::with_capacity(256);
         json.push('{');
-        field(&mut json, "type", self.type_uri());
+        let refusal = Refusal::of(self.reason);
+        field(&mut json, "type", refusal.problem_type);
         json.push(',');
-        field(&mut json, "title", self.title());
+        field(&mut json, "title", refusal.title);
         let _ = write!(json, ",\"status\":{},", status.as_u16());
         field(&mut json, "detail", &self.detail(namespace));
         json.push(',');

@@ -13,7 +13,8 @@ use http_body_util::{BodyExt, Full};
 
 use super::body::LeaseBody;
 use super::boxed::{BoxError, RejectionBody};
-use super::problem::{Problem, Reason};
+use super::problem::Problem;
+use super::refusal::Reason;
 
 /// A request the layer answered itself instead of running the inner service.
 ///
@@ -42,11 +43,9 @@ impl Rejection {
         self.problem.reason
     }
 
-    /// The status the layer answers with by default: the layer's
-    /// [`busy_status`](crate::LockLayer::busy_status) when busy (or
-    /// [`full_status`](crate::SemaphoreLayer::full_status) when full), `400` for names and a
-    /// limit of 0, `503` when
-    /// the store is unavailable or the lease was lost, `413`, `408` and `400` for bodies.
+    /// The status the layer answers with by default: the one [`Reason`]'s table gives the
+    /// reason, or the layer's [`busy_status`](crate::LockLayer::busy_status) (or
+    /// [`full_status`](crate::SemaphoreLayer::full_status)) when the lock is taken.
     pub fn status(&self) -> StatusCode {
         self.status
     }

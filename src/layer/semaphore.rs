@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use super::buffer::{BufferBody, Buffered, Streamed};
 use super::config::Config;
 use super::extract::{SafeMethods, SemaphorePermits};
-use super::service::{Access, LockService};
+use super::service::{Access, LeaseService};
 use crate::{Semaphore, Store};
 
 /// Caps the requests running at once per name, across every replica that shares the store:
@@ -62,8 +62,7 @@ impl<E> SemaphoreLayer<E> {
     /// As with [`LockLayer::new`](crate::LockLayer::new), the semaphore may have any name type
     /// `N`, and the extractor should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, semaphore: Semaphore<N>, extractor: E) -> Self {
-        let mut config = Config::new(store, semaphore.spec());
-        config.busy_status = StatusCode::TOO_MANY_REQUESTS;
+        let config = Config::new(store, semaphore.spec());
         Self {
             config,
             extractor,
@@ -110,19 +109,19 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
         }
     }
 
-    fn service<S>(&self, inner: S) -> LockService<S, E, SafeMethods, K>
+    fn service<S>(&self, inner: S) -> LeaseService<S, E, SafeMethods, K>
     where
         E: Clone,
         K: Clone,
     {
         let config = Arc::new(self.config.clone());
         let access = Access::Permits(self.permits.clone());
-        LockService::new(inner, config, self.extractor.clone(), access)
+        LeaseService::new(inner, config, self.extractor.clone(), access)
     }
 }
 
 impl<S, E: Clone, K: Clone> Layer<S> for SemaphoreLayer<E, K, Streamed> {
-    type Service = LockService<S, E, SafeMethods, K>;
+    type Service = LeaseService<S, E, SafeMethods, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.service(inner)
@@ -130,7 +129,7 @@ impl<S, E: Clone, K: Clone> Layer<S> for SemaphoreLayer<E, K, Streamed> {
 }
 
 impl<S, E: Clone, K: Clone> Layer<S> for SemaphoreLayer<E, K, Buffered> {
-    type Service = BufferBody<LockService<S, E, SafeMethods, K>>;
+    type Service = BufferBody<LeaseService<S, E, SafeMethods, K>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BufferBody::new(self.service(inner), Arc::new(self.config.clone()))

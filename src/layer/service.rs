@@ -1,4 +1,6 @@
-//! [`LockService`]: the one service behind both layers.
+//! [`LeaseService`]: the one service behind every lease layer (`LockLayer`, `RwLockLayer`,
+//! `SemaphoreLayer`): each request under a lease of the layer's lock, read-write lock or
+//! semaphore.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,7 +19,8 @@ use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
-use super::problem::{Problem, Reason};
+use super::problem::Problem;
+use super::refusal::Reason;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
@@ -45,14 +48,14 @@ pub(crate) enum Access<R, P> {
 /// [`SemaphoreLayer`](crate::SemaphoreLayer) make. `R` only matters for the second, `P` for the
 /// third.
 #[derive(Clone)]
-pub struct LockService<S, E, R = SafeMethods, P = SemaphorePermits> {
+pub struct LeaseService<S, E, R = SafeMethods, P = SemaphorePermits> {
     inner: S,
     config: Arc<Config>,
     extractor: E,
     access: Access<R, P>,
 }
 
-impl<S, E, R, P> LockService<S, E, R, P> {
+impl<S, E, R, P> LeaseService<S, E, R, P> {
     pub(crate) fn new(inner: S, config: Arc<Config>, extractor: E, access: Access<R, P>) -> Self {
         Self {
             inner,
@@ -78,7 +81,7 @@ impl<S, E, R, P> LockService<S, E, R, P> {
     }
 }
 
-impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E, R, P>
+impl<S, E, R, P, ReqBody, ResBody> Service<Request<ReqBody>> for LeaseService<S, E, R, P>
 where
     S: Service<Request<TimeoutBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     ReqBody: http_body::Body,
@@ -106,7 +109,7 @@ where
                 let mode = self.access.mode(&req);
                 let span = request_span(namespace, mode);
                 span.in_scope(|| tracing::debug!("no lock name, request refused"));
-                telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
+                telemetry::refused(namespace, mode, telemetry::AcquireOutcome::MissingName);
                 let config = self.config.clone();
                 return ResponseFuture::refused(Problem::from(Reason::MissingName), config, span);
             }
@@ -125,7 +128,7 @@ where
         }
         let Some(spec) = self.access.spec(&req, self.config.spec) else {
             span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
-            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);
+            telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidLimit);
             let problem = Problem::from(Reason::InvalidLimit);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         };
@@ -153,7 +156,7 @@ where
                 let (sent_at, attempt) =
                     acquire_within(store, spec, mode, name, wait, on_store_error).await;
                 drop(slot);
-                let timing = config.timing;
+                let timing = config.beat.timing();
                 attempt.map(|attempt| {
                     attempt.map(|holding| match &shared {
                         Some(reads) => match reads.adopt(holding, sent_at, timing) {
@@ -171,7 +174,7 @@ where
                     FinishOnDrop::guarded(Box::pin(read))
                 }
                 None => {
-                    let (store, timing) = (config.store.clone(), config.timing);
+                    let (store, timing) = (config.store.clone(), config.beat.timing());
                     let on_store_error = Some(on_store_error);
                     let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
                     // A named future rather than an `async` block around `attempt`, which would
@@ -211,7 +214,7 @@ async fn shared_read(
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
                 let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error).await;
-                let answer = leader.publish(attempt, sent_at, config.timing);
+                let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }
             Entry::Waiting(waiter) => waiter.outcome().await,
@@ -299,9 +302,9 @@ impl<R, P> Access<R, P> {
     }
 }
 
-impl<S: fmt::Debug, E, R, P> fmt::Debug for LockService<S, E, R, P> {
+impl<S: fmt::Debug, E, R, P> fmt::Debug for LeaseService<S, E, R, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockService")
+        f.debug_struct("LeaseService")
             .field("inner", &self.inner)
             .field("config", &self.config)
             .finish_non_exhaustive()

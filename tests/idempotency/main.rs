@@ -6,6 +6,7 @@ mod support;
 
 mod layer;
 mod once;
+mod panic;
 mod restart;
 mod store;
 mod stored;

@@ -192,7 +192,7 @@ async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Env) {
     let reply = http.post(app.addr, "/reports/a").await;
     assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
     assert_eq!(reply.retry_after(), Some(1), "{reply:?}");
-    assert_eq!(reply.problem()["type"], "urn:tower-lease:lock-held");
+    assert_eq!(reply.problem()["type"], "urn:tower-lease:lock-busy");
     app.done(holder).await;
 
     // Holds of 1.2 s lately (three at once, on other names): two seconds, as whole seconds

@@ -19,7 +19,7 @@ const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
 crate::store_tests!(
     Layer: [
-        held_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
+        busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
         no_name_passes_through_and_invalid_names_get_400,
         the_next_request_finds_the_lock_free,
         the_next_request_finds_the_lock_free_after_a_held_body,
@@ -33,7 +33,7 @@ fn invoices(layer: LockLayer<extract::PathSegment>, calls: &Arc<AtomicUsize>) ->
         .with_state(calls.clone())
 }
 
-async fn held_answers_409_or_423_with_retry_after_and_never_calls_the_handler(env: Env) {
+async fn busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler(env: Env) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
     let conflict = serve(invoices(layer.clone(), &calls)).await;
@@ -53,7 +53,7 @@ async fn held_answers_409_or_423_with_retry_after_and_never_calls_the_handler(en
         let reply = http.post(addr, "/invoices/42/finalize").await;
         assert_eq!(reply.status, status, "{reply:?}");
         let problem = reply.problem();
-        assert_eq!(problem["type"], "urn:tower-lease:lock-held");
+        assert_eq!(problem["type"], "urn:tower-lease:lock-busy");
         assert_eq!(problem["namespace"], "invoice");
 
         // The holder's lease has between 2.5 s − elapsed and 2.5 s left: rounded up.

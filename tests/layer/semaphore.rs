@@ -3,6 +3,7 @@
 //! and a cancellation storm that leaves no permit behind.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -157,14 +158,31 @@ async fn each_request_can_carry_its_own_limit(env: Env) {
 async fn a_waiting_request_gets_the_permit_a_release_frees(env: Env) {
     let witness = Witness::default();
     let one = EXPORTS.with_permits(1).unwrap();
-    let layer = SemaphoreLayer::new(env.store.clone(), one, extract::path_segment(1))
-        .wait(Duration::from_secs(3));
+    // The extractor marks the request's arrival at the layer: until then, "it did not run"
+    // would say nothing.
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let extractor = {
+        let arrived = arrived.clone();
+        move |req: &Request<axum::body::Body>| {
+            arrived.fetch_add(1, Ordering::SeqCst);
+            req.uri().path().strip_prefix("/exports/").map(String::from)
+        }
+    };
+    let layer = SemaphoreLayer::new(env.store.clone(), one, extractor).wait(Duration::from_secs(3));
     let addr = serve(routes().route_layer(layer).with_state(witness.clone())).await;
     let held = one.try_acquire(&env.store, "acme").await.unwrap().unwrap();
     let request = tokio::spawn(async move {
         let reply = send(&Http::new(), addr, "/exports/acme", &[]).await;
         (reply, Instant::now())
     });
+    let every = Duration::from_millis(5);
+    let at_layer = poll(every, Duration::from_secs(5), || async {
+        (arrived.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert!(at_layer.is_some(), "the request never reached the layer");
+    // Long enough for a waiter that ignored the limit to have run (its first attempt is
+    // at once, its polls a few ms apart).
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(witness.runs(), 0, "ran beside the holder");
     let released = Instant::now();

@@ -37,23 +37,35 @@ fn layer(env: &Env) -> LockLayer<extract::PathSegment> {
 }
 
 async fn a_waiting_request_runs_once_the_holder_releases(env: Env) {
+    // Woken by the release, a waiter answers within a few round trips of it. A poller finds
+    // it only at its next poll: 75-125 ms apart once backed off (1 s with release
+    // notifications), about 50 ms after the release on average. One round could not tell the
+    // two apart; the mean of ten can, with room for a loaded machine's pauses.
+    const ROUNDS: u32 = 10;
     let runs = Arc::new(AtomicUsize::new(0));
     let addr = serve(app(layer(&env).wait(Duration::from_secs(2)), &runs)).await;
-    let holder = JOBS.try_lock(&env.store, "1").await.unwrap().unwrap();
-    let request = tokio::spawn(async move {
-        let reply = Http::new().post(addr, "/jobs/1").await;
-        (reply, Instant::now())
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let released = Instant::now();
-    assert!(holder.release().await.unwrap());
-    let (reply, answered) = request.await.unwrap();
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let after = answered - released;
+    let mut afters = Vec::new();
+    for round in 0..ROUNDS {
+        let name = format!("w{round}");
+        let holder = JOBS.try_lock(&env.store, &name).await.unwrap().unwrap();
+        let path = format!("/jobs/{name}");
+        let request = tokio::spawn(async move {
+            let reply = Http::new().post(addr, &path).await;
+            (reply, Instant::now())
+        });
+        // Past the first polls, which come 5, 10, 20 and 40 ms apart.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = Instant::now();
+        assert!(holder.release().await.unwrap());
+        let (reply, answered) = request.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "round {round}: {reply:?}");
+        afters.push(answered.saturating_duration_since(released));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), ROUNDS as usize);
+    let mean = afters.iter().sum::<Duration>() / ROUNDS;
     assert!(
-        after < Duration::from_millis(100),
-        "answered {after:?} after the release"
+        mean < Duration::from_millis(25),
+        "answered {mean:?} after the release on average: {afters:?}"
     );
 }
 

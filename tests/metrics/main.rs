@@ -126,7 +126,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
     assert!(JOBS.try_lock(&store, "a").await.unwrap().is_none());
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=held")
+        one(ACQUIRE, "mode=exclusive,namespace=jobs,outcome=busy")
     );
 
     assert!(JOBS.try_lock(&store, "").await.is_err());
@@ -147,7 +147,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
         1.0
     );
     assert_eq!(
-        rw["tower_lease_acquire_total{mode=write,namespace=docs,outcome=held}"],
+        rw["tower_lease_acquire_total{mode=write,namespace=docs,outcome=busy}"],
         1.0
     );
 
@@ -213,7 +213,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
     );
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=held")
+        one(ACQUIRE, "mode=exclusive,namespace=short,outcome=busy")
     );
     assert!(holder.release().await.unwrap());
     recorded();
@@ -314,7 +314,7 @@ async fn permits_count_under_mode_permit() {
     assert!(POOL.try_acquire(&store, "a").await.unwrap().is_none());
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=permit,namespace=pool,outcome=held")
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=busy")
     );
     assert!(permit.release().await.unwrap());
     assert_eq!(
@@ -339,8 +339,54 @@ async fn permits_count_under_mode_permit() {
     );
     assert_eq!(
         moved(&recorded(), ACQUIRE),
-        one(ACQUIRE, "mode=permit,namespace=pool,outcome=invalid_name")
+        one(ACQUIRE, "mode=permit,namespace=pool,outcome=invalid_limit")
     );
+}
+
+#[tokio::test]
+async fn a_missing_name_and_an_invalid_name_count_apart() {
+    const ACQUIRE: &str = "tower_lease_acquire_total";
+    let _turn = turn().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = LockLayer::new(Store::memory(), JOBS, extract::header("x-job")).require_name();
+    let addr = serve(
+        Router::new()
+            .route("/run", post(count))
+            .route_layer(layer)
+            .with_state(runs.clone()),
+    )
+    .await;
+    let http = Http::new();
+
+    let missing = http.post(addr, "/run").await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.problem()["type"],
+        "urn:tower-lease:missing-lock-name"
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=jobs,outcome=missing_name"
+        )
+    );
+
+    let headers: [(&str, &[u8]); 1] = [("x-job", b"{x}")];
+    let invalid = http.send(addr, http::Method::POST, "/run", &headers).await;
+    assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        invalid.problem()["type"],
+        "urn:tower-lease:invalid-lock-name"
+    );
+    assert_eq!(
+        moved(&recorded(), ACQUIRE),
+        one(
+            ACQUIRE,
+            "mode=exclusive,namespace=jobs,outcome=invalid_name"
+        )
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

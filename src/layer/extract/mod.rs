@@ -276,7 +276,7 @@ impl<B> ReadWhen<B> for SafeMethods {
 /// its name with: a tenant's plan, say.
 ///
 /// Implemented for every `Fn(&Request<B>) -> u32 + Clone + Send + Sync + 'static`; the default
-/// is [`SemaphorePermits`]. A limit of 0 answers `400` (and counts as `invalid_name` in the
+/// is [`SemaphorePermits`]. A limit of 0 answers `400` (and counts as `invalid_limit` in the
 /// `metrics` feature's `tower_lease_acquire_total`).
 pub trait PermitsFor<B> {
     /// The most permits live at once for `req` to get in; `None` for the semaphore's own.

@@ -36,7 +36,7 @@ impl Waiter {
             answered.as_mut().enable();
             if let Some(outcome) = share.outcome.get() {
                 let answer = match outcome {
-                    Outcome::Held(_) => {
+                    Outcome::Acquired(_) => {
                         self.share = None;
                         let read = SharedRead::new(self.reads.clone(), share.clone());
                         return Some(Ok(Attempt::Acquired(read)));
@@ -89,7 +89,7 @@ impl Leader {
             Ok(Attempt::Acquired(holding)) => {
                 let lease = OwnLease::new(holding, sent_at, timing);
                 let held = Held::new(lease, sent_at, timing);
-                self.reads.publish(&share, Outcome::Held(held));
+                self.reads.publish(&share, Outcome::Acquired(held));
                 let read = SharedRead::new(self.reads.clone(), share);
                 return Ok(Attempt::Acquired(read));
             }

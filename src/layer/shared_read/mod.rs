@@ -74,7 +74,9 @@ struct Share {
 
 /// What a share's acquisition came to.
 enum Outcome {
-    Held(Held),
+    /// The share holds the lease.
+    Acquired(Held),
+    /// Someone else holds the lock, for about this long.
     Busy(Duration),
     Failed(Error),
     /// The leading request went away before it sent anything: the waiters start again.
@@ -102,6 +104,11 @@ pub(crate) enum Entry {
 }
 
 impl SharedReads {
+    /// How long a share outlives its last request.
+    pub(crate) fn linger(&self) -> Duration {
+        self.linger
+    }
+
     /// Shares that linger for up to `linger` after their last request (see
     /// [`linger`](linger::linger)).
     pub(crate) fn lingering(linger: Duration) -> Self {
@@ -122,7 +129,7 @@ impl SharedReads {
         let shares = self.lock();
         let share = shares.get(name)?;
         match share.outcome.get() {
-            Some(Outcome::Held(held)) if held.admits(now) => {
+            Some(Outcome::Acquired(held)) if held.admits(now) => {
                 share.members.fetch_add(1, Ordering::Relaxed);
                 Some(SharedRead::new(self.clone(), share.clone()))
             }
@@ -140,7 +147,7 @@ impl SharedReads {
                     share.members.fetch_add(1, Ordering::Relaxed);
                     return Entry::Waiting(Waiter::new(self.clone(), share.clone()));
                 }
-                Some(Outcome::Held(held)) if held.admits(now) => {
+                Some(Outcome::Acquired(held)) if held.admits(now) => {
                     share.members.fetch_add(1, Ordering::Relaxed);
                     return Entry::Joined(SharedRead::new(self.clone(), share.clone()));
                 }
@@ -170,7 +177,7 @@ impl SharedReads {
         let taken = shares
             .get(name)
             .is_some_and(|share| match share.outcome.get() {
-                Some(Outcome::Held(held)) => held.admits(now),
+                Some(Outcome::Acquired(held)) => held.admits(now),
                 None => true,
                 Some(_) => false,
             });
@@ -214,7 +221,7 @@ impl SharedReads {
     /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
     /// no lease leaves the registry at once, so the next request asks the store again.
     fn publish(&self, share: &Arc<Share>, outcome: Outcome) {
-        let held = matches!(outcome, Outcome::Held(_));
+        let held = matches!(outcome, Outcome::Acquired(_));
         {
             let mut shares = self.lock();
             if share.outcome.set(outcome).is_err() {
@@ -236,7 +243,7 @@ impl Share {
     fn new(name: &[u8], held: Option<Held>) -> Self {
         let outcome = OnceLock::new();
         if let Some(held) = held {
-            let _ = outcome.set(Outcome::Held(held));
+            let _ = outcome.set(Outcome::Acquired(held));
         }
         Share {
             name: name.into(),
@@ -253,7 +260,7 @@ impl Share {
 
     fn held(&self) -> Option<&Held> {
         match self.outcome.get() {
-            Some(Outcome::Held(held)) => Some(held),
+            Some(Outcome::Acquired(held)) => Some(held),
             _ => None,
         }
     }
