@@ -282,14 +282,22 @@ impl Drop for Holding {
     }
 }
 
-impl fmt::Debug for Holding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Holding {
+    /// Writes this holding as `type_name { namespace, name, mode, fence, .. }`: a token prints
+    /// as what it is (`LockToken { .. }`), not as the lease inside it.
+    pub(crate) fn debug_as(&self, f: &mut fmt::Formatter<'_>, type_name: &str) -> fmt::Result {
         // The secret stays out: whoever has it can release the lock.
-        f.debug_struct("Lease")
+        f.debug_struct(type_name)
             .field("namespace", &self.spec.namespace)
             .field("name", &self.name)
             .field("mode", &self.mode)
             .field("fence", &self.fence)
             .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Holding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.debug_as(f, "Holding")
     }
 }

@@ -86,7 +86,7 @@ macro_rules! token {
 
         impl<L> fmt::Debug for $ty<L> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Debug::fmt(&self.holding, f)
+                self.holding.debug_as(f, stringify!($ty))
             }
         }
     };
@@ -134,4 +134,30 @@ token! {
     /// Dropping a token does not talk to the store: the reader's lease stays until its TTL runs
     /// out. Call [`release`](Self::release) to free it at once.
     ReadToken
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Lock, RwLock, Semaphore, Store};
+
+    #[tokio::test]
+    async fn a_token_prints_as_what_it_is_without_its_secret() {
+        let store = Store::memory();
+        let lock = Lock::new("jobs", Duration::from_secs(1)).fenced();
+        let token = lock.try_lock(&store, "a").await.unwrap().expect("free");
+        let printed = format!("{token:?}");
+        assert!(printed.starts_with("LockToken {"), "{printed}");
+        assert!(printed.contains("namespace: \"jobs\""), "{printed}");
+        assert!(printed.contains("fence: Some("), "{printed}");
+        assert!(!printed.contains("secret"), "{printed}");
+
+        let docs = RwLock::new("docs", Duration::from_secs(1));
+        let reader = docs.try_read(&store, "a").await.unwrap().expect("free");
+        assert!(format!("{reader:?}").starts_with("ReadToken {"));
+        let slots = Semaphore::new("slots", 1, Duration::from_secs(1));
+        let permit = slots.try_acquire(&store, "a").await.unwrap().expect("free");
+        assert!(format!("{permit:?}").starts_with("Permit {"));
+    }
 }
