@@ -401,7 +401,7 @@ pub(crate) fn extend(namespace: &'static str, mode: Mode, outcome: ExtendOutcome
     });
 }
 
-/// Counts a lease the layer's heartbeat declared lost.
+/// Counts a lease the store's heartbeat declared lost.
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn lost(namespace: &'static str, mode: Mode, reason: LossReason) {

@@ -276,7 +276,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Extends many leases at once, answering in the order of `leases` what
     /// [`extend`](Self::extend) would have answered for each.
     ///
-    /// The layer's heartbeat sends the extensions that fall due together through this. The
+    /// The store's heartbeat sends the extensions that fall due together through this. The
     /// default runs the single `extend`s concurrently; `RedisStore` sends them in one
     /// pipeline, which costs the client and the server far less per lease.
     fn extend_many<'a>(

@@ -204,13 +204,13 @@
 //! [`lost()`](crate::Lease::lost) resolves only when the lease is lost, and
 //! [`ended()`](crate::Lease::ended) when it is lost or released.
 //!
-//! The layer's heartbeat extends each lease every `heartbeat` interval, whether or not the server
+//! The store's heartbeat extends each lease every `heartbeat` interval, whether or not the server
 //! is polling the response (a client that reads slowly does not let the lease lapse). It is one
-//! task per layer, not one per lease: the extensions that fall due together (within an eighth of
-//! the interval) go out as one batch, one pipeline of `EVALSHA`s on Redis (concurrent single calls
-//! on a cluster, where a pipeline cannot span slots). The task is spawned when a lease's first
-//! extension falls due, and ends when the layer's last such lease is released or lost; a request
-//! that ends sooner never touches it. Failed extensions are retried with a short backoff until the
+//! task per [`Store`](crate::Store), shared by every layer and `Held` on it, not one per lease:
+//! the extensions that fall due together (within an eighth of the interval) go out as one batch,
+//! one pipeline on Redis (concurrent single calls on a cluster, where a pipeline cannot span
+//! slots). The task is spawned when a lease's first extension falls due, and ends when the
+//! store's last such lease is released or lost; a request that ends sooner never touches it. Failed extensions are retried with a short backoff until the
 //! lease would end; a batch the store does not answer is abandoned at the earliest deadline in it.
 //!
 //! Validity is counted on the monotonic clock from the moment each confirmed acquire or extend

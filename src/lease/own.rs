@@ -12,7 +12,7 @@ use crate::backend::BoxFuture;
 use crate::holding::Holding;
 use crate::watchdog::{Overdue, Watchdog};
 
-/// Owns a lease the layer holds: its place in the layer's heartbeat, and its release.
+/// Owns a lease the layer holds: its place in the store's heartbeat, and its release.
 ///
 /// Dropped without [`release`](Self::release) (the client went away, the future or body was
 /// dropped), it withdraws the lease from the heartbeat and spawns the release, so the lock is
@@ -22,7 +22,7 @@ pub(crate) struct OwnLease {
     enrolment: Enrolment,
 }
 
-/// Where the lease stands with the layer's heartbeat.
+/// Where the lease stands with the store's heartbeat.
 enum Enrolment {
     /// Not handed to the heartbeat yet. Most requests end before the first extension is due,
     /// and enrolling and withdrawing each of them would cost as much as the lock's own round
@@ -36,7 +36,7 @@ enum Enrolment {
         acquired_at: Instant,
         timing: HeartbeatTiming,
     },
-    /// In the care of the layer's heartbeat.
+    /// In the care of the store's heartbeat.
     Enrolled { heartbeat: Heartbeat },
     /// Withdrawn for the release, which is under way or done: nothing extends the lease any
     /// more, and dropping the guard does nothing.

@@ -1,12 +1,12 @@
-//! The heartbeat: one task per layer that keeps the layer's held leases alive, sending the
-//! extensions that fall due together as one batch.
+//! The heartbeat: one task per store that keeps the leases held through it alive (every layer's
+//! and every `Held`'s), sending the extensions that fall due together as one batch.
 //!
 //! A task per lease costs a timer, a task and a store round trip per lease and beat; at ten
 //! thousand held leases that is a good part of a core. One driver sends a due batch with one
 //! [`Backend::extend_many`](crate::backend::Backend::extend_many) call (one pipeline on Redis)
 //! instead.
 //!
-//! [`Heartbeat`] is the layer's handle on its driver; the driver itself is in [`driver`].
+//! [`Heartbeat`] is the store's handle on its driver; the driver itself is in [`driver`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
