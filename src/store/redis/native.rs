@@ -10,7 +10,8 @@
 //! would need a second round trip or a script, and a release that finds its lease gone is rare
 //! (the lease was lost) and wakes waiters only to try a name that is then free or held anew.
 //!
-//! The server is asked once, on the store's first extend or release (or at connect):
+//! The server is asked once: at connect by `connect`, `from_client`, `connect_cluster` and
+//! `connect_sentinel`, and on the first extend or release of a store made with `new`:
 //! `COMMAND INFO DELIFEQ DELEX`, and when it has neither, `SET` with `IFEQ` on a probe key
 //! that no lease uses (a missing key, so it sets nothing). A server that later refuses one of
 //! these commands (a failover or a rolling downgrade to an older one) sends the store back to

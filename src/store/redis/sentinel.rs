@@ -431,6 +431,9 @@ impl RedisStore<SentinelConnection> {
         let mut store = Self::new(conn);
         store.notifier = Some(super::notify::Notifier::new(subscriber));
         store.sharded = false;
+        // Asked once here, as the other constructors do; a promoted replica that lacks the
+        // commands refuses them, and the store falls back to the scripts for good.
+        store.probe_native().await;
         Ok(store)
     }
 }
