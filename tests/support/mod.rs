@@ -23,13 +23,11 @@ pub mod proxy;
 pub mod sentinel;
 pub mod server;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 // What the tests use most, at the top; not every binary uses each.
 #[allow(unused_imports)]
@@ -37,31 +35,10 @@ pub use env::{Env, Raw, STORE_TIMEOUT, Setup};
 #[allow(unused_imports)]
 pub use server::{Endpoint, RedisServer};
 
-/// Calls `attempt` every `every` until it answers `Some`, for at most `limit` (at least once);
-/// answers the value and when the attempt that gave it was sent.
-///
-/// It keeps time with tokio's clock, so it works under `tokio::time::pause` too.
-pub async fn poll<T, F, Fut>(
-    every: Duration,
-    limit: Duration,
-    mut attempt: F,
-) -> Option<(T, Instant)>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        let sent = Instant::now();
-        if let Some(value) = attempt().await {
-            return Some((value, sent));
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(every).await;
-    }
-}
+/// Polling until an attempt answers `Some`, on tokio's clock (so under `tokio::time::pause`
+/// too): the test kit's, shared with the conformance suite.
+#[allow(unused_imports)]
+pub use tower_lease_testkit::poll;
 
 /// Sets its flag when dropped: tells whether a handler's future was dropped.
 pub struct DropFlag(pub Arc<AtomicBool>);
