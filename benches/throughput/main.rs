@@ -192,8 +192,13 @@ async fn bench(redis: &Redis, settings: Settings) {
         ratios.sort_by(f64::total_cmp);
         ratios
     };
+    // Their median; NaN when one of them was left out.
     let paired = |tasks: usize, a: &str, b: &str, of: fn(&Row) -> &[f64]| {
-        median(&mut ratios(tasks, a, b, of))
+        let mut within = ratios(tasks, a, b, of);
+        if within.is_empty() {
+            return f64::NAN;
+        }
+        median(&mut within)
     };
     // The median of a row's measure at `tasks`.
     let of_row = |tasks: usize, name: &str, of: fn(&Row) -> &[f64]| {
