@@ -209,9 +209,9 @@ impl Holders {
     /// Counts one more holder inside until the guard drops.
     #[must_use = "the holder is inside until the guard drops"]
     pub fn enter(&self) -> Inside {
-        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        let (inside, now) = Inside::enter(&self.inside);
         self.most.fetch_max(now, Ordering::SeqCst);
-        Inside(self.inside.clone())
+        inside
     }
 
     /// The most holders that were inside at the same time.
@@ -220,9 +220,20 @@ impl Holders {
     }
 }
 
-/// One holder inside a [`Holders`] count; leaves when dropped.
+/// One inside a count (a [`Holders`] holder, a handler); leaves when dropped, so a handler
+/// dropped midway (its client gone) leaves too.
 #[derive(Debug)]
 pub struct Inside(Arc<AtomicUsize>);
+
+impl Inside {
+    /// Counts one more in `count` until the guard drops; answers the guard and how many are
+    /// inside now.
+    #[must_use = "it is inside until the guard drops"]
+    pub fn enter(count: &Arc<AtomicUsize>) -> (Inside, usize) {
+        let now = count.fetch_add(1, Ordering::SeqCst) + 1;
+        (Inside(count.clone()), now)
+    }
+}
 
 impl Drop for Inside {
     fn drop(&mut self) {

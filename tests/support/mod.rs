@@ -49,48 +49,11 @@ impl Drop for DropFlag {
     }
 }
 
-/// A witness of mutual exclusion: every holder [`enter`](Self::enter)s while it believes it
-/// holds the lock, and [`most`](Self::most) tells how many were ever inside at once. Clones
-/// share the count, so the holders may sit in different tasks or replicas.
-#[derive(Clone, Debug, Default)]
-pub struct Holders {
-    inside: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
-}
-
-impl Holders {
-    /// Counts one more holder inside until the guard drops.
-    #[must_use = "the holder is inside until the guard drops"]
-    pub fn enter(&self) -> Inside {
-        let (inside, now) = Inside::enter(&self.inside);
-        self.most.fetch_max(now, Ordering::SeqCst);
-        inside
-    }
-
-    /// The most holders that were inside at the same time.
-    pub fn most(&self) -> usize {
-        self.most.load(Ordering::SeqCst)
-    }
-}
-
-/// One inside a count (a holder, a handler); leaves when dropped, so a handler dropped midway
-/// (its client gone) leaves too.
-#[derive(Debug)]
-pub struct Inside(Arc<AtomicUsize>);
-
-impl Inside {
-    /// Counts one more in `count`; answers the guard and how many are inside now.
-    fn enter(count: &Arc<AtomicUsize>) -> (Inside, usize) {
-        let now = count.fetch_add(1, Ordering::SeqCst) + 1;
-        (Inside(count.clone()), now)
-    }
-}
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+/// Witnesses of mutual exclusion: a [`Holders`] count that every holder `enter`s while it
+/// believes it holds the lock, telling the most ever inside at once; the test kit's, shared
+/// with the conformance suite. [`Inside`] is one inside any count here.
+#[allow(unused_imports)]
+pub use tower_lease_testkit::{Holders, Inside};
 
 /// Handlers that stay inside until the gate opens, counting who is inside. Clones share the
 /// count and the gate.
