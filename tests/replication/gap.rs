@@ -16,7 +16,7 @@ use tower_lease::store::SentinelConnection;
 use tower_lease::{Lock, RedisStore, Store};
 
 use crate::support::Endpoint;
-use crate::support::sentinel::{MASTER, Topology};
+use crate::support::sentinel::{MASTER, Topology, until_acknowledged};
 use crate::support::server::{calls, commandstats};
 
 const DOWN_AFTER: Duration = Duration::from_secs(1);
@@ -203,7 +203,7 @@ async fn a_killed_primary_is_written_to_within_3_s_of_acknowledging_replicated_w
         .find(|node| node.port() == new_port)
         .expect("the new primary is one of ours");
     // From here on a store that follows the sentinels can write with `WAIT 1` met.
-    until_acknowledged(new_primary).await;
+    until_acknowledged(new_primary, 1, Duration::from_secs(15)).await;
     let ready = Instant::now();
     eprintln!(
         "the sentinels named the promoted replica {named:?} after the kill; it acknowledged a \
@@ -234,32 +234,6 @@ async fn a_killed_primary_is_written_to_within_3_s_of_acknowledging_replicated_w
         "no write for {gap:?}"
     );
     assert_eq!(second_holders, 0, "a lock had two holders");
-}
-
-/// Waits until `node` acknowledges a write with one replica (`SET`, `WAIT 1 100`), for at
-/// most 15 s.
-async fn until_acknowledged(node: &crate::support::server::RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut conn = node.connection().await;
-    loop {
-        let acked: Result<((), u32), _> = redis::pipe()
-            .cmd("SET")
-            .arg("tower-lease-test:acknowledged")
-            .arg(1)
-            .cmd("WAIT")
-            .arg(1)
-            .arg(100)
-            .query_async(&mut conn)
-            .await;
-        if matches!(acked, Ok((_, n)) if n >= 1) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new primary never acknowledged a replicated write: {acked:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

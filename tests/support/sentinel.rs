@@ -119,32 +119,7 @@ impl Topology {
 
     /// Waits until `n` replicas acknowledge a write on the primary (for at most 10 s).
     pub async fn until_all_synced(&self, n: u32) {
-        let mut primary = self.primary.connection().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, acked): ((), u32) = redis::pipe()
-                .cmd("SET")
-                .arg("tower-lease-test:synced")
-                .arg(1)
-                .cmd("WAIT")
-                .arg(n)
-                .arg(200)
-                .query_async(&mut primary)
-                .await
-                .expect("SET and WAIT on the primary");
-            if acked >= n {
-                let _: () = redis::cmd("DEL")
-                    .arg("tower-lease-test:synced")
-                    .query_async(&mut primary)
-                    .await
-                    .expect("DEL on the primary");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{acked} of {n} replicas acknowledged a write"
-            );
-        }
+        until_acknowledged(&self.primary, n, Duration::from_secs(10)).await;
     }
 
     /// Asks a sentinel for a graceful failover (`SENTINEL FAILOVER`).
@@ -240,36 +215,18 @@ impl Topology {
         }
         // The link is up on the replica's side before the primary counts the replica for
         // `WAIT`: a write it acknowledges says both sides are ready.
-        let mut primary = self.primary.connection().await;
-        loop {
-            let (_, acked): ((), u32) = redis::pipe()
-                .cmd("SET")
-                .arg("tower-lease-test:synced")
-                .arg(1)
-                .cmd("WAIT")
-                .arg(1)
-                // Within redis-rs's response timeout of 500 ms.
-                .arg(200)
-                .query_async(&mut primary)
-                .await
-                .expect("SET and WAIT on the primary");
-            if acked >= 1 {
-                // Nor does the probe stay in the keyspace or the command counts tests read.
-                let _: () = redis::pipe()
-                    .cmd("DEL")
-                    .arg("tower-lease-test:synced")
-                    .cmd("CONFIG")
-                    .arg("RESETSTAT")
-                    .query_async(&mut primary)
-                    .await
-                    .expect("DEL and CONFIG RESETSTAT on the primary");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the replica never acknowledged a write"
-            );
-        }
+        until_acknowledged(
+            &self.primary,
+            1,
+            deadline.saturating_duration_since(Instant::now()),
+        )
+        .await;
+        // Nor do the probe's commands stay in the counts tests read.
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut self.primary.connection().await)
+            .await
+            .expect("CONFIG RESETSTAT on the primary");
     }
 
     /// Waits until every sentinel lists the replica and the two other sentinels (for at most
@@ -383,6 +340,38 @@ impl Topology {
             .query_async(&mut conn)
             .await
             .expect("REPLICAOF NO ONE");
+    }
+}
+
+/// Waits until `node` acknowledges a write with `n` replicas (`SET` and `WAIT n 200` on a probe
+/// key, deleted after), for at most `limit`.
+pub async fn until_acknowledged(node: &RedisServer, n: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut conn = node.connection().await;
+    loop {
+        let acked: redis::RedisResult<((), u32)> = redis::pipe()
+            .cmd("SET")
+            .arg("tower-lease-test:synced")
+            .arg(1)
+            .cmd("WAIT")
+            .arg(n)
+            // Within redis-rs's response timeout of 500 ms.
+            .arg(200)
+            .query_async(&mut conn)
+            .await;
+        if matches!(acked, Ok((_, acked)) if acked >= n) {
+            let () = redis::cmd("DEL")
+                .arg("tower-lease-test:synced")
+                .query_async(&mut conn)
+                .await
+                .expect("DEL on the primary");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} replicas never acknowledged a write on {}: {acked:?}",
+            node.port()
+        );
     }
 }
 
