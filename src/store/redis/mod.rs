@@ -283,14 +283,15 @@ where
 }
 
 fn acquisition(reply: redis::Value, lock: LockRef<'_>) -> Result<Acquisition> {
-    let (acquired, value): (i64, i64) =
+    // One integer (see `acquire.lua`): a fence, or -3 - the blocking key's `PTTL`.
+    let answer: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;
-    Ok(match acquired {
-        1 => Acquisition::Acquired {
-            fence: lock.fenced.then_some(value.max(0) as u64),
+    Ok(match answer {
+        fence @ 0.. => Acquisition::Acquired {
+            fence: lock.fenced.then_some(fence as u64),
         },
-        _ => Acquisition::Busy {
-            retry_after: busy_for(value, lock),
+        refused => Acquisition::Busy {
+            retry_after: busy_for((-3i64).saturating_sub(refused), lock),
         },
     })
 }
