@@ -17,6 +17,12 @@ use crate::spec::Spec;
 use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 
+/// How long a lease whose acquire or extend was sent at some moment is surely still held from
+/// that moment: its TTL less Redlock's allowance for the store's clock running faster than ours.
+pub(crate) fn valid_for(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
 /// A lease we hold, of any mode: what both token types and the layer are built on.
 pub(crate) struct Holding {
     store: Store,
@@ -235,7 +241,14 @@ impl Holding {
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
-        let released = self.store.backend().release(self.lease_ref()).await;
+        let (backend, lease) = (self.store.backend(), self.lease_ref());
+        // Confirmed live until after now: the store need not ask whether the lease ran out.
+        let live = Instant::now() < self.confirmed_at() + valid_for(self.spec.ttl);
+        let released = if live {
+            backend.release_live(lease).await
+        } else {
+            backend.release(lease).await
+        };
         // Whatever the answer, the lease is not ours any more: a waiter here may try now.
         let rooms = self.store.wait_rooms();
         rooms.released(self.mode, self.spec.namespace, self.name.as_bytes());

@@ -256,6 +256,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Ends `lease`; `false` if it was not held with its secret any more.
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>>;
 
+    /// Ends `lease`, whose holder has confirmed it live until after now: its last acquire or
+    /// extend was sent less than the TTL, less the drift allowance, ago.
+    ///
+    /// A store may then skip asking its own clock whether the lease ran out, and count a
+    /// lease it still finds as held. That differs from [`release`](Self::release) only for a
+    /// lease that ran out while the call was on its way, and only when nothing took its place:
+    /// a writer takes its lock only once no reader is live and drops the ended ones, and a
+    /// permit's slot is taken back only by dropping the ended permit. The Redis store does it
+    /// for readers and permits, whose leases are members of a set and do not expire by
+    /// themselves. The default is [`release`](Self::release).
+    fn release_live<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.release(lease)
+    }
+
     /// Removes the write intent that the refused write attempts of `lease` (a [`Mode::Write`]
     /// lease of a writer-preferred lock, with the secret those attempts carried) left, when a
     /// waiting writer gives up; `true` if it removed one. An intent that holds another secret

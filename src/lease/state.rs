@@ -4,13 +4,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
 use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::holding::Holding;
+use crate::holding::{Holding, valid_for};
 use crate::telemetry::{self, LossReason};
 
 /// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held
@@ -70,10 +69,7 @@ impl LeaseState {
     /// Counting from before the command was sent, not from when the answer came, means a slow
     /// round trip shortens our idea of the lease rather than stretching it past the store's.
     pub(crate) fn confirm(&self, sent_at: Instant) {
-        let ttl = self.holding.ttl();
-        // Redlock's allowance for the store's clock running faster than ours.
-        let margin = ttl / 100 + Duration::from_millis(2);
-        let until = sent_at + ttl.saturating_sub(margin);
+        let until = sent_at + valid_for(self.holding.ttl());
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
         // For a token handed back (`Held::into_token`), which counts from there.
         self.holding.confirmed(sent_at);

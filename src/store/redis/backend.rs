@@ -176,10 +176,20 @@ where
             return self.bounded(async move {
                 match self.release_native(lease).await? {
                     Some(released) => Ok(released),
-                    None => self.release_script(lease).await,
+                    None => self.release_script(lease, false).await,
                 }
             });
         }
-        self.bounded(self.release_script(lease))
+        self.bounded(self.release_script(lease, false))
+    }
+
+    fn release_live<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        match lease.mode {
+            // A member of a sorted set has no expiry of its own: the script skips asking the
+            // server's clock whether it ended.
+            Mode::Read | Mode::Permit => self.bounded(self.release_script(lease, true)),
+            // A key with `PX` ends by itself: nothing to skip.
+            _ => self.release(lease),
+        }
     }
 }

@@ -215,8 +215,10 @@ where
         Ok(extended)
     }
 
-    /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends.
-    pub(super) async fn release_script(&self, lease: LeaseRef<'_>) -> Result<bool> {
+    /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends;
+    /// `live` when its holder confirmed a reader or a permit live until after now (see
+    /// [`Backend::release_live`](crate::backend::Backend::release_live)).
+    pub(super) async fn release_script(&self, lease: LeaseRef<'_>, live: bool) -> Result<bool> {
         let (script, role) = holder_script(lease.mode, Holder::Release);
         let (lock, secret) = (lease.lock, Some(lease.secret));
         // A reader's or a permit's script names its channel from its key.
@@ -225,6 +227,7 @@ where
             _ => notify::channel(self.layout(), lease.mode, lock.namespace, lock.name),
         };
         let last = match lease.mode {
+            Mode::Read | Mode::Permit if live => LastArg::Live,
             Mode::Read | Mode::Permit => LastArg::None,
             _ => LastArg::Channel(&channel),
         };

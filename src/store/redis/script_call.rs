@@ -35,6 +35,8 @@ pub(super) enum LastArg<'a> {
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
     Channel(&'a [u8]),
+    /// `1`: a reader's or a permit's release whose holder confirmed it live until after now.
+    Live,
     /// Nothing after the secret.
     None,
 }
@@ -104,6 +106,9 @@ where
                 }
                 LastArg::Channel(channel) => {
                     command.arg(channel);
+                }
+                LastArg::Live => {
+                    command.arg(1);
                 }
                 LastArg::None => {}
             }
