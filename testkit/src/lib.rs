@@ -297,6 +297,7 @@ macro_rules! __conformance {
             reader_and_writer_tokens_are_holder_only,
             retry_after_for_read_and_write,
             write_fences_increase_and_readers_see_the_generation,
+            a_reader_released_after_its_lease_ran_out_answers_false,
         ]);
         $crate::__conformance!(@module $attr $env; semaphore: [
             permits_up_to_the_limit,
@@ -308,6 +309,7 @@ macro_rules! __conformance {
             each_call_checks_its_own_limit,
             a_waiter_gets_the_slot_a_release_frees,
             bad_input_is_a_clear_error,
+            a_permit_released_after_its_lease_ran_out_answers_false,
         ]);
         $crate::__conformance!(@module $attr $env; writer_preferred: [
             a_refused_writer_holds_new_readers_off_until_the_readers_leave,

@@ -260,3 +260,26 @@ pub async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
         .unwrap();
     assert_eq!(plain.fence(), None);
 }
+
+/// A reader released after its lease ran out answers `false`, while other readers' leases,
+/// live or ended, are in the lock; the last live reader's release then lets a writer in.
+pub async fn a_reader_released_after_its_lease_ran_out_answers_false(env: Env) {
+    let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
+    let first = short.try_read(&env.store, "late").await.unwrap().unwrap();
+    let second = short.try_read(&env.store, "late").await.unwrap().unwrap();
+    let live = CATALOG.try_read(&env.store, "late").await.unwrap().unwrap();
+    sleep(Duration::from_millis(300)).await;
+    assert!(!first.release().await.unwrap(), "an ended reader released");
+    assert!(
+        CATALOG.try_write(&env.store, "late").await.unwrap().is_none(),
+        "a writer got in beside a live reader"
+    );
+    assert!(live.release().await.unwrap(), "a live reader's release");
+    let writer = CATALOG
+        .try_write(&env.store, "late")
+        .await
+        .unwrap()
+        .expect("the last live reader's release lets a writer in");
+    assert!(!second.release().await.unwrap(), "an ended reader released");
+    assert!(writer.release().await.unwrap());
+}

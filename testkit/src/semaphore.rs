@@ -188,3 +188,20 @@ pub async fn bad_input_is_a_clear_error(env: Env) {
         ));
     }
 }
+
+/// A permit released after its lease ran out answers `false`, and takes no live permit with
+/// it.
+pub async fn a_permit_released_after_its_lease_ran_out_answers_false(env: Env) {
+    let pair = Semaphore::<str>::new("export", 2, Duration::from_millis(200));
+    let ended = pair.try_acquire(&env.store, "late").await.unwrap().unwrap();
+    sleep(Duration::from_millis(300)).await;
+    let live = pair.try_acquire(&env.store, "late").await.unwrap().unwrap();
+    assert!(!ended.release().await.unwrap(), "an ended permit released");
+    let other = pair.try_acquire(&env.store, "late").await.unwrap().unwrap();
+    assert!(
+        pair.try_acquire(&env.store, "late").await.unwrap().is_none(),
+        "a third permit of two: the ended permit's release took a live one with it"
+    );
+    assert!(live.release().await.unwrap(), "a live permit's release");
+    assert!(other.release().await.unwrap(), "a live permit's release");
+}

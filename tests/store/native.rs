@@ -145,3 +145,82 @@ async fn with_set_ifeq_alone_extends_are_native_and_releases_scripted() {
     // 22 acquisitions, 20 single extends and the batch's 3.
     assert_eq!(calls(&after, "set") - calls(&before, "set"), 45);
 }
+
+/// Whether the server behind `conn` has `SET … IFEQ`: a missing key is left alone where it
+/// does, and the option is a syntax error where it does not.
+async fn set_ifeq(conn: &redis::aio::MultiplexedConnection) -> bool {
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("SET")
+        .arg("native:probe")
+        .arg("")
+        .arg("IFEQ")
+        .arg("")
+        .query_async(&mut conn.clone())
+        .await;
+    matches!(reply, Ok(redis::Value::Nil))
+}
+
+#[tokio::test]
+async fn a_completed_request_is_stored_without_a_script_where_the_server_has_set_ifeq() {
+    use tower_lease::backend::{Begin, Completion};
+
+    let server = RedisServer::start();
+    let raw = server.connection().await;
+    let native = set_ifeq(&raw).await;
+    let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let backend = store.backend();
+    let (fingerprint, retention) = ([7; 16], Duration::from_secs(60));
+    let before = commandstats(&raw).await;
+    for i in 0..10 {
+        let (secret, name) = (Secret::random(), format!("order-{i}"));
+        let lease = LeaseRef::new(
+            LockRef::new("native", name.as_bytes(), TTL),
+            Mode::Reservation,
+            &secret,
+        );
+        let begin = backend.idempotency_begin(lease, &fingerprint).await.unwrap();
+        assert!(matches!(begin, Begin::Reserved { .. }), "{begin:?}");
+        let completion = Completion::new(&fingerprint, b"201 charged", retention);
+        assert!(backend.idempotency_complete(lease, completion).await.unwrap());
+        // A retry of the completion whose answer was lost finds its own record.
+        assert!(backend.idempotency_complete(lease, completion).await.unwrap());
+        let stranger = Secret::random();
+        let retry = LeaseRef::new(lease.lock, Mode::Reservation, &stranger);
+        match backend.idempotency_begin(retry, &fingerprint).await.unwrap() {
+            Begin::Completed { response, .. } => assert_eq!(&response[..], b"201 charged"),
+            other => panic!("a retry got {other:?}"),
+        }
+    }
+    let after = commandstats(&raw).await;
+    // Each script call is an `EVALSHA` first (the first one also an `EVAL` after `NOSCRIPT`).
+    let ran = calls(&after, "evalsha") - calls(&before, "evalsha");
+    assert_eq!(calls(&after, "fcall"), 0);
+    if native {
+        // Only the completions' retries, which find the record instead of the secret.
+        assert_eq!(ran, 10, "the first completions ran scripts");
+    } else {
+        assert_eq!(ran, 20, "on a server without SET IFEQ, the script");
+    }
+}
+
+#[tokio::test]
+async fn a_live_reader_or_permit_is_released_without_asking_the_servers_clock() {
+    let server = RedisServer::start();
+    let raw = server.connection().await;
+    let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let (readers, permits) = (
+        tower_lease::RwLock::<str>::new("native", TTL),
+        tower_lease::Semaphore::<str>::new("native", 2, TTL),
+    );
+    let before = commandstats(&raw).await;
+    for i in 0..10 {
+        let name = format!("n{i}");
+        let reader = readers.try_read(&store, name.as_str()).await.unwrap();
+        assert!(reader.unwrap().release().await.unwrap(), "cycle {i}: reader");
+        let permit = permits.try_acquire(&store, name.as_str()).await.unwrap();
+        assert!(permit.unwrap().release().await.unwrap(), "cycle {i}: permit");
+    }
+    let after = commandstats(&raw).await;
+    // One `TIME` in each acquisition's script, none in the releases.
+    assert_eq!(calls(&after, "time") - calls(&before, "time"), 20);
+    assert_eq!(calls(&after, "zrem") - calls(&before, "zrem"), 20);
+}

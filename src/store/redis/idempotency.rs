@@ -221,6 +221,9 @@ where
         lease: LeaseRef<'_>,
         completion: Completion<'_>,
     ) -> Result<bool> {
+        if let Some(stored) = self.complete_native(lease, completion).await? {
+            return Ok(stored);
+        }
         let LeaseRef { lock, mode, secret } = lease;
         let keys = [self.key_arg(KeyRole::Idempotency, lock)];
         let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);

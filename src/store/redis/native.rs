@@ -27,7 +27,7 @@ use super::replicas::split_wait;
 use super::script_call::{Call, LastArg};
 use super::scripts::{Holder, holder_script};
 use super::{RedisStore, notify};
-use crate::backend::{Extended, LeaseRef, Mode};
+use crate::backend::{Completion, Extended, LeaseRef, Mode};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -170,6 +170,59 @@ where
         }
     }
 
+    /// Stores a completed request's record over its reservation with `SET key record IFEQ
+    /// secret PX retention`, then publishes on the key's channel, in one pipeline (with `WAIT`
+    /// after them when the store waits for replicas). `None` when the server has no `IFEQ` or
+    /// the key no longer holds the secret (it ran out, or a retry of this call already wrote
+    /// the record), for `idem_complete.lua` to tell those apart.
+    pub(super) async fn complete_native(
+        &self,
+        lease: LeaseRef<'_>,
+        completion: Completion<'_>,
+    ) -> Result<Option<bool>> {
+        if !self.cas().await.extends() {
+            return Ok(None);
+        }
+        let LeaseRef { lock, mode, secret } = lease;
+        let key = self.key_arg(KeyRole::Idempotency, lock);
+        let secret = secret.as_bytes();
+        let record = Record([completion.fingerprint, secret.as_slice(), completion.response]);
+        let len = key.len() + record.len() + secret.len() + 32;
+        let mut set = redis::Cmd::with_capacity(7, len);
+        // At least 1 ms: `PX 0` is refused.
+        let retention = completion.retention.as_millis().max(1) as u64;
+        set.arg("SET").arg(key).arg(record).arg("IFEQ");
+        set.arg(secret.as_slice()).arg("PX").arg(retention);
+        let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);
+        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
+        let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
+        publish.arg(verb).arg(channel).arg("");
+        let mut pipe = redis::Pipeline::with_capacity(3);
+        pipe.add_command(set).add_command(publish);
+        if let Some(replicas) = self.replicas {
+            pipe.add_command(replicas.command());
+        }
+        let Some(mut replies) = self.send_native(&pipe).await? else {
+            return Ok(None);
+        };
+        let waited = match self.replicas {
+            Some(_) => Some(replies.pop().unwrap_or(redis::Value::Nil)),
+            None => None,
+        };
+        let stored = replies.into_iter().next().unwrap_or(redis::Value::Nil);
+        if out_of_memory(&stored) {
+            return Ok(None);
+        }
+        if set_ifeq_extended(stored)? == Extended::Gone {
+            return Ok(None);
+        }
+        // A record the replicas did not acknowledge may be lost with the primary.
+        if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
+            replicas.check(waited)?;
+        }
+        Ok(Some(true))
+    }
+
     /// Sends `pipe` (retried once on a lost connection: every command in it compares before it
     /// acts); `None`, and the scripts from now on, when the server does not know its first
     /// command.
@@ -240,5 +293,25 @@ fn role(mode: Mode) -> KeyRole {
     match mode {
         Mode::Write => KeyRole::Writer,
         _ => KeyRole::Lock,
+    }
+}
+
+/// A record as `idem_complete.lua` writes it, fingerprint, secret and response, written into
+/// the command as one argument without being joined first.
+struct Record<'a>([&'a [u8]; 3]);
+
+impl Record<'_> {
+    fn len(&self) -> usize {
+        self.0.iter().map(|part| part.len()).sum()
+    }
+}
+
+impl redis::ToRedisArgs for Record<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        for part in self.0 {
+            // Into the command's own buffer: nothing to fail.
+            let _ = std::io::Write::write_all(&mut arg, part);
+        }
     }
 }
