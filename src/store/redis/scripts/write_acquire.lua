@@ -6,41 +6,48 @@
 -- Returns one integer (see acquire.lua): the fence (0 when unfenced) when acquired, -3 - the ms
 -- until the blocking lease ends when refused.
 --
--- The common path makes five calls: TIME, the latest live reader, SET NX, one DEL for the
--- intent and the ended readers, and the fence's two when fenced.
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
-if last[2] then
-  -- Refused by readers (a writer never holds while one is live). New readers are refused while
-  -- the intent lives, so these end. The intent is published on the lock's channel (the writer
-  -- key without its `:w`), so that processes sharing a reader lease among their requests stop
-  -- admitting new ones at once, rather than at their next extend. Ended readers go, so that a
-  -- set kept alive by readers that never stop holds no crashed ones for long.
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
-  if tonumber(ARGV[3]) > 0 then
-    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
-    redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), 'w')
+-- With no reader set and no intent, the common path is two calls (EXISTS, SET NX); else five
+-- (EXISTS, TIME, the latest live reader, SET NX, one DEL for the intent and the ended
+-- readers). A fenced acquisition adds the counter's.
+local time
+if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
+  time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
+  if last[2] then
+    -- Refused by readers (a writer never holds while one is live). New readers are refused
+    -- while the intent lives, so these end. The intent is published on the lock's channel (the
+    -- writer key without its `:w`), so that processes sharing a reader lease among their
+    -- requests stop admitting new ones at once, rather than at their next extend. Ended readers
+    -- go, so that a set kept alive by readers that never stop holds no crashed ones for long.
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+    if tonumber(ARGV[3]) > 0 then
+      redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+      redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), 'w')
+    end
+    return -3 - (tonumber(last[2]) - now)
   end
-  return -3 - (tonumber(last[2]) - now)
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- A retry of an acquisition whose reply was lost finds our own secret in place: acquired,
+  -- with the fence we were given (the counter's value as long as we hold the lock).
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return KEYS[4] and tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+  end
+  return -3 - redis.call('PTTL', KEYS[1])
+end
+if time then
   -- No reader is live: the set holds only ended ones, if it is there at all.
   redis.call('DEL', KEYS[3], KEYS[2])
-  if not KEYS[4] then
-    return 0
-  end
-  -- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter,
-  -- and the counter expires an hour after the last acquisition (or one TTL, if longer).
-  local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local fence = math.max(tonumber(redis.call('GET', KEYS[4]) or '0') + 1, micros)
-  local life = math.max(3600000, tonumber(ARGV[2]))
-  redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', life)
-  return fence
 end
--- A retry of an acquisition whose reply was lost finds our own secret in place: acquired, with
--- the fence we were given (the counter's value as long as we hold the lock).
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return KEYS[4] and tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+if not KEYS[4] then
+  return 0
 end
-return -3 - redis.call('PTTL', KEYS[1])
+-- As in acquire.lua: max(last + 1, server time in µs), so fences survive a lost counter, and
+-- the counter expires an hour after the last acquisition (or one TTL, if longer).
+time = time or redis.call('TIME')
+local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local fence = math.max(tonumber(redis.call('GET', KEYS[4]) or '0') + 1, micros)
+local life = math.max(3600000, tonumber(ARGV[2]))
+redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', life)
+return fence
