@@ -2,16 +2,17 @@
 //! from the store or hands the first request to [`run`](super::run).
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::header::HeaderName;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -25,6 +26,7 @@ use super::key;
 use super::record::{self, Record};
 use super::run::{Reserved, run};
 use crate::backend::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
+use crate::finish_on_drop::FinishOnDrop;
 use crate::layer::extract::ExtractName;
 use crate::layer::{BoxError, Reason};
 use crate::name::LockName;
@@ -189,20 +191,16 @@ where
         }
         None => {}
     }
-    // From the first store call on, the request is the task's, not the connection's: a client
-    // that goes away mid-call leaves no reservation that nobody runs or frees.
-    let (tx, rx) = oneshot::channel();
-    let task_config = config.clone();
-    // Boxed: the task's cell and its output stage then hold a pointer, not the whole request's
-    // state, which would be copied into each.
-    let look = Box::pin(look_up(inner, task_config, parts, body, named, fingerprint));
-    tokio::spawn(async move {
-        let _ = tx.send(look.await);
-    });
-    match rx.await {
+    // From the first store call on, the request is finished even if the connection is not: a
+    // client that goes away mid-call leaves no reservation that nobody runs or frees, as the
+    // rest of the call then runs in a task of its own. Until then it runs here, without a task
+    // and a channel per request.
+    let look = look_up(inner, config.clone(), parts, body, named, fingerprint);
+    let look = FinishOnDrop::to_the_end(Box::pin(AssertUnwindSafe(look).catch_unwind()));
+    match look.await {
         Ok(answer) => answer,
-        // The task panicked outside the handler (whose panics `run` catches): a bug of the
-        // layer or of the store's client. The lease was dropped with it, freeing the key.
+        // A panic outside the handler (whose panics `run` catches): a bug of the layer or of
+        // the store's client. The lease was dropped with it, freeing the key.
         Err(_) => Ok(config.refuse(Reason::StoreUnavailable)),
     }
 }

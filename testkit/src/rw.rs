@@ -271,7 +271,11 @@ pub async fn a_reader_released_after_its_lease_ran_out_answers_false(env: Env) {
     sleep(Duration::from_millis(300)).await;
     assert!(!first.release().await.unwrap(), "an ended reader released");
     assert!(
-        CATALOG.try_write(&env.store, "late").await.unwrap().is_none(),
+        CATALOG
+            .try_write(&env.store, "late")
+            .await
+            .unwrap()
+            .is_none(),
         "a writer got in beside a live reader"
     );
     assert!(live.release().await.unwrap(), "a live reader's release");

@@ -199,7 +199,10 @@ pub async fn a_permit_released_after_its_lease_ran_out_answers_false(env: Env) {
     assert!(!ended.release().await.unwrap(), "an ended permit released");
     let other = pair.try_acquire(&env.store, "late").await.unwrap().unwrap();
     assert!(
-        pair.try_acquire(&env.store, "late").await.unwrap().is_none(),
+        pair.try_acquire(&env.store, "late")
+            .await
+            .unwrap()
+            .is_none(),
         "a third permit of two: the ended permit's release took a live one with it"
     );
     assert!(live.release().await.unwrap(), "a live permit's release");

@@ -177,15 +177,32 @@ async fn a_completed_request_is_stored_without_a_script_where_the_server_has_set
             Mode::Reservation,
             &secret,
         );
-        let begin = backend.idempotency_begin(lease, &fingerprint).await.unwrap();
+        let begin = backend
+            .idempotency_begin(lease, &fingerprint)
+            .await
+            .unwrap();
         assert!(matches!(begin, Begin::Reserved { .. }), "{begin:?}");
         let completion = Completion::new(&fingerprint, b"201 charged", retention);
-        assert!(backend.idempotency_complete(lease, completion).await.unwrap());
+        assert!(
+            backend
+                .idempotency_complete(lease, completion)
+                .await
+                .unwrap()
+        );
         // A retry of the completion whose answer was lost finds its own record.
-        assert!(backend.idempotency_complete(lease, completion).await.unwrap());
+        assert!(
+            backend
+                .idempotency_complete(lease, completion)
+                .await
+                .unwrap()
+        );
         let stranger = Secret::random();
         let retry = LeaseRef::new(lease.lock, Mode::Reservation, &stranger);
-        match backend.idempotency_begin(retry, &fingerprint).await.unwrap() {
+        match backend
+            .idempotency_begin(retry, &fingerprint)
+            .await
+            .unwrap()
+        {
             Begin::Completed { response, .. } => assert_eq!(&response[..], b"201 charged"),
             other => panic!("a retry got {other:?}"),
         }
@@ -215,9 +232,15 @@ async fn a_live_reader_or_permit_is_released_without_asking_the_servers_clock() 
     for i in 0..10 {
         let name = format!("n{i}");
         let reader = readers.try_read(&store, name.as_str()).await.unwrap();
-        assert!(reader.unwrap().release().await.unwrap(), "cycle {i}: reader");
+        assert!(
+            reader.unwrap().release().await.unwrap(),
+            "cycle {i}: reader"
+        );
         let permit = permits.try_acquire(&store, name.as_str()).await.unwrap();
-        assert!(permit.unwrap().release().await.unwrap(), "cycle {i}: permit");
+        assert!(
+            permit.unwrap().release().await.unwrap(),
+            "cycle {i}: permit"
+        );
     }
     let after = commandstats(&raw).await;
     // One `TIME` in each acquisition's script, none in the releases.

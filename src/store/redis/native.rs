@@ -186,7 +186,11 @@ where
         let LeaseRef { lock, mode, secret } = lease;
         let key = self.key_arg(KeyRole::Idempotency, lock);
         let secret = secret.as_bytes();
-        let record = Record([completion.fingerprint, secret.as_slice(), completion.response]);
+        let record = Record([
+            completion.fingerprint,
+            secret.as_slice(),
+            completion.response,
+        ]);
         let len = key.len() + record.len() + secret.len() + 32;
         let mut set = redis::Cmd::with_capacity(7, len);
         // At least 1 ms: `PX 0` is refused.
