@@ -209,10 +209,10 @@ where
         let Some(mut replies) = self.send_native(&pipe).await? else {
             return Ok(None);
         };
-        let waited = match self.replicas {
-            Some(_) => Some(replies.pop().unwrap_or(redis::Value::Nil)),
-            None => None,
-        };
+        // `WAIT`'s answer is the last.
+        let waited = self
+            .replicas
+            .map(|_| replies.pop().unwrap_or(redis::Value::Nil));
         let stored = replies.into_iter().next().unwrap_or(redis::Value::Nil);
         if out_of_memory(&stored) {
             return Ok(None);
