@@ -195,7 +195,7 @@ async fn bench(redis: &Redis, settings: Settings) {
         println!(
             "
 RwLockLayer: {:.3} script calls per request ({calls} for {requests}; a reader \
-             lease of its own costs 1, and its release a pipeline)",
+             lease of its own costs 2, its acquire's and its release's)",
             calls as f64 / requests as f64
         );
         let met = |met: bool| if met { "met" } else { "MISSED" };
