@@ -152,7 +152,7 @@ where
             _ => delete.arg("DELIFEQ").arg(key),
         };
         delete.arg(secret.as_slice());
-        let channel = notify::channel(self.layout(), lease.mode, lock.namespace, lock.name);
+        let channel = notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name);
         let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
         let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
         publish.arg(verb).arg(channel).arg("");
@@ -197,7 +197,7 @@ where
         let retention = completion.retention.as_millis().max(1) as u64;
         set.arg("SET").arg(key).arg(record).arg("IFEQ");
         set.arg(secret.as_slice()).arg("PX").arg(retention);
-        let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);
+        let channel = notify::channel_arg(self.layout(), mode, lock.namespace, lock.name);
         let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
         let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
         publish.arg(verb).arg(channel).arg("");

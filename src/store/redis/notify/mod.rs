@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+use super::keys::Key;
 #[cfg(feature = "cluster")]
 use super::sharded::Push;
 pub(crate) use super::subscriber::Subscriber;
@@ -93,16 +94,28 @@ impl fmt::Debug for Notifier {
 
 /// The channel releases of `name` publish on: the lock's key without its role suffix.
 pub(crate) fn channel(layout: &KeyLayout, mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
-    match mode {
-        Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),
-        Mode::Permit => layout.key(KeyRole::Permits, namespace, name),
-        Mode::Reservation => layout.key(KeyRole::Idempotency, namespace, name),
-        Mode::Read | Mode::Write => {
-            let mut key = layout.key(KeyRole::Writer, namespace, name);
-            key.truncate(key.len() - b":w".len());
-            key
-        }
+    channel_arg(layout, mode, namespace, name).0.concat()
+}
+
+/// [`channel`] as a command argument, written into the command without a `Vec` of its own.
+pub(super) fn channel_arg<'a>(
+    layout: &'a KeyLayout,
+    mode: Mode,
+    namespace: &'a str,
+    name: &'a [u8],
+) -> Key<'a> {
+    let role = match mode {
+        Mode::Exclusive => KeyRole::Lock,
+        Mode::Permit => KeyRole::Permits,
+        Mode::Reservation => KeyRole::Idempotency,
+        Mode::Read | Mode::Write => KeyRole::Writer,
+    };
+    let mut parts = layout.parts(role, namespace, name);
+    if matches!(mode, Mode::Read | Mode::Write) {
+        // Both modes' channel: the lock's, without the writer key's `:w`.
+        parts[6] = b"";
     }
+    Key(parts)
 }
 
 impl Notifier {
