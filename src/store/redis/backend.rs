@@ -90,9 +90,9 @@ where
             let acquisition = acquisition(reply, lock)?;
             match wait {
                 None => Ok(acquisition),
-                // Boxed: the rare path, kept out of the common one's future.
                 Some(replicas) => {
-                    Box::pin(self.unless_replicated(lease, acquisition, waited, replicas)).await
+                    self.unless_replicated(lease, acquisition, waited, replicas)
+                        .await
                 }
             }
         })
@@ -157,8 +157,7 @@ where
             return self.bounded(async move {
                 match self.extend_native(lease).await? {
                     Some(extended) => Ok(extended),
-                    // Boxed: the fallback, kept out of the native call's future.
-                    None => Box::pin(self.extend_script(lease)).await,
+                    None => self.extend_script(lease).await,
                 }
             });
         }
@@ -177,8 +176,7 @@ where
             return self.bounded(async move {
                 match self.release_native(lease).await? {
                     Some(released) => Ok(released),
-                    // Boxed: the fallback, kept out of the native call's future.
-                    None => Box::pin(self.release_script(lease, false)).await,
+                    None => self.release_script(lease, false).await,
                 }
             });
         }

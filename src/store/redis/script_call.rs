@@ -126,57 +126,23 @@ where
         command: impl Fn(&str, &str) -> redis::Cmd,
         wait: Option<Replicas>,
     ) -> Result<(redis::Value, Option<redis::Value>)> {
+        let started = self.started();
+        let mut conn = self.conn.clone();
         let Some(wait) = wait else {
-            return Ok((self.send_script_alone(script, command).await?, None));
-        };
-        // Boxed: a call that waits for replicas is the rare one, and the common one's future
-        // then stays small enough for the allocator's fast path.
-        Box::pin(self.send_script_waiting(script, command, wait)).await
-    }
-
-    /// [`send_script`](Self::send_script) without `WAIT`.
-    async fn send_script_alone(
-        &self,
-        script: &Lua,
-        command: impl Fn(&str, &str) -> redis::Cmd,
-    ) -> Result<redis::Value> {
-        let started = self.started();
-        let mut conn = self.conn.clone();
-        let evalsha = command("EVALSHA", script.variant(self.sharded).0);
-        let mut reply = conn.req_packed_command(&evalsha).await;
-        if self.retry(&reply, &mut conn, started)? {
-            reply = conn.req_packed_command(&evalsha).await;
-        }
-        match reply.and_then(redis::Value::extract_error) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
-                self.second_trip(&mut conn, started)?;
-                // Boxed, as above: once per script and server.
-                Box::pin(self.eval_whole(script, command, conn)).await
+            let evalsha = command("EVALSHA", script.variant(self.sharded).0);
+            let mut reply = conn.req_packed_command(&evalsha).await;
+            if self.retry(&reply, &mut conn, started)? {
+                reply = conn.req_packed_command(&evalsha).await;
             }
-            reply => self.reply(reply),
-        }
-    }
-
-    /// The script sent whole (`EVAL`), after the server answered `NOSCRIPT`.
-    async fn eval_whole(
-        &self,
-        script: &Lua,
-        command: impl Fn(&str, &str) -> redis::Cmd,
-        mut conn: C,
-    ) -> Result<redis::Value> {
-        let eval = command("EVAL", script.variant(self.sharded).1);
-        self.reply(conn.req_packed_command(&eval).await)
-    }
-
-    /// [`send_script`](Self::send_script) with `WAIT` in the same pipeline.
-    async fn send_script_waiting(
-        &self,
-        script: &Lua,
-        command: impl Fn(&str, &str) -> redis::Cmd,
-        wait: Replicas,
-    ) -> Result<(redis::Value, Option<redis::Value>)> {
-        let started = self.started();
-        let mut conn = self.conn.clone();
+            return match reply.and_then(redis::Value::extract_error) {
+                Err(e) if e.kind() == redis::ErrorKind::Server(NO_SCRIPT) => {
+                    self.second_trip(&mut conn, started)?;
+                    let eval = command("EVAL", script.variant(self.sharded).1);
+                    Ok((self.reply(conn.req_packed_command(&eval).await)?, None))
+                }
+                reply => Ok((self.reply(reply)?, None)),
+            };
+        };
         let evalsha = then_wait(command("EVALSHA", script.variant(self.sharded).0), wait);
         let mut reply = conn.req_packed_commands(&evalsha, 0, 2).await;
         if self.retry(&reply, &mut conn, started)? {
