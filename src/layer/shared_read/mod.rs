@@ -66,6 +66,11 @@ struct Share {
     /// Requests in the share, waiting for its acquisition or holding it. Changed only under the
     /// registry's lock.
     members: AtomicUsize,
+    /// When its last request left, last time it had none: a linger releases it only a whole
+    /// linger after that. Changed only under the registry's lock.
+    emptied: Mutex<Option<Instant>>,
+    /// Whether a linger task watches it; one at a time. Changed only under the registry's lock.
+    lingering: AtomicBool,
     /// Set once, when the acquisition answers.
     outcome: OnceLock<Outcome>,
     /// Wakes the requests waiting for `outcome`.
@@ -205,9 +210,14 @@ impl SharedReads {
             && held.admits(Instant::now())
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            // Still in the registry with no request: the next one of the name joins it.
+            // Still in the registry with no request: the next one of the name joins it. One
+            // linger task at a time watches it.
+            *share.emptied.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            let watched = share.lingering.swap(true, Ordering::Relaxed);
             drop(shares);
-            runtime.spawn(linger::linger(self.clone(), share.clone()));
+            if !watched {
+                runtime.spawn(linger::linger(self.clone(), share.clone()));
+            }
             return None;
         }
         if current {
@@ -248,6 +258,8 @@ impl Share {
         Share {
             name: name.into(),
             members: AtomicUsize::new(1),
+            emptied: Mutex::new(None),
+            lingering: AtomicBool::new(false),
             outcome,
             answered: Notify::new(),
         }

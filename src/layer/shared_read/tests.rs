@@ -288,3 +288,34 @@ async fn the_heartbeat_extends_a_shared_lease_once_per_beat() {
     first.release().await;
     assert!(writer_gets_in(&store).await);
 }
+
+/// A lingering share is released only after a whole linger with no request: reads that come
+/// and go more often than that keep it, however often it is idle for a moment.
+#[tokio::test(start_paused = true)]
+async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger_after() {
+    const LINGER: Duration = Duration::from_millis(22);
+    let store = Store::memory();
+    let reads = Arc::new(SharedReads::lingering(LINGER));
+    let first = lead(&reads, &store).await;
+    let share = reads.lock().get(&b"d"[..]).cloned().expect("a share of d");
+    first.release().await;
+    // Reads of 5 ms, 5 ms apart, for ten lingers: idle half the time, never 22 ms on end (an
+    // earlier linger's end lands 2 ms into a gap).
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let Entry::Joined(read) = reads.enter(b"d") else {
+            panic!("read {i}: a share idle for less than its linger was released")
+        };
+        assert!(Arc::ptr_eq(&share, &read.share), "read {i}: a new share");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        read.release().await;
+    }
+    assert!(!writer_gets_in(&store).await, "the lingering share holds");
+    tokio::time::sleep(LINGER + Duration::from_millis(10)).await;
+    assert_eq!(
+        members(&reads),
+        None,
+        "released a linger after the last read"
+    );
+    assert!(writer_gets_in(&store).await);
+}
