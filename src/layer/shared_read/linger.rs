@@ -42,7 +42,7 @@ pub(super) async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
                 return;
             }
             let last = *share.emptied.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(last) = last.filter(|last| !intent && *last + linger > until) {
+            if !intent && last + linger > until {
                 // Requests came and went: the linger counts from the last one's leave.
                 until = last + linger;
                 continue;
@@ -65,6 +65,5 @@ pub(super) async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
 /// When `share` last lost its last request, read under the registry's lock.
 fn emptied(reads: &SharedReads, share: &Share) -> Instant {
     let _shares = reads.lock();
-    let emptied = *share.emptied.lock().unwrap_or_else(|e| e.into_inner());
-    emptied.unwrap_or_else(Instant::now)
+    *share.emptied.lock().unwrap_or_else(|e| e.into_inner())
 }

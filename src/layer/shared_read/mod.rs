@@ -66,9 +66,9 @@ struct Share {
     /// Requests in the share, waiting for its acquisition or holding it. Changed only under the
     /// registry's lock.
     members: AtomicUsize,
-    /// When its last request left, last time it had none: a linger releases it only a whole
-    /// linger after that. Changed only under the registry's lock.
-    emptied: Mutex<Option<Instant>>,
+    /// When its last request last left (its making, before that): a linger releases it only a
+    /// whole linger after that. Changed only under the registry's lock.
+    emptied: Mutex<Instant>,
     /// Whether a linger task watches it; one at a time. Changed only under the registry's lock.
     lingering: AtomicBool,
     /// Set once, when the acquisition answers.
@@ -212,7 +212,7 @@ impl SharedReads {
         {
             // Still in the registry with no request: the next one of the name joins it. One
             // linger task at a time watches it.
-            *share.emptied.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            *share.emptied.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             let watched = share.lingering.swap(true, Ordering::Relaxed);
             drop(shares);
             if !watched {
@@ -258,7 +258,7 @@ impl Share {
         Share {
             name: name.into(),
             members: AtomicUsize::new(1),
-            emptied: Mutex::new(None),
+            emptied: Mutex::new(Instant::now()),
             lingering: AtomicBool::new(false),
             outcome,
             answered: Notify::new(),

@@ -152,12 +152,8 @@ where
             _ => delete.arg("DELIFEQ").arg(key),
         };
         delete.arg(secret.as_slice());
-        let channel = notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name);
-        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
-        let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
-        publish.arg(verb).arg(channel).arg("");
         let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(delete).add_command(publish);
+        pipe.add_command(delete).add_command(self.publish(lease));
         let Some(replies) = self.send_native(&pipe).await? else {
             return Ok(None);
         };
@@ -183,7 +179,7 @@ where
         if !self.cas().await.extends() {
             return Ok(None);
         }
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef { lock, secret, .. } = lease;
         let key = self.key_arg(KeyRole::Idempotency, lock);
         let secret = secret.as_bytes();
         let record = Record([
@@ -197,12 +193,8 @@ where
         let retention = completion.retention.as_millis().max(1) as u64;
         set.arg("SET").arg(key).arg(record).arg("IFEQ");
         set.arg(secret.as_slice()).arg("PX").arg(retention);
-        let channel = notify::channel_arg(self.layout(), mode, lock.namespace, lock.name);
-        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
-        let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
-        publish.arg(verb).arg(channel).arg("");
         let mut pipe = redis::Pipeline::with_capacity(3);
-        pipe.add_command(set).add_command(publish);
+        pipe.add_command(set).add_command(self.publish(lease));
         if let Some(replicas) = self.replicas {
             pipe.add_command(replicas.command());
         }
@@ -225,6 +217,17 @@ where
             replicas.check(waited)?;
         }
         Ok(Some(true))
+    }
+
+    /// The `PUBLISH` (`SPUBLISH` on a sharded store) that wakes the waiters of `lease`'s name
+    /// elsewhere, sent after a native command that frees it.
+    fn publish(&self, lease: LeaseRef<'_>) -> redis::Cmd {
+        let lock = lease.lock;
+        let channel = notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name);
+        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
+        let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
+        publish.arg(verb).arg(channel).arg("");
+        publish
     }
 
     /// Sends `pipe` (retried once on a lost connection: every command in it compares before it
