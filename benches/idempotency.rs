@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --all-features --bench idempotency
 //! BENCH_ROUNDS=15 BENCH_ROUND_MS=2000 cargo bench --all-features --bench idempotency
+//! BENCH_ONLY="first request" cargo bench --all-features --bench idempotency   # one app, counted
 //! ```
 //!
 //! 64 keep-alive HTTP/1.1 connections per app, each sending requests back to back. The replay
@@ -43,6 +44,18 @@ fn app() -> Router {
     Router::new().route("/orders/{name}", post(work))
 }
 
+/// One round of one app: requests per second, and CPU per request of this process (the app and
+/// its load generator) and of the server (when the bench started it).
+struct Round {
+    rate: f64,
+    client: f64,
+    server: Option<f64>,
+}
+
+fn server_cpu(redis: &Redis) -> Option<Duration> {
+    redis.pid().and_then(support::cpu_time_of)
+}
+
 /// What each request of an app carries.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Load {
@@ -54,8 +67,8 @@ enum Load {
     First,
 }
 
-/// Drives `senders` for `length`; answers requests per second.
-async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, load: Load) -> f64 {
+/// Drives `senders` for `length`; answers requests per second and the requests answered.
+async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, load: Load) -> (f64, u64) {
     let start = Instant::now();
     let deadline = start + length;
     let mut workers = Vec::with_capacity(senders.len());
@@ -100,7 +113,7 @@ async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, load: Lo
         senders.push(sender);
         total += done;
     }
-    total as f64 / start.elapsed().as_secs_f64()
+    (total as f64 / start.elapsed().as_secs_f64(), total)
 }
 
 async fn bench(redis: &Redis, settings: Settings) {
@@ -134,7 +147,7 @@ async fn bench(redis: &Redis, settings: Settings) {
     for (name, load, app) in apps {
         let addr = serve(app).await;
         let senders = connect(addr, CONNECTIONS).await;
-        targets.push((name, load, addr.to_string(), senders, Vec::new()));
+        targets.push((name, load, addr.to_string(), senders, Vec::<Round>::new()));
     }
     // Store each replaying connection's key once, then warm every app up.
     let (_, _, host, senders, _) = &mut targets[3];
@@ -152,12 +165,33 @@ async fn bench(redis: &Redis, settings: Settings) {
     for (_, load, host, senders, _) in &mut targets {
         drive(senders, host, Duration::from_millis(200), *load).await;
     }
+    // BENCH_ONLY=name drives only the apps whose names hold it, for profiling; the others
+    // answer no figures.
+    let only = std::env::var("BENCH_ONLY").ok();
+    let mut done = vec![0; targets.len()];
     for round in 0..settings.rounds {
         for k in 0..targets.len() {
             let n = targets.len();
-            let (_, load, host, senders, rates) = &mut targets[(k + round) % n];
-            rates.push(drive(senders, host, settings.round, *load).await);
+            let (name, load, host, senders, rounds) = &mut targets[(k + round) % n];
+            if only.as_deref().is_some_and(|only| !name.contains(only)) {
+                continue;
+            }
+            let (client, server) = (support::cpu_time(), server_cpu(redis));
+            let (rate, answered) = drive(senders, host, settings.round, *load).await;
+            let per = |cpu: Duration| cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
+            rounds.push(Round {
+                rate,
+                client: per(support::cpu_time() - client),
+                server: server.zip(server_cpu(redis)).map(|(a, b)| per(b - a)),
+            });
+            done[(k + round) % n] += answered;
         }
+    }
+    if only.is_some() {
+        for ((name, ..), done) in targets.iter().zip(&done) {
+            println!("requests: {name}: {done}");
+        }
+        return;
     }
 
     println!(
@@ -165,25 +199,46 @@ async fn bench(redis: &Redis, settings: Settings) {
         settings.rounds, settings.round
     );
     println!("machine: {}\n", support::machine());
-    println!("| app | requests/s (median) |");
-    println!("|---|---:|");
-    for (name, _, _, _, rates) in &targets {
-        println!("| {name} | {:.0} |", median(&mut rates.clone()));
-    }
-    // Ratios are medians of the ratios within each round, so drift between rounds cancels.
-    let paired = |a: usize, b: usize| {
-        let (a, b) = (&targets[a].4, &targets[b].4);
-        median(&mut a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>())
+    println!("| app | requests/s (median) | client CPU µs/request | server CPU µs/request |");
+    println!("|---|---:|---:|---:|");
+    let of = |i: usize, of: fn(&Round) -> Option<f64>| {
+        let mut values: Vec<f64> = targets[i].4.iter().filter_map(of).collect();
+        if values.is_empty() {
+            return f64::NAN;
+        }
+        median(&mut values)
     };
-    let met = |met: bool| if met { "met" } else { "MISSED" };
-    let replay = paired(1, 0);
-    println!(
-        "\ntargets:\n- replayed ≥ 0.8× bare: {replay:.3} {}",
-        met(replay >= 0.8)
-    );
-    let first = paired(3, 2);
-    println!(
-        "- first request ≥ 0.9× LockLayer: {first:.3} {}",
-        met(first >= 0.9)
-    );
+    for (i, (name, ..)) in targets.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.1} | {:.1} |",
+            of(i, |r| Some(r.rate)),
+            of(i, |r| Some(r.client)),
+            of(i, |r| r.server),
+        );
+    }
+    // Ratios are taken within each round, so drift between rounds cancels.
+    let within = |a: usize, b: usize| {
+        let (a, b) = (&targets[a].4, &targets[b].4);
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| a.rate / b.rate)
+            .collect::<Vec<_>>()
+    };
+    let time_goes = |a: usize, b: usize| {
+        println!(
+            "  where the time goes: client CPU {:.1} µs per request against {:.1}, server CPU \
+             {:.1} µs against {:.1} (the load generator's share is in the client's)",
+            of(a, |r| Some(r.client)),
+            of(b, |r| Some(r.client)),
+            of(a, |r| r.server),
+            of(b, |r| r.server),
+        );
+    };
+    println!("\ntargets:");
+    if !support::goal("replayed ≥ 0.8× bare", &within(1, 0), 0.8) {
+        time_goes(1, 0);
+    }
+    if !support::goal("first request ≥ 0.9× LockLayer", &within(3, 2), 0.9) {
+        time_goes(3, 2);
+    }
 }

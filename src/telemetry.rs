@@ -104,11 +104,11 @@ impl IdempotencyOutcome {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn idempotency(namespace: &'static str, outcome: IdempotencyOutcome) {
     #[cfg(feature = "metrics")]
-    {
-        describe();
-        let labels = [("namespace", namespace), ("outcome", outcome.as_str())];
-        metrics::counter!("tower_lease_idempotency_total", &labels).increment(1);
-    }
+    handles::with(namespace, Mode::Reservation, |handles| {
+        if let Some(idempotency) = &handles.idempotency {
+            idempotency[outcome as usize].increment(1);
+        }
+    });
 }
 
 /// Gives each metric its unit and help text, once per process, so exporters print them.
@@ -164,7 +164,7 @@ mod handles {
 
     use metrics::{Counter, Gauge, Histogram};
 
-    use super::{AcquireOutcome, ExtendOutcome, LossReason};
+    use super::{AcquireOutcome, ExtendOutcome, IdempotencyOutcome, LossReason};
     use crate::backend::Mode;
 
     pub(super) struct Handles {
@@ -176,6 +176,9 @@ mod handles {
         pub(super) hold_seconds: Histogram,
         pub(super) extend: [Counter; 3],
         pub(super) lost: [Counter; 3],
+        /// `tower_lease_idempotency_total` by outcome: only an idempotency key's namespace,
+        /// whose leases are reservations, has it.
+        pub(super) idempotency: Option<[Counter; 7]>,
     }
 
     impl AcquireOutcome {
@@ -220,6 +223,19 @@ mod handles {
         }
     }
 
+    impl IdempotencyOutcome {
+        /// In declaration order, so `outcome as usize` indexes it.
+        const ALL: [IdempotencyOutcome; 7] = [
+            IdempotencyOutcome::Stored,
+            IdempotencyOutcome::Replayed,
+            IdempotencyOutcome::InFlight,
+            IdempotencyOutcome::Mismatch,
+            IdempotencyOutcome::InvalidKey,
+            IdempotencyOutcome::NotStored,
+            IdempotencyOutcome::OutcomeUnknown,
+        ];
+    }
+
     impl LossReason {
         const ALL: [LossReason; 3] = [
             LossReason::StoreSaidGone,
@@ -231,6 +247,7 @@ mod handles {
     impl Handles {
         fn register(namespace: &'static str, mode: Mode) -> Self {
             super::describe();
+            let reservation = mode == Mode::Reservation;
             let mode = mode.as_str();
             let labels = [("namespace", namespace), ("mode", mode)];
             Handles {
@@ -250,6 +267,12 @@ mod handles {
                 lost: LossReason::ALL.map(|reason| {
                     let labels = [labels[0], labels[1], ("reason", reason.as_str())];
                     metrics::counter!("tower_lease_lost_total", &labels)
+                }),
+                idempotency: reservation.then(|| {
+                    IdempotencyOutcome::ALL.map(|outcome| {
+                        let labels = [labels[0], ("outcome", outcome.as_str())];
+                        metrics::counter!("tower_lease_idempotency_total", &labels)
+                    })
                 }),
             }
         }

@@ -281,6 +281,25 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// Prints a paired goal: the median of the ratios taken within each round, with their
+/// spread (the rounds' p25–p75), and `met` or `MISSED`; answers whether it was met.
+pub fn goal(what: &str, within: &[f64], least: f64) -> bool {
+    if within.is_empty() {
+        return true;
+    }
+    let mut within = within.to_vec();
+    let ratio = median(&mut within);
+    let quartile = |q: f64| within[((within.len() - 1) as f64 * q).round() as usize];
+    let met = ratio >= least;
+    println!(
+        "- {what}: {ratio:.3} (rounds' p25–p75 {:.3}–{:.3}) {}",
+        quartile(0.25),
+        quartile(0.75),
+        if met { "met" } else { "MISSED" }
+    );
+    met
+}
+
 /// The `q` quantile (0..=1) of `values` (nanoseconds), in microseconds.
 pub fn quantile_us(values: &mut [u64], q: f64) -> f64 {
     if values.is_empty() {

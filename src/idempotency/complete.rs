@@ -6,7 +6,9 @@
 //! completion that went through answers the same the second time. So a call that failed (or
 //! whose answer was lost) is simply sent again until the store says stored or taken.
 
+use std::future::{Future, poll_fn};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +20,7 @@ use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
 use crate::layer::Reason;
 use crate::lease::own::OwnLease;
+use crate::watchdog::Overdue;
 
 /// The first and the longest pause between two tries.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -150,12 +153,22 @@ pub(super) async fn complete(
     };
     let mut pause = FIRST_PAUSE;
     let mut warned = false;
+    // The layer's coarse timer rather than a tokio timer per request: one deadline for every
+    // try, registered only if a try has to wait.
+    let mut overdue = Overdue::until(config.first_beat_timer.clone(), deadline);
     loop {
-        let tried = tokio::time::timeout_at(deadline, pending.try_once()).await;
+        let tried = {
+            let mut call = std::pin::pin!(pending.try_once());
+            poll_fn(|cx| match call.as_mut().poll(cx) {
+                Poll::Ready(tried) => Poll::Ready(Some(tried)),
+                Poll::Pending => overdue.poll(cx).map(|()| None),
+            })
+            .await
+        };
         match tried {
-            Ok(Tried::Stored) => return Ok(()),
-            Ok(Tried::Taken) => return Err(unknown),
-            Ok(Tried::Failed) | Err(_) => {}
+            Some(Tried::Stored) => return Ok(()),
+            Some(Tried::Taken) => return Err(unknown),
+            Some(Tried::Failed) | None => {}
         }
         if !warned {
             let namespace = pending.namespace;

@@ -53,42 +53,45 @@ fn replayed(name: &HeaderName, connection: &[HeaderValue]) -> bool {
 }
 
 /// Encodes a complete response.
-pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
-    let connection: Vec<HeaderValue> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .cloned()
-        .collect();
-    let kept: Vec<_> = headers
-        .iter()
-        .filter(|(name, _)| replayed(name, &connection))
-        .collect();
-    let len = 6 + kept
-        .iter()
-        .map(|(n, v)| 6 + n.as_str().len() + v.len())
-        .sum::<usize>();
+pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Bytes {
+    // Most responses list nothing in `Connection`; the listed names are read only if any.
+    let connection: &[HeaderValue] = match headers.get(header::CONNECTION) {
+        None => &[],
+        Some(_) => &headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>(),
+    };
+    // Walked twice, for the length and then the bytes, rather than collected.
+    let kept = || {
+        headers
+            .iter()
+            .filter(|(name, _)| replayed(name, connection))
+    };
+    let (count, len) = kept().fold((0, 6), |(count, len), (n, v)| {
+        (count + 1, len + 6 + n.as_str().len() + v.len())
+    });
     let mut out = BytesMut::with_capacity(len + body.len());
     out.put_u8(VERSION);
     out.put_u8(COMPLETE);
     out.put_u16(status.as_u16());
-    out.put_u16(kept.len() as u16);
-    for (name, value) in kept {
+    out.put_u16(count as u16);
+    for (name, value) in kept() {
         out.put_u16(name.as_str().len() as u16);
         out.put_slice(name.as_str().as_bytes());
         out.put_u32(value.len() as u32);
         out.put_slice(value.as_bytes());
     }
     out.put_slice(body);
-    out.to_vec()
+    out.freeze()
 }
 
 /// Encodes the marker of a request that completed with `status` and whose response was not
 /// kept.
-pub(crate) fn encode_not_stored(status: StatusCode) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4);
-    out.extend_from_slice(&[VERSION, NOT_STORED]);
-    out.extend_from_slice(&status.as_u16().to_be_bytes());
-    out
+pub(crate) fn encode_not_stored(status: StatusCode) -> Bytes {
+    let [high, low] = status.as_u16().to_be_bytes();
+    Bytes::from(vec![VERSION, NOT_STORED, high, low])
 }
 
 /// Decodes a record; `None` for one this version cannot read.
@@ -165,7 +168,7 @@ mod tests {
             status,
             headers: replayed,
             body,
-        }) = decode(encoded.into())
+        }) = decode(encoded)
         else {
             panic!("not a response");
         };
@@ -180,7 +183,7 @@ mod tests {
     fn markers_round_trip_and_garbage_is_refused() {
         let marker = encode_not_stored(StatusCode::OK);
         let status = StatusCode::OK;
-        assert_eq!(decode(marker.into()), Some(Record::NotStored { status }));
+        assert_eq!(decode(marker), Some(Record::NotStored { status }));
         assert_eq!(decode(Bytes::from_static(b"")), None);
         assert_eq!(decode(Bytes::from_static(&[2, 0, 0, 200])), None);
         assert_eq!(decode(Bytes::from_static(&[1, 0, 0, 200, 0, 5, 0])), None);

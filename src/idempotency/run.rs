@@ -152,12 +152,11 @@ where
         free(&config, own).await;
         return Ok(respond(parts, data, ending));
     }
-    let stored = match &ending {
+    let record = match &ending {
         Read::Whole => record::encode(parts.status, &parts.headers, &data),
         _ => record::encode_not_stored(parts.status),
     };
     let whole = matches!(ending, Read::Whole);
-    let record = Bytes::from(stored);
     // No response before its record is stored: a `2xx` that a retry could not replay would
     // let that retry run the request again.
     let Err(reason) = complete(&config, own, fingerprint, record).await else {

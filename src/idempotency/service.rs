@@ -136,8 +136,9 @@ where
         });
         let name = match key {
             Ok((name, key)) => {
-                // Printable ASCII, as parsed.
-                let key = String::from_utf8_lossy(&key).into_owned();
+                // Printable ASCII, as parsed: taken as it is, without a copy.
+                let key = String::from_utf8(key)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 let scope = scope.map(|scope| scope.into_owned());
                 Named { name, key, scope }
             }
@@ -326,6 +327,10 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    // Nothing to read (a `GET`, a `POST` without a body): no reading, no timer.
+    if body.is_end_stream() {
+        return Ok(Bytes::new());
+    }
     let limit = config.max_body;
     // A declared length over the limit is refused before a byte is read.
     if body.size_hint().lower() > limit as u64 {
