@@ -12,7 +12,7 @@ use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
 use super::rejection::Renderer;
-use super::shared_read::SharedReads;
+use super::shared_read::{Linger, SharedReads};
 use crate::Store;
 use crate::lease::heartbeat::Heartbeat;
 use crate::spec::Spec;
@@ -79,9 +79,9 @@ pub(crate) struct Config {
 pub(crate) enum ReadSharing {
     /// Each read has a reader lease of its own.
     Separate,
-    /// Overlapping reads of a name share one reader lease, which outlives its last read by
-    /// `linger` (zero: released at once).
-    Coalesced { linger: Duration },
+    /// Overlapping reads of a name share one reader lease, which outlives its last read as
+    /// `linger` says.
+    Coalesced { linger: Linger },
 }
 
 impl Config {

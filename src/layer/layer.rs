@@ -12,6 +12,7 @@ use super::buffer::{BufferBody, Buffered, Streamed};
 use super::config::{Config, ReadSharing};
 use super::extract::SafeMethods;
 use super::service::{Access, LeaseService};
+use super::shared_read::Linger;
 use crate::{Lock, RwLock, Store};
 
 /// Guards each request with an exclusive [`Lock`] on the name its extractor picks.
@@ -120,7 +121,7 @@ impl<E> RwLockLayer<E> {
     /// should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
         let mut config = Config::new(store, lock.spec());
-        let linger = Duration::ZERO;
+        let linger = Linger::Overlapped;
         config.share_reads(ReadSharing::Coalesced { linger });
         Self {
             config,
@@ -169,7 +170,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         let sharing = match (coalesce, self.config.read_sharing()) {
             (false, _) => ReadSharing::Separate,
             (true, ReadSharing::Separate) => ReadSharing::Coalesced {
-                linger: Duration::ZERO,
+                linger: Linger::Overlapped,
             },
             (true, coalesced) => coalesced,
         };
@@ -177,16 +178,25 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         self
     }
 
-    /// Keeps a shared read lease for up to `linger` after its last request left (at most a
-    /// quarter of a heartbeat interval), for the next read of its name: a name's reads often
+    /// Keeps every shared read lease for up to `linger` after its last request left (at most
+    /// a quarter of a heartbeat interval), for the next read of its name: a name's reads often
     /// end in a burst, and without it the next burst waits a round trip for a fresh lease.
-    /// Default: zero, released at once. Implies [`coalesce_reads(true)`](Self::coalesce_reads).
+    /// Zero releases each share at once. Implies [`coalesce_reads(true)`](Self::coalesce_reads).
     ///
-    /// A write intent of a [writer-preferred](crate::RwLock::writer_preferred) lock, from this
-    /// process or another, ends the linger at once, so such a writer never waits for it. A
-    /// plain writer may wait for it once after the last read, plus the release's notification.
-    /// A short linger (10 to 20 ms) is enough for bursts: see `benches/README.md`.
+    /// Default: 1 ms, and only for a share whose reads overlapped (a second read joined it
+    /// while the first ran); a share that only ever served one read is released at once. On a
+    /// hot name the gaps between reads are far shorter than that, so its share, and its one
+    /// reader lease, lasts as long as the reads keep coming; names read one at a time pay
+    /// nothing for it.
+    ///
+    /// A write of the name through this layer ends the layer's idle share at once, so it never
+    /// waits for the linger. A write intent of a
+    /// [writer-preferred](crate::RwLock::writer_preferred) lock, from this process or another,
+    /// ends the linger at once too. Any other writer (another process's) may wait for it once
+    /// after the last read, plus the release's notification. A longer linger (10 to 20 ms)
+    /// carries a share across bursts of reads: see `benches/README.md`.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
+        let linger = Linger::For(linger);
         self.config.share_reads(ReadSharing::Coalesced { linger });
         self
     }
@@ -280,7 +290,7 @@ mod tests {
 
     const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(3));
 
-    fn linger<E, R, P>(layer: &RwLockLayer<E, R, P>) -> Option<Duration> {
+    fn linger<E, R, P>(layer: &RwLockLayer<E, R, P>) -> Option<Linger> {
         layer
             .config
             .shared_reads
@@ -292,27 +302,35 @@ mod tests {
     fn coalesce_reads_and_linger_reads_do_not_undo_each_other() {
         let store = Store::memory();
         let layer = |store: &Store| RwLockLayer::new(store.clone(), DOCS, crate::extract::path());
-        let ms = Duration::from_millis;
+        let ms = |ms| Linger::For(Duration::from_millis(ms));
         assert_eq!(
             linger(&layer(&store)),
-            Some(Duration::ZERO),
+            Some(Linger::Overlapped),
             "coalesced by default"
         );
-        let lingering = layer(&store).linger_reads(ms(15)).coalesce_reads(true);
+        let lingering = layer(&store)
+            .linger_reads(Duration::from_millis(15))
+            .coalesce_reads(true);
         assert_eq!(
             linger(&lingering),
             Some(ms(15)),
             "coalescing keeps the linger"
         );
-        let coalesced = layer(&store).coalesce_reads(true).linger_reads(ms(15));
+        let coalesced = layer(&store)
+            .coalesce_reads(true)
+            .linger_reads(Duration::from_millis(15));
         assert_eq!(linger(&coalesced), Some(ms(15)));
-        let separate = layer(&store).linger_reads(ms(15)).coalesce_reads(false);
+        let separate = layer(&store)
+            .linger_reads(Duration::from_millis(15))
+            .coalesce_reads(false);
         assert_eq!(
             linger(&separate),
             None,
             "false turns sharing, and so lingering, off"
         );
-        let again = layer(&store).coalesce_reads(false).linger_reads(ms(15));
+        let again = layer(&store)
+            .coalesce_reads(false)
+            .linger_reads(Duration::from_millis(15));
         assert_eq!(linger(&again), Some(ms(15)), "a linger implies coalescing");
     }
 }

@@ -140,9 +140,18 @@ where
             false => telemetry::AcquireOutcome::StoreError,
         };
         let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
+        // A write ends this layer's own idle share of the name first, rather than wait for
+        // (or be refused by) its linger.
+        let idle = match (mode, &config.shared_reads) {
+            (Mode::Write, Some(reads)) => reads.end_linger(name.as_bytes()),
+            _ => None,
+        };
         let acquire = match WaiterSlot::take(&config) {
             // A bounded wait: dropped with the request (its attempts on the wire finish).
             Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
+                if let Some(idle) = idle {
+                    idle.release().await;
+                }
                 if let Some(read) = shared
                     .as_ref()
                     .and_then(|reads| reads.join(name.as_bytes()))
@@ -172,6 +181,20 @@ where
                     let entry = reads.enter(name.as_bytes());
                     let read = shared_read(reads, entry, config, name, on_store_error);
                     FinishOnDrop::guarded(Box::pin(read))
+                }
+                None if idle.is_some() => {
+                    let (store, timing) = (config.store.clone(), config.beat.timing());
+                    let on_store_error = Some(on_store_error);
+                    FinishOnDrop::guarded(Box::pin(async move {
+                        if let Some(idle) = idle {
+                            idle.release().await;
+                        }
+                        // Sent after the release: the lease counts from here.
+                        let sent_at = Instant::now();
+                        let attempt =
+                            Holding::acquire_as(store, spec, mode, name, on_store_error).await;
+                        attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
+                    }))
                 }
                 None => {
                     let (store, timing) = (config.store.clone(), config.beat.timing());

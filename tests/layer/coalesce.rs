@@ -30,6 +30,7 @@ crate::store_tests!(
         a_lost_shared_lease_answers_503_to_every_request_sharing_it,
         a_lost_shared_lease_takes_no_newcomer,
         a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger,
+        a_write_through_the_layer_ends_its_own_lingering_share_at_once,
     ]
 );
 
@@ -209,16 +210,18 @@ async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>
 
 /// With `.linger_reads(..)`, a share whose last request left keeps its reader lease for the
 /// linger: the next GET joins it (the same member in the reader set, no new acquisition), and
-/// the lease goes once the linger is over. A refused writer of a writer-preferred lock ends the
-/// linger at once: its next attempt, well within the linger, gets in.
+/// the lease goes once the linger is over. A refused writer of a writer-preferred lock
+/// elsewhere (another layer: another process) ends the linger at once: its next attempt, well
+/// within the linger, gets in.
 async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Env) {
     const LINGER: Duration = Duration::from_millis(150);
     const PREFERRED: RwLock<str> =
         RwLock::new("lingering-docs", Duration::from_secs(2)).writer_preferred();
     let (opener, gate) = Gate::new();
     opener.send_replace(true);
-    let layer = RwLockLayer::new(env.store.clone(), PREFERRED, extract::path_segment(1));
-    let addr = app(layer.linger_reads(LINGER), &gate).await;
+    let layer = || RwLockLayer::new(env.store.clone(), PREFERRED, extract::path_segment(1));
+    let addr = app(layer().linger_reads(LINGER), &gate).await;
+    let elsewhere = app(layer(), &gate).await;
     let http = Http::new();
 
     assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
@@ -238,14 +241,35 @@ async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env:
 
     assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
     let started = tokio::time::Instant::now();
-    let refused = http.put(addr, "/docs/a").await;
+    let refused = http.put(elsewhere, "/docs/a").await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let written = http.put(addr, "/docs/a").await;
+    let written = http.put(elsewhere, "/docs/a").await;
     assert_eq!(written.text(), "written", "{written:?}");
     assert!(
         started.elapsed() < LINGER,
         "in after {:?}, within the linger",
         started.elapsed()
+    );
+}
+
+/// A write through the layer ends the layer's own idle share of the name before it asks the
+/// store: it gets in at once, however long the linger, and the reader lease is gone.
+async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env) {
+    let (opener, gate) = Gate::new();
+    opener.send_replace(true);
+    let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
+    let addr = app(layer.linger_reads(Duration::from_secs(5)), &gate).await;
+    let http = Http::new();
+
+    assert_eq!(http.get(addr, "/docs/w").await.text(), "held");
+    assert_eq!(reader_secrets(&env, SLOW, "w").await.len(), 1, "lingering");
+    let written = http.put(addr, "/docs/w").await;
+    assert_eq!(written.text(), "written", "{written:?}");
+    assert!(reader_secrets(&env, SLOW, "w").await.is_empty());
+    assert_eq!(
+        http.get(addr, "/docs/w").await.text(),
+        "held",
+        "reads go on"
     );
 }

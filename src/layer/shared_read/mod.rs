@@ -41,6 +41,7 @@ mod intent;
 mod linger;
 
 pub(crate) use self::acquire::{Leader, Waiter};
+pub(crate) use self::linger::Linger;
 
 use crate::Error;
 use crate::backend::BoxFuture;
@@ -56,8 +57,8 @@ use crate::watchdog::{Overdue, Watchdog};
 #[derive(Default)]
 pub(crate) struct SharedReads {
     shares: Mutex<HashMap<Box<[u8]>, Arc<Share>>>,
-    /// How long a share whose last request left stays held (zero: released at once).
-    linger: Duration,
+    /// How long a share whose last request left stays held (by default: released at once).
+    linger: Linger,
 }
 
 /// One reader lease and the requests that share it.
@@ -71,6 +72,9 @@ struct Share {
     emptied: Mutex<Instant>,
     /// Whether a linger task watches it; one at a time. Changed only under the registry's lock.
     lingering: AtomicBool,
+    /// Whether a second request ever joined or waited for it. Set only under the registry's
+    /// lock.
+    overlapped: AtomicBool,
     /// Set once, when the acquisition answers.
     outcome: OnceLock<Outcome>,
     /// Wakes the requests waiting for `outcome`.
@@ -110,13 +114,13 @@ pub(crate) enum Entry {
 
 impl SharedReads {
     /// How long a share outlives its last request.
-    pub(crate) fn linger(&self) -> Duration {
+    pub(crate) fn linger(&self) -> Linger {
         self.linger
     }
 
-    /// Shares that linger for up to `linger` after their last request (see
+    /// Shares that linger after their last request as `linger` says (see
     /// [`linger`](linger::linger)).
-    pub(crate) fn lingering(linger: Duration) -> Self {
+    pub(crate) fn lingering(linger: Linger) -> Self {
         SharedReads {
             linger,
             ..Self::default()
@@ -135,7 +139,7 @@ impl SharedReads {
         let share = shares.get(name)?;
         match share.outcome.get() {
             Some(Outcome::Acquired(held)) if held.admits(now) => {
-                share.members.fetch_add(1, Ordering::Relaxed);
+                share.add_member();
                 Some(SharedRead::new(self.clone(), share.clone()))
             }
             _ => None,
@@ -149,11 +153,11 @@ impl SharedReads {
         if let Some(share) = shares.get(name) {
             match share.outcome.get() {
                 None => {
-                    share.members.fetch_add(1, Ordering::Relaxed);
+                    share.add_member();
                     return Entry::Waiting(Waiter::new(self.clone(), share.clone()));
                 }
                 Some(Outcome::Acquired(held)) if held.admits(now) => {
-                    share.members.fetch_add(1, Ordering::Relaxed);
+                    share.add_member();
                     return Entry::Joined(SharedRead::new(self.clone(), share.clone()));
                 }
                 // Lost, closed to newcomers, or (briefly) a failed acquisition: start afresh.
@@ -205,7 +209,7 @@ impl SharedReads {
             .get(&share.name)
             .is_some_and(|other| Arc::ptr_eq(other, share));
         if current
-            && !self.linger.is_zero()
+            && !self.linger.of(share).is_zero()
             && let Some(held) = share.held()
             && held.admits(Instant::now())
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
@@ -260,9 +264,16 @@ impl Share {
             members: AtomicUsize::new(1),
             emptied: Mutex::new(Instant::now()),
             lingering: AtomicBool::new(false),
+            overlapped: AtomicBool::new(false),
             outcome,
             answered: Notify::new(),
         }
+    }
+
+    /// One more request in the share; called under the registry's lock.
+    fn add_member(&self) {
+        self.members.fetch_add(1, Ordering::Relaxed);
+        self.overlapped.store(true, Ordering::Relaxed);
     }
 
     fn take_lease(&self) -> Option<OwnLease> {

@@ -295,7 +295,7 @@ async fn the_heartbeat_extends_a_shared_lease_once_per_beat() {
 async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger_after() {
     const LINGER: Duration = Duration::from_millis(22);
     let store = Store::memory();
-    let reads = Arc::new(SharedReads::lingering(LINGER));
+    let reads = Arc::new(SharedReads::lingering(Linger::For(LINGER)));
     let first = lead(&reads, &store).await;
     let share = reads.lock().get(&b"d"[..]).cloned().expect("a share of d");
     first.release().await;
@@ -318,4 +318,49 @@ async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger
         "released a linger after the last read"
     );
     assert!(writer_gets_in(&store).await);
+}
+
+/// By default a share lingers only if its reads overlapped: a name read by one request at a
+/// time is released at its leave, a hot one a moment later, and a write of this layer ends
+/// that moment at once.
+#[tokio::test(start_paused = true)]
+async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here_ends_it() {
+    let store = Store::memory();
+    let reads = Arc::new(SharedReads::lingering(Linger::Overlapped));
+
+    let alone = lead(&reads, &store).await;
+    alone.release().await;
+    assert_eq!(members(&reads), None, "a read alone is released at once");
+    assert!(writer_gets_in_and_out(&store).await);
+
+    let first = lead(&reads, &store).await;
+    let Entry::Joined(second) = reads.enter(b"d") else {
+        panic!("a held share takes newcomers")
+    };
+    first.release().await;
+    second.release().await;
+    assert_eq!(members(&reads), Some(0), "overlapping reads linger");
+    assert!(!writer_gets_in(&store).await, "the lingering share holds");
+    tokio::time::sleep(Linger::OVERLAPPED + Duration::from_millis(1)).await;
+    assert_eq!(members(&reads), None, "released after its linger");
+    assert!(writer_gets_in_and_out(&store).await);
+
+    let first = lead(&reads, &store).await;
+    let Entry::Joined(second) = reads.enter(b"d") else {
+        panic!("a held share takes newcomers")
+    };
+    first.release().await;
+    second.release().await;
+    assert_eq!(members(&reads), Some(0), "overlapping reads linger");
+    let idle = reads.end_linger(b"d").expect("an idle share to end");
+    idle.release().await;
+    assert_eq!(members(&reads), None);
+    assert!(writer_gets_in(&store).await, "no linger after a write here");
+}
+
+async fn writer_gets_in_and_out(store: &Store) -> bool {
+    match DOCS.try_write(store, "d").await.unwrap() {
+        Some(token) => token.release().await.unwrap(),
+        None => false,
+    }
 }
