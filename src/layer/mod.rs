@@ -256,9 +256,11 @@
 //! process and publishes it on the lock's channel, to which every share of such a lock
 //! subscribes on a store with notifications (an intent published before that subscription is
 //! confirmed is heard at the writer's next attempt, or at the share's next extension). So the
-//! writer waits about one read's duration, whatever the TTL. With
-//! [`linger_reads`](crate::RwLockLayer::linger_reads) a share outlives its last read by a moment,
-//! for the next burst of its name; a heard intent ends the linger at once. The writer's intent lives
+//! writer waits about one read's duration, whatever the TTL. A share whose reads overlapped
+//! outlives its last read by 1 ms, so a hot name keeps one lease while its reads keep coming;
+//! [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long for every share. A heard
+//! intent ends the linger at once, and a write through the layer ends the layer's own idle
+//! share before it asks the store. The writer's intent lives
 //! while it waits under [`wait`](crate::LockLayer::wait) (or for 500 ms after a refusal without
 //! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under
