@@ -123,6 +123,26 @@ where
         }
     }
 
+    /// Runs the request under `guard`, a lease it already has (a read that joined a held
+    /// share): `inner` is called now.
+    pub(crate) fn locked(
+        guard: LeaseGuard,
+        config: Arc<Config>,
+        inner: &mut S,
+        req: Request<B>,
+        span: tracing::Span,
+    ) -> Self
+    where
+        B: http_body::Body,
+    {
+        let state = span.in_scope(|| locked(guard, &config, inner, req));
+        Self {
+            state,
+            config,
+            span,
+        }
+    }
+
     /// Refuses the request without asking the store.
     pub(crate) fn refused(problem: Problem, config: Arc<Config>, span: tracing::Span) -> Self {
         let state = State::Refusing { problem };
@@ -142,6 +162,31 @@ where
             config,
             span,
         }
+    }
+}
+
+/// The request under `guard`: its lease in the extensions, its body under the layer's deadline
+/// from now on (so a trickling client cannot hold the lock), and `inner` called.
+fn locked<S, B>(
+    guard: LeaseGuard,
+    config: &Config,
+    inner: &mut S,
+    mut req: Request<B>,
+) -> State<S, B>
+where
+    S: Service<Request<TimeoutBody<B>>>,
+    B: http_body::Body,
+{
+    req.extensions_mut().insert(guard.lease());
+    let (parts, body) = req.into_parts();
+    let (timeout, timer) = (config.body_timeout.after(), config.body_timeout.timer());
+    let (body, body_late) = TimeoutBody::within(body, timeout, timer);
+    let inner = inner.call(Request::from_parts(parts, body));
+    State::Locked {
+        inner,
+        guard: Some(guard),
+        body_late,
+        since: Instant::now(),
     }
 }
 
@@ -167,26 +212,11 @@ where
                 } => {
                     let attempt = ready!(Pin::new(acquire).poll(cx));
                     let in_state = "taken once, on leaving the Acquiring state";
-                    let (mut inner, mut req) = call.take().expect(in_state);
+                    let (mut inner, req) = call.take().expect(in_state);
                     let full_at = *full_at;
                     let next = match attempt {
                         // Acquiring → Locked.
-                        Ok(Attempt::Acquired(guard)) => {
-                            req.extensions_mut().insert(guard.lease());
-                            // The body is read under the lock from here on: it gets its
-                            // deadline now, so a trickling client cannot hold the lock.
-                            let (parts, body) = req.into_parts();
-                            let (timeout, timer) =
-                                (config.body_timeout.after(), config.body_timeout.timer());
-                            let (body, body_late) = TimeoutBody::within(body, timeout, timer);
-                            let inner = inner.call(Request::from_parts(parts, body));
-                            State::Locked {
-                                inner,
-                                guard: Some(guard),
-                                body_late,
-                                since: Instant::now(),
-                            }
-                        }
+                        Ok(Attempt::Acquired(guard)) => locked(guard, config, &mut inner, req),
                         // Acquiring → Refusing: someone else holds it, or every permit is taken.
                         Ok(Attempt::Busy { retry_after: lease }) => {
                             // The holder extends its lease while it works, so the lease says

@@ -99,10 +99,6 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone may not be ready; the one `poll_ready` readied goes with this request.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-
         let namespace = self.config.spec.namespace;
         let Some(name) = self.extractor.extract(&req) else {
             if self.config.require_name {
@@ -114,7 +110,7 @@ where
                 return ResponseFuture::refused(Problem::from(Reason::MissingName), config, span);
             }
             let req = req.map(TimeoutBody::new);
-            return ResponseFuture::unlocked(inner.call(req), self.config.clone());
+            return ResponseFuture::unlocked(self.inner.call(req), self.config.clone());
         };
         let mode = self.access.mode(&req);
         let span = request_span(namespace, mode);
@@ -179,6 +175,13 @@ where
             None => match shared {
                 Some(reads) => {
                     let entry = reads.enter(name.as_bytes());
+                    if let Entry::Joined(read) = entry {
+                        // A held share: no store call, and the inner service runs now.
+                        let acquired = telemetry::AcquireOutcome::Acquired;
+                        telemetry::shared(namespace, mode, acquired);
+                        let guard = joined(read, &config);
+                        return ResponseFuture::locked(guard, config, &mut self.inner, req, span);
+                    }
                     let read = shared_read(reads, entry, config, name, on_store_error);
                     FinishOnDrop::guarded(Box::pin(read))
                 }
@@ -209,6 +212,9 @@ where
                 }
             },
         };
+        // The clone may not be ready; the one `poll_ready` readied goes with this request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, full_at, span)
     }
 }
