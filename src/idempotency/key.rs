@@ -1,5 +1,7 @@
 //! The `Idempotency-Key` header, and the store name a key gets within its scope.
 
+use std::borrow::Cow;
+
 use http::HeaderValue;
 
 /// The longest key, in characters of its content.
@@ -8,11 +10,12 @@ pub(crate) const MAX_KEY_LEN: usize = 255;
 /// The content of an `Idempotency-Key` header: a structured-field string (`"8e03978e-…"`, with
 /// `\"` and `\\` escapes) or a bare token (`8e03978e-…`), whose content is 1 to
 /// [`MAX_KEY_LEN`] printable ASCII characters. Both spellings of one content name one key.
-pub(crate) fn parse(value: &HeaderValue) -> Option<Vec<u8>> {
+pub(crate) fn parse(value: &HeaderValue) -> Option<Cow<'_, [u8]>> {
     let bytes = trim(value.as_bytes());
     let content = match bytes.first()? {
-        b'"' => unquote(bytes)?,
-        _ if is_token(bytes) => bytes.to_vec(),
+        b'"' => Cow::Owned(unquote(bytes)?),
+        // A bare key is its own content: borrowed from the header, not copied.
+        _ if is_token(bytes) => Cow::Borrowed(bytes),
         _ => return None,
     };
     (1..=MAX_KEY_LEN)
@@ -78,7 +81,7 @@ mod tests {
 
     fn key(header: &str) -> Option<String> {
         let value = HeaderValue::from_str(header).unwrap();
-        parse(&value).map(|key| String::from_utf8(key).unwrap())
+        parse(&value).map(|key| String::from_utf8(key.into_owned()).unwrap())
     }
 
     #[test]

@@ -108,7 +108,8 @@ pub(crate) fn decode(bytes: Bytes) -> Option<Record> {
         _ => return None,
     }
     let count = at.u16()?;
-    let mut headers = HeaderMap::with_capacity(count as usize);
+    // Room for the `Idempotent-Replayed` header the replay adds, without growing the map.
+    let mut headers = HeaderMap::with_capacity(count as usize + 1);
     for _ in 0..count {
         let len = at.u16()? as usize;
         let name = HeaderName::from_bytes(&at.take(len)?).ok()?;

@@ -136,11 +136,13 @@ where
         });
         let name = match key {
             Ok((name, key)) => {
-                // Printable ASCII, as parsed: taken as it is, without a copy.
-                let key = String::from_utf8(key)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+                let key_len = key.len();
                 let scope = scope.map(|scope| scope.into_owned());
-                Named { name, key, scope }
+                Named {
+                    name,
+                    key_len,
+                    scope,
+                }
             }
             Err(problem) => {
                 telemetry::idempotency(namespace, IdempotencyOutcome::InvalidKey);
@@ -152,11 +154,18 @@ where
     }
 }
 
-/// A request's valid key: its store name, and the key and scope for the handler.
+/// A request's valid key: its store name, which ends with the key, and the scope for the
+/// handler.
 struct Named {
     name: Vec<u8>,
-    key: String,
+    /// The key's length at the end of `name`: copied out only for a request that runs.
+    key_len: usize,
     scope: Option<Vec<u8>>,
+}
+
+/// The key at the end of `name`, for the handler: printable ASCII, as parsed.
+fn key(name: &[u8], key_len: usize) -> String {
+    String::from_utf8_lossy(&name[name.len() - key_len..]).into_owned()
 }
 
 /// A request with a valid key: its body read, its key looked up, then replayed, refused or run.
@@ -226,7 +235,11 @@ where
 {
     let spec = config.idempotency.spec;
     let namespace = spec.namespace;
-    let Named { name, key, scope } = named;
+    let Named {
+        name,
+        key_len,
+        scope,
+    } = named;
     let lock = LockRef::new(namespace, &name, spec.ttl);
     let lock = if spec.fenced { lock.fenced() } else { lock };
     let secret = Secret::random();
@@ -262,13 +275,14 @@ where
         match begun {
             Begin::Reserved { fence } => {
                 let req = Request::from_parts(parts, B::from(body));
+                let key = IdempotencyKey::new(key(&name, key_len), scope, fence);
                 let reserved = Reserved {
                     name: std::borrow::Cow::<[u8]>::Owned(name).into(),
                     secret,
                     fence,
                     sent_at,
                     fingerprint,
-                    key: IdempotencyKey::new(key, scope, fence),
+                    key,
                 };
                 return run(inner, config, req, reserved).await;
             }
