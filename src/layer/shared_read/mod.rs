@@ -23,34 +23,33 @@
 //! however many requests share it, and one [`LeaseState`] whose loss every request sees.
 //!
 //! This file keeps the registry and the held shares; [`acquire`] the requests that wait for a
-//! share's acquisition or send it.
+//! share's acquisition or send it, [`read`] a request's part in a held share, and [`linger`]
+//! how long an idle share is kept.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::Context;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 mod acquire;
 mod intent;
 mod linger;
+mod read;
 
 pub(crate) use self::acquire::{Leader, Waiter};
 pub(crate) use self::linger::Linger;
+pub(crate) use self::read::SharedRead;
 
 use crate::Error;
-use crate::backend::BoxFuture;
 use crate::holding::Holding;
+use crate::lease::LeaseState;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::own::OwnLease;
-use crate::lease::{Lease, LeaseState};
 use crate::store::IntentListener;
-use crate::watchdog::{Overdue, Watchdog};
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.
@@ -327,112 +326,6 @@ impl Held {
 
     fn first_beat(&self) -> Instant {
         self.acquired_at + self.timing.every
-    }
-}
-
-/// A request's part in a held shared lease: what its `LeaseGuard` holds.
-pub(crate) struct SharedRead {
-    reads: Arc<SharedReads>,
-    share: Arc<Share>,
-    /// Cancelled when this request leaves, for its [`Lease`].
-    left: CancellationToken,
-    /// The shared lease's first beat, made when this request's future first waits.
-    first_beat: Option<Overdue>,
-}
-
-impl SharedRead {
-    fn new(reads: Arc<SharedReads>, share: Arc<Share>) -> Self {
-        debug_assert!(share.held().is_some());
-        SharedRead {
-            reads,
-            share,
-            left: CancellationToken::new(),
-            first_beat: None,
-        }
-    }
-
-    fn held(&self) -> &Held {
-        self.share.held().expect("a shared read holds a lease")
-    }
-
-    pub(super) fn state(&self) -> &Arc<LeaseState> {
-        &self.held().state
-    }
-
-    pub(super) fn lease(&self) -> Lease {
-        Lease::shared(self.state().clone(), self.left.clone())
-    }
-
-    #[cfg(test)]
-    pub(super) fn valid_at(&self, at: Instant) -> bool {
-        !self.left.is_cancelled() && self.state().valid_at(at)
-    }
-
-    /// As `LeaseGuard::over_at`: this request left, or the shared lease is over.
-    pub(super) fn over_at(&self, now: Instant) -> bool {
-        self.left.is_cancelled() || self.state().over_at(now)
-    }
-
-    /// As `LeaseGuard::poll_first_beat`: any request of the share whose future waits may
-    /// enrol the shared lease when its first beat is due.
-    pub(super) fn poll_first_beat(
-        &mut self,
-        cx: &mut Context<'_>,
-        heartbeat: &Heartbeat,
-        timer: &Arc<Watchdog>,
-    ) {
-        let share = self.share.clone();
-        let held = share.held().expect("a shared read holds a lease");
-        if held.enrolled.load(Ordering::Acquire) {
-            return;
-        }
-        let due = held.first_beat();
-        let first_beat = self
-            .first_beat
-            .get_or_insert_with(|| Overdue::until(timer.clone(), due));
-        if first_beat.poll(cx).is_ready() {
-            held.enrol(heartbeat);
-        }
-    }
-
-    pub(super) fn enrol_now(&mut self, heartbeat: &Heartbeat) {
-        let held = self.held();
-        if !held.enrolled.load(Ordering::Acquire) {
-            held.enrol(heartbeat);
-        }
-    }
-
-    /// Enrols the shared lease when its first beat is past: a stream of requests that each end
-    /// at once (none waits on the timer) must not let it run out. Within a tokio runtime.
-    pub(crate) fn enrol_if_due(&self, heartbeat: &Heartbeat) {
-        let held = self.held();
-        if !held.enrolled.load(Ordering::Acquire) && Instant::now() >= held.first_beat() {
-            held.enrol(heartbeat);
-        }
-    }
-
-    /// Leaves the share: the lease to release when this was its last request.
-    fn leave(&mut self) -> Option<OwnLease> {
-        if self.left.is_cancelled() {
-            return None;
-        }
-        self.left.cancel();
-        self.reads.leave(&self.share)
-    }
-
-    pub(super) fn release(mut self) -> BoxFuture<'static, ()> {
-        match self.leave() {
-            Some(lease) => lease.release(),
-            // A future of no size: boxing it allocates nothing, on every read but the last.
-            None => Box::pin(std::future::poll_fn(|_| std::task::Poll::Ready(()))),
-        }
-    }
-}
-
-impl Drop for SharedRead {
-    fn drop(&mut self) {
-        // The last one out drops the lease, which releases it in the background.
-        drop(self.leave());
     }
 }
 

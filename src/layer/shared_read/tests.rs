@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::Result;
 use crate::attempt::Attempt;
+use crate::backend::BoxFuture;
 use crate::backend::Mode;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
