@@ -146,7 +146,8 @@ where
             // A bounded wait: dropped with the request (its attempts on the wire finish).
             Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
                 if let Some(idle) = idle {
-                    idle.release().await;
+                    // Sent to its end even if the waiting request is dropped meanwhile.
+                    FinishOnDrop::release(idle.release()).await;
                 }
                 if let Some(read) = shared
                     .as_ref()
@@ -190,7 +191,7 @@ where
                     let on_store_error = Some(on_store_error);
                     FinishOnDrop::guarded(Box::pin(async move {
                         if let Some(idle) = idle {
-                            idle.release().await;
+                            FinishOnDrop::release(idle.release()).await;
                         }
                         // Sent after the release: the lease counts from here.
                         let sent_at = Instant::now();

@@ -13,8 +13,9 @@ use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
+use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef};
 use tower_lease::store::KeyRole;
-use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, extract};
+use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, Store, extract};
 
 use crate::support::http::{Http, Reply, serve};
 use crate::support::{Env, Gate};
@@ -282,4 +283,68 @@ async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env
         "held",
         "reads go on"
     );
+}
+
+/// A waiting write whose client goes away while the layer's idle share is being released still
+/// sends that release to its end: no reader lease is left to block writers for its TTL.
+#[tokio::test]
+async fn a_dropped_write_still_releases_the_idle_share_it_ended() {
+    const DOCS: RwLock<str> = RwLock::new("slow-release-docs", Duration::from_secs(5));
+    let (opener, gate) = Gate::new();
+    opener.send_replace(true);
+    let memory = Store::memory();
+    let slow = Store::from_backend(SlowReleases(memory.clone()));
+    let layer = RwLockLayer::new(slow, DOCS, extract::path_segment(1))
+        .linger_reads(Duration::from_secs(5))
+        .wait(Duration::from_secs(2));
+    let addr = app(layer, &gate).await;
+    assert_eq!(Http::new().get(addr, "/docs/r").await.text(), "held");
+    assert!(
+        DOCS.try_write(&memory, "r").await.unwrap().is_none(),
+        "the share lingers"
+    );
+
+    // The write ends the idle share, and its client leaves while that release is on its way.
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let request = "PUT /docs/r HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n";
+    client.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(SlowReleases::DELAY / 3).await;
+    drop(client);
+    tokio::time::sleep(SlowReleases::DELAY * 2).await;
+    let written = DOCS.try_write(&memory, "r").await.unwrap();
+    assert!(
+        written.is_some(),
+        "the reader lease was released, not left for its TTL"
+    );
+}
+
+/// The memory store, each release answered `DELAY` late (and sent only then).
+struct SlowReleases(Store);
+
+impl SlowReleases {
+    const DELAY: Duration = Duration::from_millis(300);
+}
+
+impl Backend for SlowReleases {
+    fn acquire<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
+        self.0.backend().acquire(lease)
+    }
+
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<Extended>> {
+        self.0.backend().extend(lease)
+    }
+
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        Box::pin(async move {
+            tokio::time::sleep(Self::DELAY).await;
+            self.0.backend().release(lease).await
+        })
+    }
+
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+        self.0.backend().in_use(lock)
+    }
 }
