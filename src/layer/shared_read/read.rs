@@ -87,10 +87,15 @@ impl SharedRead {
     }
 
     /// Enrols the shared lease when its first beat is past: a stream of requests that each end
-    /// at once (none waits on the timer) must not let it run out. Within a tokio runtime.
+    /// at once (none waits on the timer) must not let it run out. Outside a tokio runtime
+    /// (a service called there, its future polled later) it leaves that to the next request,
+    /// or to this one's first wait, since the heartbeat spawns its task.
     pub(crate) fn enrol_if_due(&self, heartbeat: &Heartbeat) {
         let held = self.held();
-        if !held.enrolled.load(Ordering::Acquire) && Instant::now() >= held.first_beat() {
+        if !held.enrolled.load(Ordering::Acquire)
+            && Instant::now() >= held.first_beat()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
             held.enrol(heartbeat);
         }
     }
