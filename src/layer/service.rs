@@ -186,20 +186,6 @@ where
                     let read = shared_read(reads, entry, config, name, on_store_error);
                     FinishOnDrop::guarded(Box::pin(read))
                 }
-                None if idle.is_some() => {
-                    let (store, timing) = (config.store.clone(), config.beat.timing());
-                    let on_store_error = Some(on_store_error);
-                    FinishOnDrop::guarded(Box::pin(async move {
-                        if let Some(idle) = idle {
-                            FinishOnDrop::release(idle.release()).await;
-                        }
-                        // Sent after the release: the lease counts from here.
-                        let sent_at = Instant::now();
-                        let attempt =
-                            Holding::acquire_as(store, spec, mode, name, on_store_error).await;
-                        attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
-                    }))
-                }
                 None => {
                     let (store, timing) = (config.store.clone(), config.beat.timing());
                     let on_store_error = Some(on_store_error);
@@ -209,7 +195,15 @@ where
                     let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
                         attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
                     });
-                    FinishOnDrop::guarded(Box::pin(guarded))
+                    match idle {
+                        None => FinishOnDrop::guarded(Box::pin(guarded)),
+                        // First polled after the idle share's release: the lease counts from
+                        // then.
+                        Some(idle) => FinishOnDrop::guarded(Box::pin(async move {
+                            FinishOnDrop::release(idle.release()).await;
+                            guarded.await
+                        })),
+                    }
                 }
             },
         };

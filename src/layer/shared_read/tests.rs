@@ -334,29 +334,29 @@ async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here
     assert_eq!(members(&reads), None, "a read alone is released at once");
     assert!(writer_gets_in_and_out(&store).await);
 
-    let first = lead(&reads, &store).await;
-    let Entry::Joined(second) = reads.enter(b"d") else {
-        panic!("a held share takes newcomers")
-    };
-    first.release().await;
-    second.release().await;
+    overlap_and_leave(&reads, &store).await;
     assert_eq!(members(&reads), Some(0), "overlapping reads linger");
     assert!(!writer_gets_in(&store).await, "the lingering share holds");
     tokio::time::sleep(Linger::OVERLAPPED + Duration::from_millis(1)).await;
     assert_eq!(members(&reads), None, "released after its linger");
     assert!(writer_gets_in_and_out(&store).await);
 
-    let first = lead(&reads, &store).await;
-    let Entry::Joined(second) = reads.enter(b"d") else {
-        panic!("a held share takes newcomers")
-    };
-    first.release().await;
-    second.release().await;
+    overlap_and_leave(&reads, &store).await;
     assert_eq!(members(&reads), Some(0), "overlapping reads linger");
     let idle = reads.end_linger(b"d").expect("an idle share to end");
     idle.release().await;
     assert_eq!(members(&reads), None);
     assert!(writer_gets_in(&store).await, "no linger after a write here");
+}
+
+/// Two reads of `d` that overlap, then leave.
+async fn overlap_and_leave(reads: &Arc<SharedReads>, store: &Store) {
+    let first = lead(reads, store).await;
+    let Entry::Joined(second) = reads.enter(b"d") else {
+        panic!("a held share takes newcomers")
+    };
+    first.release().await;
+    second.release().await;
 }
 
 async fn writer_gets_in_and_out(store: &Store) -> bool {
