@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod answered;
 mod bodies;
 mod clients;
 mod coalesce;

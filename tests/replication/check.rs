@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{RedisStore, Store, Warning};
 
-use crate::gap::through_sentinels;
 use crate::support::Endpoint;
 use crate::support::sentinel::Topology;
 
@@ -17,7 +16,7 @@ async fn warnings(store: Store) -> Vec<String> {
 
 async fn sentinel(topology: &Topology, n: u32) -> Store {
     let wait = Duration::from_millis(300);
-    through_sentinels(topology)
+    topology.through_sentinels()
         .await
         .wait_for_replicas(n, wait)
         .into()

@@ -9,37 +9,20 @@
 
 use std::time::{Duration, Instant};
 
-use tower_lease::store::SentinelConnection;
-use tower_lease::{Lock, RedisStore, Store};
+use tower_lease::{Lock, Store};
 
 use crate::support::Endpoint;
 use crate::support::proxy::Fault;
-use crate::support::sentinel::{Link, MASTER, Topology};
+use crate::support::sentinel::{Link, Topology};
 
 const LEASE: Duration = Duration::from_secs(10);
 const JOBS: Lock<str> = Lock::new("jobs", LEASE);
 const FENCED: Lock<str> = Lock::new("fenced-jobs", LEASE).fenced();
 
-async fn through_sentinels(topology: &Topology) -> RedisStore<SentinelConnection> {
-    // Just after a promotion the sentinels may call the new primary down for a moment (the
-    // promotion cut their links to it), and then name none: connecting is tried again.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match RedisStore::connect_sentinel(MASTER, topology.sentinel_urls()).await {
-            Ok(store) => return store,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "no primary through the sentinels: {e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_replicated_lease_survives_a_failover_and_is_released_through_the_new_primary() {
     let mut topology = Topology::with_sentinels(Link::Direct).await;
-    let holder: Store = through_sentinels(&topology)
+    let holder: Store = topology.through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(500))
         .into();
@@ -48,7 +31,7 @@ async fn a_replicated_lease_survives_a_failover_and_is_released_through_the_new_
 
     let took = topology.kill_primary_and_fail_over().await;
     eprintln!("failover took {took:?}");
-    let rival: Store = through_sentinels(&topology).await.into();
+    let rival: Store = topology.through_sentinels().await.into();
     assert!(
         JOBS.try_lock(&rival, "a")
             .await
@@ -75,7 +58,7 @@ async fn fences_keep_growing_across_a_failover() {
     let mut topology = Topology::with_sentinels(Link::Direct).await;
     // Without WAIT: the promoted replica has no replica of its own to acknowledge anything, and
     // fences come from the server's clock, not from what was replicated.
-    let store: Store = through_sentinels(&topology).await.into();
+    let store: Store = topology.through_sentinels().await.into();
     let mut before = 0;
     for _ in 0..3 {
         let token = FENCED.try_lock(&store, "a").await.unwrap().expect("free");
@@ -104,7 +87,7 @@ async fn fences_keep_growing_across_a_failover() {
 #[tokio::test]
 async fn without_wait_a_failover_after_lagging_replication_lets_a_second_holder_in() {
     let mut topology = Topology::with_sentinels(Link::Proxied).await;
-    let holder: Store = through_sentinels(&topology).await.into();
+    let holder: Store = topology.through_sentinels().await.into();
     let link = topology.link.take().expect("a proxied replica");
     link.set(Fault::Blackhole);
     let token = JOBS.try_lock(&holder, "a").await.unwrap().expect("free");
@@ -120,7 +103,7 @@ async fn without_wait_a_failover_after_lagging_replication_lets_a_second_holder_
 
     topology.kill_primary_and_fail_over().await;
     link.sever();
-    let rival: Store = through_sentinels(&topology).await.into();
+    let rival: Store = topology.through_sentinels().await.into();
     let second = JOBS.try_lock(&rival, "a").await.unwrap();
     assert!(
         taken.elapsed() < LEASE,

@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tower_lease::store::SentinelConnection;
-use tower_lease::{Lock, RedisStore, Store};
+use tower_lease::{Lock, Store};
 
 use crate::support::Endpoint;
-use crate::support::sentinel::{MASTER, Topology, until_acknowledged};
+use crate::support::sentinel::{Topology, until_acknowledged};
 use crate::support::server::{calls, commandstats};
 
 const DOWN_AFTER: Duration = Duration::from_secs(1);
@@ -24,23 +23,8 @@ const TTL: Duration = Duration::from_secs(2);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
-/// A store through the sentinels, tried again while they name no primary.
-pub(crate) async fn through_sentinels(topology: &Topology) -> RedisStore<SentinelConnection> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match RedisStore::connect_sentinel(MASTER, topology.sentinel_urls()).await {
-            Ok(store) => return store,
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "no primary through the sentinels: {e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn replicated(topology: &Topology) -> Store {
-    through_sentinels(topology)
+    topology.through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(300))
         .into()

@@ -14,7 +14,6 @@ use http::{Method, StatusCode};
 use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
 use tower_lease::{Error, Idempotency, IdempotencyLayer, Store};
 
-use crate::gap::through_sentinels;
 use crate::replicated;
 use crate::support::http::{Http, count, serve};
 use crate::support::sentinel::{Link, Topology, freeze};
@@ -168,7 +167,7 @@ async fn a_completion_the_replica_did_not_acknowledge_answers_no_2xx_then_503_th
 #[tokio::test]
 async fn a_primary_killed_under_sentinel_mid_request_runs_the_handler_once() {
     let mut topology = Topology::with_sentinels(Link::Direct).await;
-    let store = through_sentinels(&topology).await;
+    let store = topology.through_sentinels().await;
     runs_once_through_a_killed_primary(&mut topology, store.into()).await;
 }
 
@@ -178,7 +177,7 @@ async fn a_primary_killed_under_sentinel_mid_request_runs_the_handler_once() {
 #[tokio::test]
 async fn a_primary_killed_mid_request_with_wait_for_replicas_runs_the_handler_once() {
     let mut topology = Topology::two_replicas(Duration::from_secs(1)).await;
-    let store = through_sentinels(&topology)
+    let store = topology.through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(300));
     runs_once_through_a_killed_primary(&mut topology, store.into()).await;

@@ -33,6 +33,8 @@ pub struct Env {
     raw: Option<Raw>,
     #[cfg(feature = "cluster")]
     _cluster: Option<super::cluster::RedisCluster>,
+    #[cfg(feature = "sentinel")]
+    sentinel: Option<super::sentinel::Topology>,
 }
 
 impl Env {
@@ -44,6 +46,8 @@ impl Env {
             raw: None,
             #[cfg(feature = "cluster")]
             _cluster: None,
+            #[cfg(feature = "sentinel")]
+            sentinel: None,
         }
     }
 
@@ -66,6 +70,8 @@ impl Env {
             }),
             #[cfg(feature = "cluster")]
             _cluster: None,
+            #[cfg(feature = "sentinel")]
+            sentinel: None,
         }
     }
 
@@ -86,12 +92,47 @@ impl Env {
                 layout: KeyLayout::default(),
             }),
             _cluster: Some(cluster),
+            #[cfg(feature = "sentinel")]
+            sentinel: None,
         }
     }
 
+    /// A store through three sentinels watching a primary and its replica: it finds the
+    /// primary through them and waits for the replica's acknowledgement of each acquisition
+    /// (`wait_for_replicas(1, 300 ms)`), as a replicated deployment runs it.
+    #[cfg(feature = "sentinel")]
+    pub async fn sentinel() -> Self {
+        use super::Endpoint;
+        let topology = super::sentinel::Topology::with_sentinels(super::sentinel::Link::Direct).await;
+        let store = Self::through_sentinels(&topology).await;
+        let conn = topology.primary.connection().await;
+        Env {
+            store,
+            server: None,
+            raw: Some(Raw {
+                conn: RawConn::Single(conn),
+                layout: KeyLayout::default(),
+            }),
+            #[cfg(feature = "cluster")]
+            _cluster: None,
+            sentinel: Some(topology),
+        }
+    }
+
+    #[cfg(feature = "sentinel")]
+    async fn through_sentinels(topology: &super::sentinel::Topology) -> Store {
+        let replicated = Duration::from_millis(300);
+        let store = topology.through_sentinels().await;
+        store.wait_for_replicas(1, replicated).timeout(STORE_TIMEOUT).into()
+    }
+
     /// A second store on the same Redis with release notifications, as `RedisStore::connect`
-    /// (or `connect_cluster`) makes it for another process; `None` in memory.
+    /// (`connect_cluster`, `connect_sentinel`) makes it for another process; `None` in memory.
     pub async fn notified(&self) -> Option<Store> {
+        #[cfg(feature = "sentinel")]
+        if let Some(topology) = &self.sentinel {
+            return Some(Self::through_sentinels(topology).await);
+        }
         #[cfg(feature = "cluster")]
         if let Some(cluster) = &self._cluster {
             let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();

@@ -11,6 +11,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tower_lease::RedisStore;
+use tower_lease::store::SentinelConnection;
+
 use super::proxy::Proxy;
 use super::server::{Endpoint, RedisServer, die_with_parent, free_port, ping};
 
@@ -108,6 +111,23 @@ impl Topology {
             .collect();
         topology.until_sentinels_see_each_other().await;
         topology
+    }
+
+    /// A store that finds the primary through the sentinels. Just after a promotion the
+    /// sentinels may call the new primary down for a moment (the promotion cut their links to
+    /// it), and then name none: connecting is tried again for up to 5 s.
+    pub async fn through_sentinels(&self) -> RedisStore<SentinelConnection> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match RedisStore::connect_sentinel(MASTER, self.sentinel_urls()).await {
+                Ok(store) => return store,
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "no primary through the sentinels: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every data node: the primary, then the replicas.
