@@ -94,22 +94,13 @@ async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
         let reply = read.await.unwrap();
         assert_eq!((reply.status, reply.text()), (StatusCode::OK, "held"));
     }
-    // Reads with leases of their own released them before answering; each share, whose reads
-    // overlapped, outlives the last of them by a moment (1 ms) and then releases its lease.
-    let key = |name: &str| {
-        env.raw()
-            .key(KeyRole::Readers, SLOW.namespace(), name.as_bytes())
-    };
-    assert!(!env.raw().exists(&key("c")).await, "c's readers are gone");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    for name in ["a", "b"] {
-        while env.raw().exists(&key(name)).await && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(
-            !env.raw().exists(&key(name)).await,
-            "{name}'s readers are gone"
-        );
+    // Every read released its lease, or its part in a share, before it was answered: the
+    // last read of each share answered once the share was released.
+    for name in ["a", "b", "c"] {
+        let key = env
+            .raw()
+            .key(KeyRole::Readers, SLOW.namespace(), name.as_bytes());
+        assert!(!env.raw().exists(&key).await, "{name}'s readers are gone");
     }
     assert_eq!(Http::new().put(two, "/docs/a").await.text(), "written");
 }
@@ -220,14 +211,15 @@ async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>
 }
 
 /// With `.linger_reads(..)`, a share whose last request left keeps its reader lease for the
-/// linger: the next GET joins it (the same member in the reader set, no new acquisition), and
-/// the lease goes once the linger is over. A refused writer of a writer-preferred lock
-/// elsewhere (another layer: another process) ends the linger at once: its next attempt, well
-/// within the linger, gets in.
+/// linger, and that request's answer waits: a GET that comes meanwhile joins the share (the
+/// same member in the reader set, no new acquisition) and the waiting answer goes out at once.
+/// A refused writer of a writer-preferred lock elsewhere (another layer: another process) ends
+/// the linger at once: the last read is answered, its lease released, and the writer's next
+/// attempt, well within the linger, gets in.
 async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Env) {
-    const LINGER: Duration = Duration::from_millis(150);
+    const LINGER: Duration = Duration::from_millis(400);
     const PREFERRED: RwLock<str> =
-        RwLock::new("lingering-docs", Duration::from_secs(2)).writer_preferred();
+        RwLock::new("lingering-docs", Duration::from_secs(6)).writer_preferred();
     let (opener, gate) = Gate::new();
     opener.send_replace(true);
     let layer = || RwLockLayer::new(env.store.clone(), PREFERRED, extract::path_segment(1));
@@ -235,49 +227,68 @@ async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env:
     let elsewhere = app(layer(), &gate).await;
     let http = Http::new();
 
-    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
-    let first = reader_secrets(&env, PREFERRED, "a").await;
-    assert_eq!(first.len(), 1, "the share lingers with its lease");
-    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
+    let started = tokio::time::Instant::now();
+    let first = get_all(addr, "/docs/a", 1).pop().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!first.is_finished(), "answered before its share settled");
+    let secrets = reader_secrets(&env, PREFERRED, "a").await;
+    assert_eq!(secrets.len(), 1, "the share lingers with its lease");
+    opener.send_replace(false);
+    let second = get_all(addr, "/docs/a", 1).pop().unwrap();
+    gate.until_inside(1).await;
+    assert_eq!(first.await.unwrap().text(), "held");
+    assert!(
+        started.elapsed() < LINGER,
+        "answered after {:?}, once the next read took the share over",
+        started.elapsed()
+    );
     assert_eq!(
         reader_secrets(&env, PREFERRED, "a").await,
-        first,
+        secrets,
         "the next read joined the lingering share"
     );
-    tokio::time::sleep(LINGER + Duration::from_millis(150)).await;
-    assert!(
-        reader_secrets(&env, PREFERRED, "a").await.is_empty(),
-        "released once the linger is over"
-    );
 
-    assert_eq!(http.get(addr, "/docs/a").await.text(), "held");
-    let started = tokio::time::Instant::now();
     let refused = http.put(elsewhere, "/docs/a").await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    let left = tokio::time::Instant::now();
+    opener.send_replace(true);
+    assert_eq!(second.await.unwrap().text(), "held");
+    assert!(reader_secrets(&env, PREFERRED, "a").await.is_empty());
     let written = http.put(elsewhere, "/docs/a").await;
     assert_eq!(written.text(), "written", "{written:?}");
     assert!(
-        started.elapsed() < LINGER,
+        left.elapsed() < LINGER,
         "in after {:?}, within the linger",
-        started.elapsed()
+        left.elapsed()
     );
 }
 
 /// A write through the layer ends the layer's own idle share of the name before it asks the
-/// store: it gets in at once, however long the linger, and the reader lease is gone.
+/// store: it gets in at once, however long the linger; the last read's answer, which waited
+/// for the share to settle, goes out with the release; the reader lease is gone.
 async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env) {
+    const DOCS: RwLock<str> = RwLock::new("idle-docs", Duration::from_secs(6));
     let (opener, gate) = Gate::new();
     opener.send_replace(true);
-    let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
+    let layer = RwLockLayer::new(env.store.clone(), DOCS, extract::path_segment(1));
+    // Kept at most a quarter of a beat: 500 ms.
     let addr = app(layer.linger_reads(Duration::from_secs(5)), &gate).await;
     let http = Http::new();
 
-    assert_eq!(http.get(addr, "/docs/w").await.text(), "held");
-    assert_eq!(reader_secrets(&env, SLOW, "w").await.len(), 1, "lingering");
+    let started = tokio::time::Instant::now();
+    let read = get_all(addr, "/docs/w", 1).pop().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(reader_secrets(&env, DOCS, "w").await.len(), 1, "lingering");
     let written = http.put(addr, "/docs/w").await;
     assert_eq!(written.text(), "written", "{written:?}");
-    assert!(reader_secrets(&env, SLOW, "w").await.is_empty());
+    assert!(read.is_finished(), "the read answered before the write ran");
+    assert_eq!(read.await.unwrap().text(), "held");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "in after {:?}, not after the linger",
+        started.elapsed()
+    );
+    assert!(reader_secrets(&env, DOCS, "w").await.is_empty());
     assert_eq!(
         http.get(addr, "/docs/w").await.text(),
         "held",
@@ -298,7 +309,9 @@ async fn a_dropped_write_still_releases_the_idle_share_it_ended() {
         .linger_reads(Duration::from_secs(5))
         .wait(Duration::from_secs(2));
     let addr = app(layer, &gate).await;
-    assert_eq!(Http::new().get(addr, "/docs/r").await.text(), "held");
+    // The read's answer waits for its share to settle; meanwhile the share lingers.
+    let _read = get_all(addr, "/docs/r", 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         DOCS.try_write(&memory, "r").await.unwrap().is_none(),
         "the share lingers"

@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Share, SharedReads};
+use crate::backend::BoxFuture;
+use crate::lease::own::OwnLease;
 
 /// How long a share outlives its last request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,13 +47,14 @@ impl Default for Linger {
 
 /// Keeps `share`, which has no request left, for the layer's linger (at most a quarter of a
 /// heartbeat interval) after its last request left, or until a write intent is heard, then
-/// releases it if still no request is in it. A name's reads often end in a burst, and the next
-/// burst would otherwise wait a round trip for a fresh lease.
+/// releases it if still no request is in it, and settles it. A name's reads often end in a
+/// burst, and the next burst would otherwise wait a round trip for a fresh lease.
 ///
 /// One task per share at a time: a request that comes and goes meanwhile moves the end of the
 /// linger, and one still in the share when it ends hands the share back to its own leave.
 pub(super) async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
     let Some(held) = share.held() else {
+        share.settle(u64::MAX);
         return;
     };
     let linger = reads.linger.of(&share).min(held.timing.every / 4);
@@ -91,8 +94,11 @@ pub(super) async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
             }
             share.take_lease()
         };
+        // Without a lease here, whoever took it (a write's `end_linger`) settles the share
+        // once it has released it.
         if let Some(lease) = lease {
-            lease.release().await;
+            let lease = Some(lease);
+            IdleShare { share, lease }.release().await;
         }
         return;
     }
@@ -108,7 +114,7 @@ impl SharedReads {
     /// Ends the linger of `name`'s share, if it has no request left: the lease to release, so
     /// that a write of the name in this layer never waits for (or is refused by) the layer's
     /// own idle share.
-    pub(crate) fn end_linger(&self, name: &[u8]) -> Option<crate::lease::own::OwnLease> {
+    pub(crate) fn end_linger(&self, name: &[u8]) -> Option<IdleShare> {
         let mut shares = self.lock();
         let share = shares.get(name)?;
         if share.members.load(Ordering::Relaxed) != 0 {
@@ -117,6 +123,52 @@ impl SharedReads {
         let share = shares.remove(name)?;
         drop(shares);
         // Out of the registry with no request left: its linger task finds the lease gone.
-        share.take_lease()
+        let lease = Some(share.take_lease()?);
+        Some(IdleShare { share, lease })
+    }
+}
+
+/// A lingering share taken out of the registry with its lease: released, it settles the share,
+/// so the answer of its last request goes out.
+pub(crate) struct IdleShare {
+    share: Arc<Share>,
+    /// Taken by the release.
+    lease: Option<OwnLease>,
+}
+
+impl IdleShare {
+    /// Releases the lease; the future resolves when the store has answered.
+    pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
+        let release = self.lease.take().map(OwnLease::release);
+        let share = self.share.clone();
+        Box::pin(async move {
+            if let Some(release) = release {
+                release.await;
+            }
+            share.settle(u64::MAX);
+        })
+    }
+}
+
+impl Drop for IdleShare {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        // Dropped unreleased: released in the background all the same, and settled after it.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let share = self.share.clone();
+                let idle = IdleShare {
+                    share,
+                    lease: Some(lease),
+                };
+                runtime.spawn(idle.release());
+            }
+            Err(_) => {
+                drop(lease);
+                self.share.settle(u64::MAX);
+            }
+        }
     }
 }

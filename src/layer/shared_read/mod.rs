@@ -14,7 +14,11 @@
 //! Each share counts its requests. The count changes only under the registry's lock, and the
 //! request that takes it to zero removes the share from the registry under that same lock, then
 //! releases the lease: so a request never joins a share whose lease is being released (it
-//! finds no share, and leads a fresh one). A share that no longer admits newcomers is replaced
+//! finds no share, and leads a fresh one). A share may instead [linger](linger) at zero for the
+//! next read of its name; its last request's answer then waits until the share is *settled*:
+//! handed to a read that joined it, or released. So an answered read never leaves a lease
+//! behind that nobody in flight holds, and a client's next request, to any replica, never meets
+//! it. A share that no longer admits newcomers is replaced
 //! in the registry by a fresh one; its own requests keep it until they leave. Every way out of
 //! a share (the response, the body's end, a request dropped while waiting or running) goes
 //! through [`SharedRead`]'s or [`Waiter`]'s drop, so the count stays right.
@@ -28,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -74,6 +78,14 @@ struct Share {
     /// Whether a second request ever joined or waited for it. Set only under the registry's
     /// lock.
     overlapped: AtomicBool,
+    /// How many times its count reached zero and it lingered. Changed only under the
+    /// registry's lock.
+    idled: AtomicU64,
+    /// Up to which of those idle spells it is settled: a read joined, or the lease was
+    /// released (`u64::MAX`). The last request of each spell answers once its spell is.
+    settled: AtomicU64,
+    /// Wakes the last requests waiting for `settled`.
+    settling: Notify,
     /// Set once, when the acquisition answers.
     outcome: OnceLock<Outcome>,
     /// Wakes the requests waiting for `outcome`.
@@ -102,6 +114,16 @@ struct Held {
     lease: Mutex<Option<OwnLease>>,
     /// Hears of a write intent on the name at once (writer-preferred locks only).
     intent: Option<IntentListener>,
+}
+
+/// What a request's leave left behind.
+pub(super) enum Left {
+    /// Other requests are still in the share.
+    Others,
+    /// The lease, for the last request out to release.
+    Lease(OwnLease),
+    /// The share lingers: the last request out answers once this idle spell is settled.
+    Lingering(u64),
 }
 
 /// Where a read request stands on entering: see the module docs.
@@ -198,11 +220,12 @@ impl SharedReads {
     }
 
     /// Takes one request out of `share`; the last one out gets the lease to release, unless
-    /// the share lingers (see [`linger`](linger::linger)): then the linger's end releases it.
-    fn leave(self: &Arc<Self>, share: &Arc<Share>) -> Option<OwnLease> {
+    /// the share lingers (see [`linger`](linger::linger)): then the linger's end releases it,
+    /// or a read that joins meanwhile takes it over, and the last one out waits for either.
+    fn leave(self: &Arc<Self>, share: &Arc<Share>) -> Left {
         let mut shares = self.lock();
         if share.members.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return None;
+            return Left::Others;
         }
         let current = shares
             .get(&share.name)
@@ -216,19 +239,23 @@ impl SharedReads {
             // Still in the registry with no request: the next one of the name joins it. One
             // linger task at a time watches it.
             *share.emptied.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            let spell = share.idled.fetch_add(1, Ordering::Relaxed) + 1;
             let watched = share.lingering.swap(true, Ordering::Relaxed);
             drop(shares);
             if !watched {
                 runtime.spawn(linger::linger(self.clone(), share.clone()));
             }
-            return None;
+            return Left::Lingering(spell);
         }
         if current {
             shares.remove(&share.name);
         }
         drop(shares);
         // Out of the registry with no request left: nobody else can reach the lease.
-        share.take_lease()
+        match share.take_lease() {
+            Some(lease) => Left::Lease(lease),
+            None => Left::Others,
+        }
     }
 
     /// Publishes what `share`'s acquisition came to and wakes its waiters. A share that holds
@@ -264,15 +291,42 @@ impl Share {
             emptied: Mutex::new(Instant::now()),
             lingering: AtomicBool::new(false),
             overlapped: AtomicBool::new(false),
+            idled: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
+            settling: Notify::new(),
             outcome,
             answered: Notify::new(),
         }
     }
 
-    /// One more request in the share; called under the registry's lock.
+    /// One more request in the share; called under the registry's lock. A share at zero is
+    /// lingering: the newcomer takes it over, which settles its idle spell.
     fn add_member(&self) {
-        self.members.fetch_add(1, Ordering::Relaxed);
+        if self.members.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.settle(self.idled.load(Ordering::Relaxed));
+        }
         self.overlapped.store(true, Ordering::Relaxed);
+    }
+
+    /// Settles the idle spells up to `spell` (`u64::MAX`: the lease is released) and wakes
+    /// their last requests.
+    fn settle(&self, spell: u64) {
+        self.settled.fetch_max(spell, Ordering::Release);
+        self.settling.notify_waiters();
+    }
+
+    /// Resolves once idle spell `spell` is settled.
+    async fn settled(self: Arc<Self>, spell: u64) {
+        loop {
+            let settling = self.settling.notified();
+            let mut settling = std::pin::pin!(settling);
+            // Registered before looking, so a settlement in between still wakes us.
+            settling.as_mut().enable();
+            if self.settled.load(Ordering::Acquire) >= spell {
+                return;
+            }
+            settling.await;
+        }
     }
 
     fn take_lease(&self) -> Option<OwnLease> {

@@ -7,10 +7,9 @@ use std::task::Context;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Held, Share, SharedReads};
+use super::{Held, Left, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::heartbeat::Heartbeat;
-use crate::lease::own::OwnLease;
 use crate::lease::{Lease, LeaseState};
 use crate::watchdog::{Overdue, Watchdog};
 
@@ -101,26 +100,32 @@ impl SharedRead {
     }
 
     /// Leaves the share: the lease to release when this was its last request.
-    fn leave(&mut self) -> Option<OwnLease> {
+    fn leave(&mut self) -> Left {
         if self.left.is_cancelled() {
-            return None;
+            return Left::Others;
         }
         self.left.cancel();
         self.reads.leave(&self.share)
     }
 
+    /// Leaves the share; the future resolves when this request may be answered: at once if
+    /// others are still in the share, once the store has answered the release if this was the
+    /// last, and once a lingering share is settled (another read took it over, or it was
+    /// released) otherwise.
     pub(in crate::layer) fn release(mut self) -> BoxFuture<'static, ()> {
         match self.leave() {
-            Some(lease) => lease.release(),
+            Left::Lease(lease) => lease.release(),
+            Left::Lingering(spell) => Box::pin(self.share.clone().settled(spell)),
             // A future of no size: boxing it allocates nothing, on every read but the last.
-            None => Box::pin(std::future::poll_fn(|_| std::task::Poll::Ready(()))),
+            Left::Others => Box::pin(std::future::poll_fn(|_| std::task::Poll::Ready(()))),
         }
     }
 }
 
 impl Drop for SharedRead {
     fn drop(&mut self) {
-        // The last one out drops the lease, which releases it in the background.
+        // The last one out drops the lease, which releases it in the background; a lingering
+        // share is released by its linger.
         drop(self.leave());
     }
 }

@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
 use super::*;
 use crate::Result;
 use crate::attempt::Attempt;
@@ -291,7 +293,8 @@ async fn the_heartbeat_extends_a_shared_lease_once_per_beat() {
 }
 
 /// A lingering share is released only after a whole linger with no request: reads that come
-/// and go more often than that keep it, however often it is idle for a moment.
+/// and go more often than that keep it, however often it is idle for a moment. Each read's
+/// answer waits until the share is settled: taken over by the next read, or released.
 #[tokio::test(start_paused = true)]
 async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger_after() {
     const LINGER: Duration = Duration::from_millis(22);
@@ -299,20 +302,26 @@ async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger
     let reads = Arc::new(SharedReads::lingering(Linger::For(LINGER)));
     let first = lead(&reads, &store).await;
     let share = reads.lock().get(&b"d"[..]).cloned().expect("a share of d");
-    first.release().await;
+    let mut answer = tokio::spawn(first.release());
     // Reads of 5 ms, 5 ms apart, for ten lingers: idle half the time, never 22 ms on end (an
     // earlier linger's end lands 2 ms into a gap).
     for i in 0..20 {
         tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(!is_answered(&answer).await, "read {i}: answered while idle");
         let Entry::Joined(read) = reads.enter(b"d") else {
             panic!("read {i}: a share idle for less than its linger was released")
         };
         assert!(Arc::ptr_eq(&share, &read.share), "read {i}: a new share");
+        assert!(
+            is_answered(&answer).await,
+            "read {i}: the last one's answer waits on"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
-        read.release().await;
+        answer = tokio::spawn(read.release());
     }
     assert!(!writer_gets_in(&store).await, "the lingering share holds");
     tokio::time::sleep(LINGER + Duration::from_millis(10)).await;
+    assert!(is_answered(&answer).await);
     assert_eq!(
         members(&reads),
         None,
@@ -323,7 +332,7 @@ async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger
 
 /// By default a share lingers only if its reads overlapped: a name read by one request at a
 /// time is released at its leave, a hot one a moment later, and a write of this layer ends
-/// that moment at once.
+/// that moment at once. The last read is answered only once the share is released.
 #[tokio::test(start_paused = true)]
 async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here_ends_it() {
     let store = Store::memory();
@@ -334,29 +343,43 @@ async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here
     assert_eq!(members(&reads), None, "a read alone is released at once");
     assert!(writer_gets_in_and_out(&store).await);
 
-    overlap_and_leave(&reads, &store).await;
+    let last = overlap_and_leave(&reads, &store).await;
     assert_eq!(members(&reads), Some(0), "overlapping reads linger");
-    assert!(!writer_gets_in(&store).await, "the lingering share holds");
+    assert!(
+        !is_answered(&last).await,
+        "the last read waits for the linger"
+    );
     tokio::time::sleep(Linger::OVERLAPPED + Duration::from_millis(1)).await;
+    assert!(is_answered(&last).await);
     assert_eq!(members(&reads), None, "released after its linger");
     assert!(writer_gets_in_and_out(&store).await);
 
-    overlap_and_leave(&reads, &store).await;
+    let last = overlap_and_leave(&reads, &store).await;
     assert_eq!(members(&reads), Some(0), "overlapping reads linger");
     let idle = reads.end_linger(b"d").expect("an idle share to end");
+    assert!(!is_answered(&last).await, "answered before the release");
     idle.release().await;
+    assert!(is_answered(&last).await, "answered once released");
     assert_eq!(members(&reads), None);
     assert!(writer_gets_in(&store).await, "no linger after a write here");
 }
 
-/// Two reads of `d` that overlap, then leave.
-async fn overlap_and_leave(reads: &Arc<SharedReads>, store: &Store) {
+/// Two reads of `d` that overlap, then leave: the second's answer, waiting in a task.
+async fn overlap_and_leave(reads: &Arc<SharedReads>, store: &Store) -> JoinHandle<()> {
     let first = lead(reads, store).await;
     let Entry::Joined(second) = reads.enter(b"d") else {
         panic!("a held share takes newcomers")
     };
     first.release().await;
-    second.release().await;
+    tokio::spawn(second.release())
+}
+
+/// Whether the answer waiting in `task` may go out, once every task ready to run has run.
+async fn is_answered(task: &JoinHandle<()>) -> bool {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    task.is_finished()
 }
 
 async fn writer_gets_in_and_out(store: &Store) -> bool {
