@@ -178,23 +178,25 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         self
     }
 
-    /// Keeps every shared read lease for up to `linger` after its last request left (at most
-    /// a quarter of a heartbeat interval), for the next read of its name: a name's reads often
-    /// end in a burst, and without it the next burst waits a round trip for a fresh lease.
+    /// Keeps every shared read lease for up to `linger` after its last request finished (at
+    /// most a quarter of a heartbeat interval), for the next read of its name, while that last
+    /// request's response waits: a read that comes meanwhile takes the share over and the
+    /// waiting response goes out at once; otherwise the lease is released, then the response
+    /// goes out. A request is never answered while a lease nobody in flight holds is left
+    /// behind, so a client's next request (a write, say, to another replica) never meets it.
     /// Zero releases each share at once. Implies [`coalesce_reads(true)`](Self::coalesce_reads).
     ///
     /// Default: 1 ms, and only for a share whose reads overlapped (a second read joined it
     /// while the first ran); a share that only ever served one read is released at once. On a
     /// hot name the gaps between reads are far shorter than that, so its share, and its one
-    /// reader lease, lasts as long as the reads keep coming; names read one at a time pay
-    /// nothing for it.
+    /// reader lease, lasts as long as the reads keep coming, and the last read of a burst is
+    /// answered at most 1 ms later; names read one at a time pay nothing for it. A longer
+    /// linger delays the last read of each burst by as much.
     ///
     /// A write of the name through this layer ends the layer's idle share at once, so it never
     /// waits for the linger. A write intent of a
     /// [writer-preferred](crate::RwLock::writer_preferred) lock, from this process or another,
-    /// ends the linger at once too. Any other writer (another process's) may wait for it once
-    /// after the last read, plus the release's notification. A longer linger (10 to 20 ms)
-    /// carries a share across bursts of reads: see `benches/README.md`.
+    /// ends the linger at once too.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
         let linger = Linger::For(linger);
         self.config.share_reads(ReadSharing::Coalesced { linger });

@@ -256,11 +256,17 @@
 //! process and publishes it on the lock's channel, to which every share of such a lock
 //! subscribes on a store with notifications (an intent published before that subscription is
 //! confirmed is heard at the writer's next attempt, or at the share's next extension). So the
-//! writer waits about one read's duration, whatever the TTL. A share whose reads overlapped
-//! outlives its last read by 1 ms, so a hot name keeps one lease while its reads keep coming;
-//! [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long for every share. A heard
-//! intent ends the linger at once, and a write through the layer ends the layer's own idle
-//! share before it asks the store. The writer's intent lives
+//! writer waits about one read's duration, whatever the TTL.
+//!
+//! When a reader lease ends: before the response of the last read that shared it goes out. A
+//! share whose reads overlapped *lingers* first: its last read's response waits up to 1 ms for
+//! another read of the name, which takes the share over (the waiting response then goes out at
+//! once, the lease now that read's); if none comes, the lease is released and then the response
+//! goes out. So a hot name keeps one lease while its reads keep coming, and an answered read
+//! never leaves a lease behind that no request in flight holds: a client's next request, to any
+//! replica, never meets it. [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long
+//! for every share. A heard intent ends the linger at once, and a write through the layer ends
+//! the layer's own idle share before it asks the store. The writer's intent lives
 //! while it waits under [`wait`](crate::LockLayer::wait) (or for 500 ms after a refusal without
 //! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under
