@@ -121,7 +121,7 @@ impl<E> RwLockLayer<E> {
     /// should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
         let mut config = Config::new(store, lock.spec());
-        let linger = Linger::Overlapped;
+        let linger = Linger::DEFAULT;
         config.share_reads(ReadSharing::Coalesced { linger });
         Self {
             config,
@@ -170,7 +170,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         let sharing = match (coalesce, self.config.read_sharing()) {
             (false, _) => ReadSharing::Separate,
             (true, ReadSharing::Separate) => ReadSharing::Coalesced {
-                linger: Linger::Overlapped,
+                linger: Linger::DEFAULT,
             },
             (true, coalesced) => coalesced,
         };
@@ -178,27 +178,27 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         self
     }
 
-    /// Keeps every shared read lease for up to `linger` after its last request finished (at
-    /// most a quarter of a heartbeat interval), for the next read of its name, while that last
-    /// request's response waits: a read that comes meanwhile takes the share over and the
-    /// waiting response goes out at once; otherwise the lease is released, then the response
-    /// goes out. A request is never answered while a lease nobody in flight holds is left
-    /// behind, so a client's next request (a write, say, to another replica) never meets it.
-    /// Zero releases each share at once. Implies [`coalesce_reads(true)`](Self::coalesce_reads).
+    /// Keeps a shared read lease whose reads overlapped (a second read joined it while the
+    /// first ran) for up to `linger` after its last request finished (at most a quarter of a
+    /// heartbeat interval), for the next read of its name, while that last request's response
+    /// waits: a read that comes meanwhile takes the share over and the waiting response goes
+    /// out at once; otherwise the lease is released, then the response goes out. A request is
+    /// never answered while a lease nobody in flight holds is left behind, so a client's next
+    /// request (a write, say, to another replica) never meets it. A share that only ever served
+    /// one read is released at once, so names read one at a time pay nothing; zero releases
+    /// every share at once. Implies [`coalesce_reads(true)`](Self::coalesce_reads).
     ///
-    /// Default: 1 ms, and only for a share whose reads overlapped (a second read joined it
-    /// while the first ran); a share that only ever served one read is released at once. On a
-    /// hot name the gaps between reads are far shorter than that, so its share, and its one
-    /// reader lease, lasts as long as the reads keep coming, and the last read of a burst is
-    /// answered at most 1 ms later; names read one at a time pay nothing for it. A longer
-    /// linger delays the last read of each burst by as much.
+    /// Default: 1 ms. On a hot name the gaps between reads are far shorter than that, so its
+    /// share, and its one reader lease, lasts as long as the reads keep coming, and the last
+    /// read of a burst is answered at most 1 ms later. A longer linger carries a share across
+    /// gaps between bursts, and delays the last read of each burst by as much.
     ///
     /// A write of the name through this layer ends the layer's idle share at once, so it never
     /// waits for the linger. A write intent of a
     /// [writer-preferred](crate::RwLock::writer_preferred) lock, from this process or another,
     /// ends the linger at once too.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
-        let linger = Linger::For(linger);
+        let linger = Linger(linger);
         self.config.share_reads(ReadSharing::Coalesced { linger });
         self
     }
@@ -304,10 +304,10 @@ mod tests {
     fn coalesce_reads_and_linger_reads_do_not_undo_each_other() {
         let store = Store::memory();
         let layer = |store: &Store| RwLockLayer::new(store.clone(), DOCS, crate::extract::path());
-        let ms = |ms| Linger::For(Duration::from_millis(ms));
+        let ms = |ms| Linger(Duration::from_millis(ms));
         assert_eq!(
             linger(&layer(&store)),
-            Some(Linger::Overlapped),
+            Some(Linger::DEFAULT),
             "coalesced by default"
         );
         let lingering = layer(&store)

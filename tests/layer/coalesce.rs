@@ -62,6 +62,35 @@ fn get_all(addr: std::net::SocketAddr, path: &'static str, n: usize) -> Vec<Join
         .collect()
 }
 
+/// Two GETs of `path` that overlap (both inside until the gate opens), then leave: the first
+/// is answered, the last one's answer waits while their share lingers. Answers that last one,
+/// still on its way. Leaves the gate open.
+async fn overlap_and_leave(
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    opener: &tokio::sync::watch::Sender<bool>,
+    gate: &Gate,
+) -> JoinHandle<Reply> {
+    opener.send_replace(false);
+    let mut burst = get_all(addr, path, 2);
+    gate.until_inside(2).await;
+    opener.send_replace(true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !burst.iter().any(JoinHandle::is_finished) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither read answered"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    burst.retain(|read| !read.is_finished());
+    let last = burst
+        .pop()
+        .expect("the last read's answer waits while its share lingers");
+    assert_eq!(burst.len(), 0);
+    last
+}
+
 /// The members of the reader set of `name`: one per reader lease in Redis.
 async fn readers(env: &Env, lock: RwLock<str>, name: &str) -> usize {
     let key = env
@@ -228,9 +257,7 @@ async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env:
     let http = Http::new();
 
     let started = tokio::time::Instant::now();
-    let first = get_all(addr, "/docs/a", 1).pop().unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!first.is_finished(), "answered before its share settled");
+    let first = overlap_and_leave(addr, "/docs/a", &opener, &gate).await;
     let secrets = reader_secrets(&env, PREFERRED, "a").await;
     assert_eq!(secrets.len(), 1, "the share lingers with its lease");
     opener.send_replace(false);
@@ -276,8 +303,7 @@ async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env
     let http = Http::new();
 
     let started = tokio::time::Instant::now();
-    let read = get_all(addr, "/docs/w", 1).pop().unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let read = overlap_and_leave(addr, "/docs/w", &opener, &gate).await;
     assert_eq!(reader_secrets(&env, DOCS, "w").await.len(), 1, "lingering");
     let written = http.put(addr, "/docs/w").await;
     assert_eq!(written.text(), "written", "{written:?}");
@@ -309,9 +335,8 @@ async fn a_dropped_write_still_releases_the_idle_share_it_ended() {
         .linger_reads(Duration::from_secs(5))
         .wait(Duration::from_secs(2));
     let addr = app(layer, &gate).await;
-    // The read's answer waits for its share to settle; meanwhile the share lingers.
-    let _read = get_all(addr, "/docs/r", 1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The last read's answer waits for its share to settle; meanwhile the share lingers.
+    let _read = overlap_and_leave(addr, "/docs/r", &opener, &gate).await;
     assert!(
         DOCS.try_write(&memory, "r").await.unwrap().is_none(),
         "the share lingers"

@@ -14,9 +14,12 @@ use crate::support::Endpoint;
 use crate::support::cluster::RedisCluster;
 use crate::support::http::{Http, serve};
 
-const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5)).writer_preferred();
+/// A share lingers at most a quarter of a heartbeat (a twelfth of the TTL): 1.67 s.
+const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(20)).writer_preferred();
 /// Far longer than the writer's wait below: only the intent can end it in time.
 const LINGER: Duration = Duration::from_millis(1500);
+/// Long enough that two reads sent together overlap.
+const READ: Duration = Duration::from_millis(200);
 
 async fn replica(cluster: &RedisCluster, linger: Duration) -> std::net::SocketAddr {
     let store: Store = RedisStore::connect_cluster(cluster.urls())
@@ -27,7 +30,11 @@ async fn replica(cluster: &RedisCluster, linger: Duration) -> std::net::SocketAd
     let app = Router::new()
         .route(
             "/docs/{id}",
-            get(|| async { "read" }).put(|| async { "written" }),
+            get(|| async {
+                tokio::time::sleep(READ).await;
+                "read"
+            })
+            .put(|| async { "written" }),
         )
         .route_layer(layer);
     serve(app).await
@@ -43,7 +50,14 @@ async fn a_refused_writers_intent_ends_a_share_lingering_in_another_process() {
     let http = Http::new();
     for name in ["a", "b", "c", "d", "e", "f"] {
         let path = format!("/docs/{name}");
-        assert_eq!(http.get(readers, &path).await.text(), "read");
+        // Two reads that overlap: the share lingers after them, and the last one's answer
+        // waits for it to settle.
+        let reads: Vec<_> = (0..2)
+            .map(|_| {
+                let (http, path) = (http.clone(), path.clone());
+                tokio::spawn(async move { http.get(readers, &path).await })
+            })
+            .collect();
         // The lingering share listens for intents on the master that owns the name.
         let mut channel = KeyLayout::default().key(KeyRole::Writer, "docs", name.as_bytes());
         channel.truncate(channel.len() - b":w".len());
@@ -67,6 +81,9 @@ async fn a_refused_writers_intent_ends_a_share_lingering_in_another_process() {
         let started = Instant::now();
         let refused = http.put(writers, &path).await;
         assert_eq!(refused.status, StatusCode::CONFLICT, "{name}: {refused:?}");
+        for read in reads {
+            assert_eq!(read.await.unwrap().text(), "read", "{name}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
         let written = http.put(writers, &path).await;
         let took = started.elapsed();

@@ -10,38 +10,25 @@ use super::{Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::own::OwnLease;
 
-/// How long a share outlives its last request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Linger {
-    /// [`OVERLAPPED`](Self::OVERLAPPED) after the last request of a share whose requests
-    /// overlapped (a name read by several requests at once), and not at all after a share
-    /// that only ever had one: hot names keep their lease between reads a fraction of a
-    /// millisecond apart, and names read one at a time cost nothing more.
-    Overlapped,
-    /// This long after the last request of every share (zero: released at once).
-    For(Duration),
-}
+/// How long a share whose requests overlapped (a name read by several requests at once) waits
+/// for the next read of its name after its last request finished: hot names keep their lease
+/// between reads a fraction of a millisecond apart. A share that only ever had one request is
+/// released at once, so names read one at a time pay nothing; zero releases every share at
+/// once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Linger(pub(crate) Duration);
 
 impl Linger {
-    /// The linger of a share whose requests overlapped, by default: one tick of tokio's timer.
-    /// The gaps between the reads of a hot name are far shorter; a writer elsewhere waits
-    /// for it at most once, a round trip's worth.
-    pub(crate) const OVERLAPPED: Duration = Duration::from_millis(1);
+    /// By default: one tick of tokio's timer. The gaps between the reads of a hot name are far
+    /// shorter; the last read of a burst is answered that much later at most.
+    pub(crate) const DEFAULT: Linger = Linger(Duration::from_millis(1));
 
     /// How long `share`, whose last request just left, lingers.
     pub(super) fn of(self, share: &Share) -> Duration {
-        match self {
-            Linger::For(linger) => linger,
-            Linger::Overlapped if share.overlapped.load(Ordering::Relaxed) => Self::OVERLAPPED,
-            Linger::Overlapped => Duration::ZERO,
+        match share.overlapped.load(Ordering::Relaxed) {
+            true => self.0,
+            false => Duration::ZERO,
         }
-    }
-}
-
-impl Default for Linger {
-    /// Released at once.
-    fn default() -> Self {
-        Linger::For(Duration::ZERO)
     }
 }
 

@@ -299,10 +299,9 @@ async fn the_heartbeat_extends_a_shared_lease_once_per_beat() {
 async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger_after() {
     const LINGER: Duration = Duration::from_millis(22);
     let store = Store::memory();
-    let reads = Arc::new(SharedReads::lingering(Linger::For(LINGER)));
-    let first = lead(&reads, &store).await;
+    let reads = Arc::new(SharedReads::lingering(Linger(LINGER)));
+    let mut answer = overlap_and_leave(&reads, &store).await;
     let share = reads.lock().get(&b"d"[..]).cloned().expect("a share of d");
-    let mut answer = tokio::spawn(first.release());
     // Reads of 5 ms, 5 ms apart, for ten lingers: idle half the time, never 22 ms on end (an
     // earlier linger's end lands 2 ms into a gap).
     for i in 0..20 {
@@ -336,7 +335,7 @@ async fn a_lingering_share_is_kept_while_reads_keep_coming_and_released_a_linger
 #[tokio::test(start_paused = true)]
 async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here_ends_it() {
     let store = Store::memory();
-    let reads = Arc::new(SharedReads::lingering(Linger::Overlapped));
+    let reads = Arc::new(SharedReads::lingering(Linger::DEFAULT));
 
     let alone = lead(&reads, &store).await;
     alone.release().await;
@@ -349,7 +348,7 @@ async fn only_a_share_whose_reads_overlapped_lingers_by_default_and_a_write_here
         !is_answered(&last).await,
         "the last read waits for the linger"
     );
-    tokio::time::sleep(Linger::OVERLAPPED + Duration::from_millis(1)).await;
+    tokio::time::sleep(Linger::DEFAULT.0 + Duration::from_millis(1)).await;
     assert!(is_answered(&last).await);
     assert_eq!(members(&reads), None, "released after its linger");
     assert!(writer_gets_in_and_out(&store).await);
