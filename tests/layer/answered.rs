@@ -32,6 +32,7 @@ const ROUNDS: usize = 6;
 crate::store_tests!(Layer: [
     a_write_right_after_reads_on_other_replicas_gets_in,
     a_write_right_after_reads_gets_in_under_a_long_linger,
+    a_write_right_after_reads_held_through_their_bodies_gets_in,
     a_read_right_after_a_write_on_another_replica_gets_in,
     a_write_right_after_a_write_on_another_replica_gets_in,
     an_exclusive_lock_is_free_on_every_replica_once_answered,
@@ -158,6 +159,12 @@ async fn a_write_right_after_reads_gets_in_under_a_long_linger(env: Env) {
     .await;
 }
 
+/// Leases held until the response body ends: the body's end is reported once the lease (or
+/// the read's part in a share) is given back.
+async fn a_write_right_after_reads_held_through_their_bodies_gets_in(env: Env) {
+    reads_then_write(&env, |store| catalog(store).hold_through_body()).await;
+}
+
 async fn a_read_right_after_a_write_on_another_replica_gets_in(env: Env) {
     let (addrs, _opener, handlers) = rw_replicas(&env, catalog).await;
     let http = Http::new();
@@ -268,7 +275,10 @@ mod on_sentinel {
 
     on_sentinel!(
         a_write_right_after_reads_on_other_replicas_gets_in,
+        a_write_right_after_reads_gets_in_under_a_long_linger,
+        a_write_right_after_reads_held_through_their_bodies_gets_in,
         a_read_right_after_a_write_on_another_replica_gets_in,
+        a_write_right_after_a_write_on_another_replica_gets_in,
         an_exclusive_lock_is_free_on_every_replica_once_answered,
         permits_are_free_on_every_replica_once_answered
     );
