@@ -191,7 +191,10 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// Default: 1 ms. On a hot name the gaps between reads are far shorter than that, so its
     /// share, and its one reader lease, lasts as long as the reads keep coming, and the last
     /// read of a burst is answered at most 1 ms later. A longer linger carries a share across
-    /// gaps between bursts, and delays the last read of each burst by as much.
+    /// gaps between bursts, and delays the last read of each burst by as much. The linger is
+    /// part of that read's wait for its release, which [`release_wait`](Self::release_wait)
+    /// bounds (250 ms by default): keep it well below that, or the read is answered while its
+    /// lease still lingers.
     ///
     /// A write of the name through this layer ends the layer's idle share at once, so it never
     /// waits for the linger. A write intent of a
