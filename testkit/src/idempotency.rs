@@ -1,4 +1,4 @@
-//! The idempotency calls of [`Backend`]: a key's first look (`idempotency_begin`), its
+//! The idempotency calls of [`Backend`](tower_lease::backend::Backend): a key's first look (`idempotency_begin`), its
 //! completion, the replay of the stored response, the reservation's lease, and at-most-once
 //! markers (`idempotency_begin_once`, `idempotency_free`).
 

@@ -2,8 +2,11 @@
 //! pass, for a [`Backend`](tower_lease::backend::Backend) of your own as for the built-in ones.
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
-//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`]); [`conformance!`] declares
-//! one `#[tokio::test]` per scenario, each on a fresh [`Env`]. The scenarios talk to the store
+//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
+//! [`fences`], and [`differential`], which compares random sequences of calls with the memory
+//! store's answers); its doc says what it checks. [`conformance!`] declares one
+//! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
+//! them some other way. The scenarios talk to the store
 //! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
 //! are at most seconds) or under tokio's paused clock for a store that keeps time with
 //! [`tokio::time::Instant`].
@@ -53,8 +56,12 @@
 //! # fn main() {}
 //! ```
 //!
-//! `tests/delegating.rs` in this crate runs exactly that. The crate's own tests run the suite on
-//! `Store::memory()`, on a `redis-server` and on a Redis Cluster.
+//! The idempotency scenarios also call the four `idempotency_*` methods, which this example
+//! leaves to their defaults (an error: no idempotency keys), so they fail on it; and
+//! [`Env::with_data_loss`] lets the fence scenarios wipe the backend. `tests/delegating.rs` in
+//! this crate runs the example with both; `tests/planted` runs every scenario on copies of the
+//! memory store with bugs planted, each caught (`README.md` says by which scenarios).
+//! The crate's own tests run the suite on `Store::memory()`, on a `redis-server` and on a Redis Cluster.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
