@@ -13,7 +13,8 @@ use crate::{Env, Holders, ROUNDING, assert_strangers_refused, poll};
 
 const LONG: Lock<str> = Lock::new("conformance", Duration::from_secs(10));
 
-/// Mutual exclusion.
+/// 64 tasks contend for three names through `Lock::try_lock`: never two holders inside one
+/// name's critical section, someone gets in, and every acquisition releases with `true`.
 pub async fn mutual_exclusion(env: Env) {
     const TASKS: usize = 64;
     const ROUNDS: usize = 20;
@@ -64,7 +65,8 @@ pub async fn mutual_exclusion(env: Env) {
     );
 }
 
-/// Only the holder releases or extends.
+/// A stranger (another secret) can neither release nor extend a held lock, which stays taken;
+/// the holder then extends and releases it, and the name is free at once.
 pub async fn only_the_holder_releases_or_extends(env: Env) {
     let token = LONG
         .try_lock(&env.store, "holder-only")
@@ -95,7 +97,8 @@ pub async fn only_the_holder_releases_or_extends(env: Env) {
     assert!(again.is_some(), "a released lock must be free at once");
 }
 
-/// Stale release leaves next holder alone.
+/// The release of a lease that ran out, after the next holder took the name, answers `false`
+/// and leaves the next holder's lease in place.
 pub async fn stale_release_leaves_next_holder_alone(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let stale = short.try_lock(&env.store, "stale").await.unwrap().unwrap();
@@ -116,7 +119,8 @@ pub async fn stale_release_leaves_next_holder_alone(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-/// Extend after expiry does not reacquire.
+/// An extension after the lease ran out answers `false` and does not take the name again: the
+/// next holder gets in, and the stale token can neither extend nor release its lease.
 pub async fn extend_after_expiry_does_not_reacquire(env: Env) {
     let short = Lock::<str>::new("conformance", Duration::from_millis(200));
     let token = short.try_lock(&env.store, "lapsed").await.unwrap().unwrap();
@@ -134,7 +138,8 @@ pub async fn extend_after_expiry_does_not_reacquire(env: Env) {
     assert!(!token.release().await.unwrap());
 }
 
-/// Extend keeps the lease.
+/// Three extensions, each within the lease, carry it well past its first TTL: the name stays
+/// taken, and the release answers `true`.
 pub async fn extend_keeps_the_lease(env: Env) {
     let ttl = Duration::from_millis(400);
     let lock = Lock::<str>::new("conformance", ttl);
@@ -154,7 +159,8 @@ pub async fn extend_keeps_the_lease(env: Env) {
     assert!(token.release().await.unwrap());
 }
 
-/// Abandoned lease frees itself after ttl.
+/// A lease whose holder sends nothing more frees its name no earlier than its TTL after the
+/// acquisition and no later than 250 ms past it.
 pub async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let lock = Lock::<str>::new("conformance", ttl);
@@ -184,7 +190,8 @@ pub async fn abandoned_lease_frees_itself_after_ttl(env: Env) {
     );
 }
 
-/// Retry after is the holders remaining lease.
+/// A refused acquisition's `retry_after` is the holder's remaining lease (within the
+/// rounding), asked twice 100 ms apart.
 pub async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = Lock::<str>::new("conformance", ttl);
@@ -214,7 +221,8 @@ pub async fn retry_after_is_the_holders_remaining_lease(env: Env) {
     }
 }
 
-/// Fences increase per name.
+/// A fenced lock's fences increase with every acquisition of a name; another name has fences
+/// of its own, and an unfenced lock hands out none.
 pub async fn fences_increase_per_name(env: Env) {
     let fenced = LONG.fenced();
     let mut last = 0;

@@ -22,7 +22,8 @@ fn assert_invalid_name<T: std::fmt::Debug>(result: Result<T, Error>, len: usize)
     }
 }
 
-/// Names out of range are errors.
+/// An empty name and one over [`MAX_NAME_LEN`] bytes are `Error::InvalidName` (with a clear
+/// message) for locks, readers and writers; 1 and `MAX_NAME_LEN` bytes are valid.
 pub async fn names_out_of_range_are_errors(env: Env) {
     let too_long = vec![b'x'; MAX_NAME_LEN + 1];
     for name in [&b""[..], &too_long[..]] {

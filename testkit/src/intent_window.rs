@@ -31,7 +31,8 @@ async fn intent_kept(env: &Env, name: &str) -> bool {
     env.intent_kept(DOCS.namespace(), name.as_bytes()).await
 }
 
-/// A waiting writer that gives up leaves no intent.
+/// A writer that waited for readers and gave up (`try_write_for` timed out) leaves no write
+/// intent: a new reader gets in at once (and the backend keeps none, where the `Env` can look).
 pub async fn a_waiting_writer_that_gives_up_leaves_no_intent(env: Env) {
     let reader = DOCS
         .try_read(&env.store, "deadline")
@@ -48,7 +49,8 @@ pub async fn a_waiting_writer_that_gives_up_leaves_no_intent(env: Env) {
     assert!(reader.release().await.unwrap());
 }
 
-/// A dropped waiting writer leaves no intent.
+/// A waiting writer dropped midway (its client left) withdraws its intent: readers get in
+/// again within 150 ms, and the backend keeps no intent.
 pub async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
     let reader = DOCS.try_read(&env.store, "dropped").await.unwrap().unwrap();
     let store = env.store.clone();
@@ -78,7 +80,8 @@ pub async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
     assert!(reader.release().await.unwrap());
 }
 
-/// An immediate writers intent ends within the window.
+/// A single refused write attempt's intent holds readers off with a `retry_after` of at most
+/// one window (500 ms), and ends with it.
 pub async fn an_immediate_writers_intent_ends_within_the_window(env: Env) {
     let reader = DOCS.try_read(&env.store, "once").await.unwrap().unwrap();
     assert!(DOCS.try_write(&env.store, "once").await.unwrap().is_none());
@@ -144,7 +147,9 @@ async fn writer_among_readers(
     (got_in, overlap)
 }
 
-/// A waiting writer keeps its intent while readers stay.
+/// A writer waiting among readers that keep arriving (each holding longer than the window)
+/// keeps its intent alive and gets in within one hold, with no reader inside; on this store and,
+/// where the `Env` has one, from another process's store.
 pub async fn a_waiting_writer_keeps_its_intent_while_readers_stay(env: Env) {
     let mut runs = vec![("this store", env.store.clone(), "polling")];
     // Woken by notifications, a waiter may sleep up to a second between attempts.

@@ -2,8 +2,11 @@
 //! pass, for a [`Backend`](tower_lease::backend::Backend) of your own as for the built-in ones.
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
-//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`]); [`conformance!`] declares
-//! one `#[tokio::test]` per scenario, each on a fresh [`Env`]. The scenarios talk to the store
+//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
+//! [`fences`], and [`differential`], which compares random sequences of calls with the memory
+//! store's answers); its doc says what it checks. [`conformance!`] declares one
+//! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
+//! them some other way. The scenarios talk to the store
 //! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
 //! are at most seconds) or under tokio's paused clock for a store that keeps time with
 //! [`tokio::time::Instant`].
@@ -53,12 +56,19 @@
 //! # fn main() {}
 //! ```
 //!
-//! `tests/delegating.rs` in this crate runs exactly that. The crate's own tests run the suite on
-//! `Store::memory()`, on a `redis-server` and on a Redis Cluster.
+//! The idempotency scenarios also call the four `idempotency_*` methods, which this example
+//! leaves to their defaults (an error: no idempotency keys), so they fail on it; and
+//! [`Env::with_data_loss`] lets the fence scenarios wipe the backend. `tests/delegating.rs` in
+//! this crate runs the example with both; `tests/planted` runs every scenario on copies of the
+//! memory store with bugs planted, each caught (`README.md` says by which scenarios).
+//! The crate's own tests run the suite on `Store::memory()`, on a `redis-server` and on a Redis Cluster.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod differential;
 pub mod exclusive;
+pub mod fences;
+pub mod idempotency;
 pub mod input;
 pub mod intent_window;
 pub mod rw;
@@ -85,6 +95,30 @@ pub const ROUNDING: Duration = Duration::from_millis(3);
 pub type IntentProbe =
     Box<dyn Fn(&str, &[u8]) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// Wipes everything the backend keeps (leases, fence counters, idempotency records), as a
+/// `FLUSHALL` or a restart without persistence would.
+pub type DataLoss = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A scenario's future, as [`Scenario::run`] answers it.
+pub type ScenarioFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One scenario of the suite, for running it programmatically (as [`conformance!`] does, one
+/// test each): it passes when its future completes, and fails by panicking.
+#[derive(Clone, Copy, Debug)]
+pub struct Scenario {
+    /// The module it is in (`"exclusive"`, `"idempotency"`, ...).
+    pub module: &'static str,
+    /// Its name, the name of its function.
+    pub name: &'static str,
+    /// Runs it on an [`Env`].
+    pub run: fn(Env) -> ScenarioFuture,
+}
+
+/// Every scenario of the suite, in the order [`conformance!`] declares them.
+pub fn scenarios() -> Vec<Scenario> {
+    crate::__scenarios!(@table)
+}
+
 /// What a scenario runs on: the store under test and, where the backend has them, a second
 /// store on the same backend as another process would make it, and a look at its write intents.
 pub struct Env {
@@ -92,6 +126,7 @@ pub struct Env {
     pub store: Store,
     elsewhere: Option<Store>,
     intent_probe: Option<IntentProbe>,
+    data_loss: Option<DataLoss>,
     guards: Vec<Box<dyn Any + Send + Sync>>,
 }
 
@@ -102,6 +137,7 @@ impl Env {
             store,
             elsewhere: None,
             intent_probe: None,
+            data_loss: None,
             guards: Vec::new(),
         }
     }
@@ -125,6 +161,29 @@ impl Env {
     ) -> Self {
         self.intent_probe = Some(Box::new(probe));
         self
+    }
+
+    /// Adds a way to wipe the backend's data (everything it keeps: leases, fence counters,
+    /// idempotency records), as a `FLUSHALL` or a restart without persistence would, so the
+    /// scenarios also check what must survive it (fences keep growing).
+    pub fn with_data_loss(
+        mut self,
+        lose: impl Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static,
+    ) -> Self {
+        self.data_loss = Some(Box::new(lose));
+        self
+    }
+
+    /// Wipes the backend's data with the [data-loss hook](Self::with_data_loss); `false` (and
+    /// nothing done) without one.
+    pub async fn lose_data(&self) -> bool {
+        match &self.data_loss {
+            Some(lose) => {
+                lose().await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keeps `guard` (a server process, a temporary directory) alive as long as this `Env`.
@@ -154,6 +213,7 @@ impl fmt::Debug for Env {
             .field("store", &self.store)
             .field("elsewhere", &self.elsewhere)
             .field("intent_probe", &self.intent_probe.is_some())
+            .field("data_loss", &self.data_loss.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -267,56 +327,96 @@ macro_rules! conformance {
 
 #[doc(hidden)]
 #[macro_export]
+macro_rules! __scenarios {
+    ($($prefix:tt)*) => {
+        $crate::__conformance! { $($prefix)* ;
+            differential: [
+                lock_sequences_answer_as_the_memory_store,
+                permit_sequences_answer_as_the_memory_store,
+                reservation_sequences_answer_as_the_memory_store,
+            ],
+            exclusive: [
+                mutual_exclusion,
+                only_the_holder_releases_or_extends,
+                stale_release_leaves_next_holder_alone,
+                extend_after_expiry_does_not_reacquire,
+                extend_keeps_the_lease,
+                abandoned_lease_frees_itself_after_ttl,
+                retry_after_is_the_holders_remaining_lease,
+                fences_increase_per_name,
+            ],
+            fences: [
+                fences_of_a_fresh_name_follow_the_clock,
+                fences_keep_growing_across_data_loss,
+            ],
+            idempotency: [
+                begin_reserves_then_answers_in_flight,
+                complete_then_replay_or_mismatch,
+                a_stranger_cannot_touch_a_live_reservation,
+                a_released_or_freed_reservation_frees_the_key,
+                a_reservation_ends_with_its_lease,
+                at_most_once_marks_the_key,
+                fenced_reservations_take_growing_fences,
+            ],
+            input: [
+                names_out_of_range_are_errors,
+                binary_names_lock_independently,
+            ],
+            intent_window: [
+                a_waiting_writer_that_gives_up_leaves_no_intent,
+                a_dropped_waiting_writer_leaves_no_intent,
+                an_immediate_writers_intent_ends_within_the_window,
+                a_waiting_writer_keeps_its_intent_while_readers_stay,
+            ],
+            rw: [
+                readers_share,
+                writer_excludes_everyone,
+                readers_block_writer_until_released,
+                crashed_reader_stops_blocking_after_ttl,
+                reader_and_writer_tokens_are_holder_only,
+                retry_after_for_read_and_write,
+                write_fences_increase_and_readers_see_the_generation,
+                a_reader_released_after_its_lease_ran_out_answers_false,
+            ],
+            semaphore: [
+                permits_up_to_the_limit,
+                retry_after_is_the_earliest_live_permit,
+                an_abandoned_permit_frees_its_slot_after_its_ttl,
+                extend_after_expiry_fails_and_takes_no_slot,
+                extend_keeps_a_permit_past_its_first_ttl,
+                permits_are_holder_only,
+                each_call_checks_its_own_limit,
+                a_waiter_gets_the_slot_a_release_frees,
+                bad_input_is_a_clear_error,
+                a_permit_released_after_its_lease_ran_out_answers_false,
+            ],
+            writer_preferred: [
+                a_refused_writer_holds_new_readers_off_until_the_readers_leave,
+                an_abandoned_intent_ends_by_itself,
+                without_the_preference_readers_keep_coming_in,
+                a_readers_extension_reports_a_waiting_writer,
+            ],
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
 macro_rules! __conformance {
     (@all $attr:tt $env:expr) => {
-        $crate::__conformance!(@module $attr $env; exclusive: [
-            mutual_exclusion,
-            only_the_holder_releases_or_extends,
-            stale_release_leaves_next_holder_alone,
-            extend_after_expiry_does_not_reacquire,
-            extend_keeps_the_lease,
-            abandoned_lease_frees_itself_after_ttl,
-            retry_after_is_the_holders_remaining_lease,
-            fences_increase_per_name,
-        ]);
-        $crate::__conformance!(@module $attr $env; input: [
-            names_out_of_range_are_errors,
-            binary_names_lock_independently,
-        ]);
-        $crate::__conformance!(@module $attr $env; intent_window: [
-            a_waiting_writer_that_gives_up_leaves_no_intent,
-            a_dropped_waiting_writer_leaves_no_intent,
-            an_immediate_writers_intent_ends_within_the_window,
-            a_waiting_writer_keeps_its_intent_while_readers_stay,
-        ]);
-        $crate::__conformance!(@module $attr $env; rw: [
-            readers_share,
-            writer_excludes_everyone,
-            readers_block_writer_until_released,
-            crashed_reader_stops_blocking_after_ttl,
-            reader_and_writer_tokens_are_holder_only,
-            retry_after_for_read_and_write,
-            write_fences_increase_and_readers_see_the_generation,
-            a_reader_released_after_its_lease_ran_out_answers_false,
-        ]);
-        $crate::__conformance!(@module $attr $env; semaphore: [
-            permits_up_to_the_limit,
-            retry_after_is_the_earliest_live_permit,
-            an_abandoned_permit_frees_its_slot_after_its_ttl,
-            extend_after_expiry_fails_and_takes_no_slot,
-            extend_keeps_a_permit_past_its_first_ttl,
-            permits_are_holder_only,
-            each_call_checks_its_own_limit,
-            a_waiter_gets_the_slot_a_release_frees,
-            bad_input_is_a_clear_error,
-            a_permit_released_after_its_lease_ran_out_answers_false,
-        ]);
-        $crate::__conformance!(@module $attr $env; writer_preferred: [
-            a_refused_writer_holds_new_readers_off_until_the_readers_leave,
-            an_abandoned_intent_ends_by_itself,
-            without_the_preference_readers_keep_coming_in,
-            a_readers_extension_reports_a_waiting_writer,
-        ]);
+        $crate::__scenarios!(@tests $attr $env);
+    };
+    (@tests $attr:tt $env:expr ; $($module:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
+        $( $crate::__conformance!(@module $attr $env; $module: [$($name),*]); )*
+    };
+    (@table ; $($module:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
+        vec![$($(
+            $crate::Scenario {
+                module: stringify!($module),
+                name: stringify!($name),
+                run: |env| Box::pin($crate::$module::$name(env)),
+            },
+        )*)*]
     };
     (@module [$attr:meta] $env:expr; $module:ident: [$($name:ident),* $(,)?]) => {
         mod $module {

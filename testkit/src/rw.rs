@@ -10,7 +10,7 @@ use crate::{Env, ROUNDING, assert_strangers_refused, poll};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
 
-/// Readers share.
+/// Ten readers of one name hold at once, and each release answers `true`.
 pub async fn readers_share(env: Env) {
     let mut readers = Vec::new();
     for _ in 0..10 {
@@ -22,7 +22,8 @@ pub async fn readers_share(env: Env) {
     }
 }
 
-/// Writer excludes everyone.
+/// A writer refuses a second writer and any reader; once it released, a reader gets in at
+/// once.
 pub async fn writer_excludes_everyone(env: Env) {
     let writer = CATALOG
         .try_write(&env.store, "shop")
@@ -53,7 +54,8 @@ pub async fn writer_excludes_everyone(env: Env) {
     );
 }
 
-/// Readers block writer until released.
+/// Two readers refuse a writer; releasing one leaves the other's lease in place (it extends,
+/// and still refuses the writer); once both released, the writer gets in.
 pub async fn readers_block_writer_until_released(env: Env) {
     let first = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
     let second = CATALOG.try_read(&env.store, "shop").await.unwrap().unwrap();
@@ -87,7 +89,8 @@ pub async fn readers_block_writer_until_released(env: Env) {
     );
 }
 
-/// Crashed reader stops blocking after ttl.
+/// A reader lease nobody releases stops refusing writers no earlier than its TTL and no later
+/// than 250 ms past it.
 pub async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
     let ttl = Duration::from_millis(300);
     let short = RwLock::<str>::new("catalog", ttl);
@@ -111,7 +114,9 @@ pub async fn crashed_reader_stops_blocking_after_ttl(env: Env) {
     assert!(writer.release().await.unwrap());
 }
 
-/// Reader and writer tokens are holder only.
+/// Strangers can neither release nor extend a reader or a writer lease; once a lease ran out,
+/// its own token can neither extend it nor release it, and a stale writer leaves the next one
+/// alone.
 pub async fn reader_and_writer_tokens_are_holder_only(env: Env) {
     let short = RwLock::<str>::new("catalog", Duration::from_millis(200));
     let lock = LockRef::new(short.namespace(), b"tokens", short.ttl());
@@ -191,7 +196,8 @@ fn assert_retry_after<T>(
     );
 }
 
-/// Retry after for read and write.
+/// A writer's remaining lease is the `retry_after` of refused readers and writers; readers
+/// refuse a writer with the *last* reader's remaining lease (not the first's).
 pub async fn retry_after_for_read_and_write(env: Env) {
     let ttl = Duration::from_millis(1000);
     let lock = RwLock::<str>::new("catalog", ttl);
@@ -232,7 +238,8 @@ pub async fn retry_after_for_read_and_write(env: Env) {
     assert_retry_after(attempt, (asked, told), (sent + ttl * 2, answered + ttl * 2));
 }
 
-/// Write fences increase and readers see the generation.
+/// Fenced writers take increasing fences; a reader's fence is the last writer's (0 before any
+/// writer); an unfenced lock hands out none.
 pub async fn write_fences_increase_and_readers_see_the_generation(env: Env) {
     let fenced = CATALOG.fenced();
     let reader = fenced.try_read(&env.store, "gen").await.unwrap().unwrap();

@@ -11,7 +11,8 @@ use crate::{Env, ROUNDING, assert_strangers_refused};
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
 const SHORT: Semaphore<str> = Semaphore::new("export", 1, Duration::from_millis(500));
 
-/// Permits up to the limit.
+/// Permits are granted up to the limit and refused past it, `in_use` counts them, another name
+/// has its own, and a released slot can be taken again.
 pub async fn permits_up_to_the_limit(env: Env) {
     let store = &env.store;
     let mut permits = Vec::new();
@@ -34,7 +35,8 @@ pub async fn permits_up_to_the_limit(env: Env) {
     assert_eq!(EXPORTS.in_use(store, "tenant").await.unwrap(), 3);
 }
 
-/// Retry after is the earliest live permit.
+/// A refused permit's `retry_after` is the *earliest* live permit's remaining lease, not the
+/// latest's.
 pub async fn retry_after_is_the_earliest_live_permit(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 2, Duration::from_millis(1500));
@@ -64,7 +66,8 @@ pub async fn retry_after_is_the_earliest_live_permit(env: Env) {
     );
 }
 
-/// An abandoned permit frees its slot after its ttl.
+/// A permit nobody releases stops counting after its TTL: `in_use` is 0 and the slot can be
+/// taken.
 pub async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     let store = &env.store;
     drop(SHORT.try_acquire(store, "t").await.unwrap().unwrap()); // its holder crashes
@@ -75,7 +78,8 @@ pub async fn an_abandoned_permit_frees_its_slot_after_its_ttl(env: Env) {
     assert!(next.is_some(), "an ended permit still takes its slot");
 }
 
-/// Extend after expiry fails and takes no slot.
+/// An extension of a permit that ran out answers `false` and takes no slot back; nor does its
+/// release take the next holder's permit.
 pub async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     let store = &env.store;
     let late = SHORT.try_acquire(store, "t").await.unwrap().unwrap();
@@ -101,7 +105,8 @@ pub async fn extend_after_expiry_fails_and_takes_no_slot(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-/// Extend keeps a permit past its first ttl.
+/// Extensions within the lease keep a permit past its first TTL: it still counts and refuses
+/// others; its release frees the slot.
 pub async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     let store = &env.store;
     let sem = Semaphore::<str>::new("export", 1, Duration::from_millis(1000));
@@ -117,7 +122,7 @@ pub async fn extend_keeps_a_permit_past_its_first_ttl(env: Env) {
     assert_eq!(sem.in_use(store, "t").await.unwrap(), 0);
 }
 
-/// Permits are holder only.
+/// Strangers can neither release nor extend a permit; it still counts.
 pub async fn permits_are_holder_only(env: Env) {
     let store = &env.store;
     let _held = EXPORTS.try_acquire(store, "t").await.unwrap().unwrap();
@@ -126,7 +131,8 @@ pub async fn permits_are_holder_only(env: Env) {
     assert_eq!(EXPORTS.in_use(store, "t").await.unwrap(), 1);
 }
 
-/// Each call checks its own limit.
+/// The limit is the caller's: a call with 1 permit is refused beside one live permit, a call
+/// with 3 is not.
 pub async fn each_call_checks_its_own_limit(env: Env) {
     let store = &env.store;
     let one = EXPORTS.with_permits(1).unwrap();
@@ -136,7 +142,8 @@ pub async fn each_call_checks_its_own_limit(env: Env) {
     assert!(second.is_some(), "a limit of 3 with 1 live");
 }
 
-/// A waiter gets the slot a release frees.
+/// A waiter (`try_acquire_for`) gets the slot a release frees, long before the held permit's
+/// lease would have ended.
 pub async fn a_waiter_gets_the_slot_a_release_frees(env: Env) {
     let store = env.store.clone();
     let one = EXPORTS.with_permits(1).unwrap();
@@ -160,7 +167,7 @@ pub async fn a_waiter_gets_the_slot_a_release_frees(env: Env) {
     );
 }
 
-/// Bad input is a clear error.
+/// 0 permits, a bad namespace and names out of range are clear errors, never panics.
 pub async fn bad_input_is_a_clear_error(env: Env) {
     let store = &env.store;
     let ttl = Duration::from_secs(1);

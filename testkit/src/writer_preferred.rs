@@ -18,7 +18,9 @@ const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
 /// The write-intent window (500 ms, shorter than the TTL).
 const INTENT: Duration = Duration::from_millis(500);
 
-/// A refused writer holds new readers off until the readers leave.
+/// A write refused by readers leaves an intent: new readers are refused with the intent's
+/// remaining time; the writer gets in once the readers left, and after its write no intent is
+/// left (a reader gets in at once).
 pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
     assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
     let reader = PREFERRED
@@ -64,7 +66,8 @@ pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env:
     );
 }
 
-/// An abandoned intent ends by itself.
+/// The intent of a writer that never came back ends one window after its attempt: readers get
+/// in again.
 pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
     let reader = PREFERRED
         .try_read(&env.store, "gone")
@@ -98,7 +101,7 @@ pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
     assert!(reader.release().await.unwrap());
 }
 
-/// Without the preference readers keep coming in.
+/// Without `writer_preferred`, a refused writer leaves no intent: new readers get in.
 pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
     let first = PLAIN.try_read(&env.store, "doc").await.unwrap().unwrap();
     assert!(PLAIN.try_write(&env.store, "doc").await.unwrap().is_none());
@@ -113,7 +116,8 @@ pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
     assert!(first.release().await.unwrap());
 }
 
-/// A readers extension reports a waiting writer.
+/// A reader's extension answers `Held` without a waiting writer and `HeldWriterWaiting` while
+/// a write intent lives, through `extend` and `extend_many`, and still extends the lease.
 pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let backend = env.store.backend();
     let (mine, other) = (Secret::random(), Secret::random());

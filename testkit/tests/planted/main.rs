@@ -1,0 +1,125 @@
+//! Proof that the suite fails broken backends: a copy of the memory store with one bug planted
+//! per run ([`Bug`]), every scenario of the suite run on it, and at least one must fail. The
+//! copy without a bug passes them all. `testkit/README.md` records which scenarios catch each
+//! bug (run with `--nocapture` to print them).
+
+mod store;
+
+use std::time::Duration;
+
+use tower_lease::Store;
+use tower_lease_testkit::{Env, scenarios};
+
+use crate::store::{Bug, MemoryStore};
+
+fn env(bug: Bug) -> Env {
+    let store = MemoryStore::new(bug);
+    let wipe = store.clone();
+    Env::new(Store::from_backend(store)).with_data_loss(move || {
+        wipe.lose_data();
+        Box::pin(async {})
+    })
+}
+
+/// Runs every scenario on a store with `bug`, each on a thread of its own under tokio's paused
+/// clock; answers the scenarios that failed (panicked or ran past a paused 10 minutes).
+fn failing(bug: Bug) -> Vec<String> {
+    let mut failed = Vec::new();
+    for scenario in scenarios() {
+        let run = scenario.run;
+        let outcome = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                tokio::time::timeout(Duration::from_secs(600), run(env(bug))).await
+            })
+        })
+        .join();
+        if !matches!(outcome, Ok(Ok(()))) {
+            failed.push(format!("{}::{}", scenario.module, scenario.name));
+        }
+    }
+    println!("{bug:?}: caught by {failed:?}");
+    failed
+}
+
+#[test]
+fn without_a_bug_every_scenario_passes() {
+    let failed = failing(Bug::None);
+    assert!(failed.is_empty(), "the unbroken copy failed {failed:?}");
+}
+
+macro_rules! caught {
+    ($($test:ident: $bug:ident => [$($scenario:literal),* $(,)?],)*) => {
+        $(
+            #[test]
+            fn $test() {
+                let failed = failing(Bug::$bug);
+                assert!(!failed.is_empty(), "no scenario caught {:?}", Bug::$bug);
+                // The scenarios `README.md` records for it.
+                for scenario in [$($scenario),*] {
+                    assert!(
+                        failed.iter().any(|f| f == scenario),
+                        "{scenario} no longer catches {:?}: caught by {failed:?}",
+                        Bug::$bug
+                    );
+                }
+            }
+        )*
+    };
+}
+
+caught! {
+    readers_retry_min: ReadersRetryMin => ["rw::retry_after_for_read_and_write"],
+    permits_retry_max: PermitsRetryMax => ["semaphore::retry_after_is_the_earliest_live_permit"],
+    extend_revives: ExtendRevives => ["exclusive::extend_after_expiry_does_not_reacquire"],
+    release_expired_true: ReleaseExpiredTrue => [
+        "rw::a_reader_released_after_its_lease_ran_out_answers_false",
+        "differential::lock_sequences_answer_as_the_memory_store",
+        "differential::permit_sequences_answer_as_the_memory_store",
+    ],
+    counter_fence: CounterFence => [
+        "fences::fences_of_a_fresh_name_follow_the_clock",
+        "fences::fences_keep_growing_across_data_loss",
+    ],
+    no_write_intent: NoWriteIntent => [
+        "writer_preferred::a_refused_writer_holds_new_readers_off_until_the_readers_leave",
+        "writer_preferred::an_abandoned_intent_ends_by_itself",
+        "writer_preferred::a_readers_extension_reports_a_waiting_writer",
+        "intent_window::an_immediate_writers_intent_ends_within_the_window",
+        "intent_window::a_waiting_writer_keeps_its_intent_while_readers_stay",
+    ],
+    no_writer_waiting_flag: NoWriterWaitingFlag => [
+        "writer_preferred::a_readers_extension_reports_a_waiting_writer",
+    ],
+    release_ignores_secret: ReleaseIgnoresSecret => [
+        "exclusive::only_the_holder_releases_or_extends",
+        "exclusive::stale_release_leaves_next_holder_alone",
+        "differential::lock_sequences_answer_as_the_memory_store",
+    ],
+    intent_kept_after_write: IntentKeptAfterWrite => [
+        "writer_preferred::a_refused_writer_holds_new_readers_off_until_the_readers_leave",
+    ],
+    reservation_overwrite: ReservationOverwrite => [
+        "idempotency::begin_reserves_then_answers_in_flight",
+        "idempotency::a_stranger_cannot_touch_a_live_reservation",
+        "differential::reservation_sequences_answer_as_the_memory_store",
+    ],
+    extend_ignores_secret: ExtendIgnoresSecret => [
+        "exclusive::only_the_holder_releases_or_extends",
+        "differential::lock_sequences_answer_as_the_memory_store",
+    ],
+    in_use_counts_expired: InUseCountsExpired => [
+        "semaphore::an_abandoned_permit_frees_its_slot_after_its_ttl",
+        "differential::permit_sequences_answer_as_the_memory_store",
+    ],
+    begin_once_no_marker: BeginOnceNoMarker => ["idempotency::at_most_once_marks_the_key"],
+    stranger_completes: StrangerCompletes => [
+        "idempotency::a_stranger_cannot_touch_a_live_reservation",
+        "idempotency::a_reservation_ends_with_its_lease",
+        "differential::reservation_sequences_answer_as_the_memory_store",
+    ],
+}

@@ -1,0 +1,466 @@
+//! A copy of `src/store/memory/` (the memory store, the reference semantics) with one bug
+//! planted, chosen per store by [`Bug`]; `Bug::None` is the copy as it is.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use self::fence_counters::FenceCounters;
+use self::idempotency::Records;
+use tower_lease::backend::{Acquisition, LeaseRef, Mode, Secret};
+
+mod backend;
+mod fence_counters;
+mod idempotency;
+
+/// A [`Backend`](tower_lease::backend::Backend) that keeps leases in a map in this process; use it
+/// through [`Store::memory`](crate::Store::memory).
+///
+/// Expired leases are dropped when their name is next touched, and a sweep every so many calls
+/// (as many as there are entries) drops the rest, so abandoned names do not pile up. Fence
+/// counters expire an hour after their lock's last acquisition (or one TTL, if longer), as in
+/// Redis: a fence is `max(last + 1, wall-clock µs)`, so a forgotten counter costs nothing. Time
+/// is [`tokio::time::Instant`]: under `tokio::time::pause` leases and counters expire as the
+/// paused clock advances.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    /// Idempotency keys, apart from the leases of locks.
+    idempotency: Records,
+    bug: Bug,
+}
+
+/// The bug planted in a store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Bug {
+    /// None: the memory store as it is.
+    #[default]
+    None,
+    /// A writer refused by several readers is told the earliest reader's end, not the last's.
+    ReadersRetryMin,
+    /// A refused permit is told the latest permit's end, not the earliest's.
+    PermitsRetryMax,
+    /// `extend` of an exclusive lease that ran out re-takes it.
+    ExtendRevives,
+    /// `release` of a lease that ran out answers `true`.
+    ReleaseExpiredTrue,
+    /// Fences are a plain counter, `last + 1`, not `max(last + 1, clock µs)`.
+    CounterFence,
+    /// `writer_preferred` ignored: a refused writer leaves no write intent.
+    NoWriteIntent,
+    /// A reader's extension never answers `HeldWriterWaiting`.
+    NoWriterWaitingFlag,
+    /// `release` of an exclusive lease ignores the secret.
+    ReleaseIgnoresSecret,
+    /// The write intent stays after the writer got in.
+    IntentKeptAfterWrite,
+    /// A stranger's `idempotency_begin` takes over a live reservation.
+    ReservationOverwrite,
+    /// `extend` of an exclusive lease ignores the secret.
+    ExtendIgnoresSecret,
+    /// `in_use` counts permits that ran out.
+    InUseCountsExpired,
+    /// `idempotency_begin_once` leaves no at-most-once marker.
+    BeginOnceNoMarker,
+    /// A stranger's `idempotency_complete` stores its record over a live reservation.
+    StrangerCompletes,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    namespaces: HashMap<Box<str>, Namespace>,
+    calls_since_sweep: usize,
+    /// How many entries the last sweep kept.
+    kept_at_sweep: usize,
+}
+
+#[derive(Debug, Default)]
+struct Namespace {
+    locks: HashMap<Box<[u8]>, StoredLease>,
+    rwlocks: HashMap<Box<[u8]>, RwEntry>,
+    lock_fences: FenceCounters,
+    rwlock_fences: FenceCounters,
+    semaphores: HashMap<Box<[u8]>, Permits>,
+}
+
+/// The live permits of one semaphore name, by secret, with their lease ends.
+type Permits = HashMap<Secret, Instant>;
+
+#[derive(Debug)]
+struct StoredLease {
+    secret: Secret,
+    ends: Instant,
+}
+
+#[derive(Debug, Default)]
+struct RwEntry {
+    writer: Option<StoredLease>,
+    readers: HashMap<Secret, Instant>,
+    /// The write intent that refuses new readers for a waiting writer (writer-preferred locks).
+    intent: Option<Intent>,
+}
+
+/// A write intent: until when it lives, and the secret of the writer attempt that left it.
+#[derive(Debug)]
+struct Intent {
+    until: Instant,
+    secret: Secret,
+}
+
+impl StoredLease {
+    fn live(&self, now: Instant) -> bool {
+        self.ends > now
+    }
+}
+
+impl RwEntry {
+    fn forget_expired(&mut self, now: Instant) {
+        self.readers.retain(|_, ends| *ends > now);
+        if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
+            self.writer = None;
+        }
+        if self
+            .intent
+            .as_ref()
+            .is_some_and(|intent| intent.until <= now)
+        {
+            self.intent = None;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty() && self.intent.is_none()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new(bug: Bug) -> Self {
+        Self {
+            idempotency: Records::new(bug),
+            bug,
+            ..Self::default()
+        }
+    }
+
+    /// Forgets everything, as a restart without persistence would.
+    pub fn lose_data(&self) {
+        *self.lock() = State::default();
+        self.idempotency.lose_data();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this mutex cannot leave a map half-updated: every update is a
+        // single insert or remove, so the state is still consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn acquire_now(&self, lease: LeaseRef<'_>) -> Acquisition {
+        let LeaseRef { lock, mode, .. } = lease;
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.sweep_sometimes(now);
+        let ns = state.namespace(lock.namespace);
+        let ends = now + lock.ttl;
+        match mode {
+            Mode::Exclusive => {
+                if let Some(holder) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
+                    return Acquisition::Busy {
+                        retry_after: holder.ends - now,
+                    };
+                }
+                let stored = StoredLease {
+                    secret: lease.secret.clone(),
+                    ends,
+                };
+                ns.locks.insert(lock.name.into(), stored);
+                Acquisition::Acquired {
+                    fence: lock
+                        .fenced
+                        .then(|| ns.lock_fences.next(lock.name, now, lock.ttl, self.bug)),
+                }
+            }
+            Mode::Permit => {
+                let permits = ns.semaphores.entry(lock.name.into()).or_default();
+                permits.retain(|_, ends| *ends > now);
+                if permits.len() >= lock.permits as usize {
+                    let earliest = match self.bug {
+                        Bug::PermitsRetryMax => permits.values().max(),
+                        _ => permits.values().min(),
+                    };
+                    let earliest = earliest.map_or(now, |&ends| ends);
+                    return Acquisition::Busy {
+                        retry_after: earliest - now,
+                    };
+                }
+                permits.insert(lease.secret.clone(), ends);
+                Acquisition::Acquired { fence: None }
+            }
+            Mode::Read => {
+                let shared = ns.rwlocks.entry(lock.name.into()).or_default();
+                shared.forget_expired(now);
+                if let Some(writer) = &shared.writer {
+                    return Acquisition::Busy {
+                        retry_after: writer.ends - now,
+                    };
+                }
+                if let Some(intent) = &shared.intent {
+                    return Acquisition::Busy {
+                        retry_after: intent.until - now,
+                    };
+                }
+                shared.readers.insert(lease.secret.clone(), ends);
+                let fence = lock
+                    .fenced
+                    .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
+                Acquisition::Acquired { fence }
+            }
+            Mode::Reservation => unreachable!("reservations are taken by idempotency_begin"),
+            Mode::Write => {
+                let shared = ns.rwlocks.entry(lock.name.into()).or_default();
+                shared.forget_expired(now);
+                let blocked_until =
+                    shared
+                        .writer
+                        .as_ref()
+                        .map(|w| w.ends)
+                        .or_else(|| match self.bug {
+                            Bug::ReadersRetryMin => shared.readers.values().min().copied(),
+                            _ => shared.readers.values().max().copied(),
+                        });
+                if let Some(until) = blocked_until {
+                    if let Some(intent) = lock
+                        .write_intent()
+                        .filter(|_| shared.writer.is_none() && self.bug != Bug::NoWriteIntent)
+                    {
+                        // Refused by readers: new ones wait while the intent lives.
+                        shared.intent = Some(Intent {
+                            until: now + intent,
+                            secret: lease.secret.clone(),
+                        });
+                    }
+                    return Acquisition::Busy {
+                        retry_after: until - now,
+                    };
+                }
+                if self.bug != Bug::IntentKeptAfterWrite {
+                    shared.intent = None;
+                }
+                shared.writer = Some(StoredLease {
+                    secret: lease.secret.clone(),
+                    ends,
+                });
+                Acquisition::Acquired {
+                    fence: lock
+                        .fenced
+                        .then(|| ns.rwlock_fences.next(lock.name, now, lock.ttl, self.bug)),
+                }
+            }
+            _ => unreachable!("no other modes"),
+        }
+    }
+
+    /// Extends (`extend`) or releases `lease`; `false` if it is not held with its secret.
+    fn update_now(&self, lease: LeaseRef<'_>, extend: bool) -> bool {
+        if lease.mode == Mode::Reservation {
+            return self.idempotency.update(lease, extend);
+        }
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
+        let now = Instant::now();
+        let new_end = now + lock.ttl;
+        let mut state = self.lock();
+        state.sweep_sometimes(now);
+        let Some(ns) = state.namespaces.get_mut(lock.namespace) else {
+            return false;
+        };
+        match mode {
+            Mode::Exclusive => {
+                let Some(stored) = ns.locks.get_mut(lock.name) else {
+                    return false;
+                };
+                let own = stored.secret == *secret;
+                if !stored.live(now) {
+                    if own && extend && self.bug == Bug::ExtendRevives {
+                        stored.ends = new_end;
+                        return true;
+                    }
+                    ns.locks.remove(lock.name);
+                    return own && !extend && self.bug == Bug::ReleaseExpiredTrue;
+                }
+                let ignored = match extend {
+                    true => self.bug == Bug::ExtendIgnoresSecret,
+                    false => self.bug == Bug::ReleaseIgnoresSecret,
+                };
+                if !own && !ignored {
+                    return false;
+                }
+                if extend {
+                    stored.ends = new_end;
+                } else {
+                    ns.locks.remove(lock.name);
+                }
+                true
+            }
+            Mode::Permit => {
+                let Some(permits) = ns.semaphores.get_mut(lock.name) else {
+                    return false;
+                };
+                let expired_own = permits.get(secret).is_some_and(|ends| *ends <= now);
+                permits.retain(|_, ends| *ends > now);
+                if expired_own && !extend && self.bug == Bug::ReleaseExpiredTrue {
+                    return true;
+                }
+                let done = match permits.get_mut(secret) {
+                    Some(ends) if extend => {
+                        *ends = new_end;
+                        true
+                    }
+                    Some(_) => permits.remove(secret).is_some(),
+                    None => false,
+                };
+                if permits.is_empty() {
+                    ns.semaphores.remove(lock.name);
+                }
+                done
+            }
+            Mode::Read | Mode::Write => {
+                let Some(shared) = ns.rwlocks.get_mut(lock.name) else {
+                    return false;
+                };
+                let expired_own = mode == Mode::Read
+                    && shared.readers.get(secret).is_some_and(|ends| *ends <= now);
+                shared.forget_expired(now);
+                if expired_own && !extend && self.bug == Bug::ReleaseExpiredTrue {
+                    return true;
+                }
+                let done = if mode == Mode::Read {
+                    match shared.readers.get_mut(secret) {
+                        Some(ends) if extend => {
+                            *ends = new_end;
+                            true
+                        }
+                        Some(_) => shared.readers.remove(secret).is_some(),
+                        None => false,
+                    }
+                } else {
+                    match &mut shared.writer {
+                        Some(writer) if writer.secret == *secret => {
+                            if extend {
+                                writer.ends = new_end;
+                            } else {
+                                shared.writer = None;
+                            }
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if shared.is_empty() {
+                    ns.rwlocks.remove(lock.name);
+                }
+                done
+            }
+            _ => unreachable!("handled above"),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// Whether a write intent lives on the lock of the reader `lease`, as `read_extend.lua`
+    /// reports it (a separate look: the intent is advisory, a race with its end is harmless).
+    fn writer_waits(&self, lease: LeaseRef<'_>) -> bool {
+        if lease.mode != Mode::Read || self.bug == Bug::NoWriterWaitingFlag {
+            return false;
+        }
+        let now = Instant::now();
+        let state = self.lock();
+        let entry = state
+            .namespaces
+            .get(lease.lock.namespace)
+            .and_then(|ns| ns.rwlocks.get(lease.lock.name));
+        entry
+            .and_then(|e| e.intent.as_ref())
+            .is_some_and(|intent| intent.until > now)
+    }
+
+    /// Removes the write intent on the lock of the writer `lease` if that writer left it, as
+    /// `withdraw_intent.lua` does.
+    fn withdraw_now(&self, lease: LeaseRef<'_>) -> bool {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(ns) = state.namespaces.get_mut(lease.lock.namespace) else {
+            return false;
+        };
+        let Some(shared) = ns.rwlocks.get_mut(lease.lock.name) else {
+            return false;
+        };
+        shared.forget_expired(now);
+        let ours = shared
+            .intent
+            .as_ref()
+            .is_some_and(|intent| intent.secret == *lease.secret);
+        if ours {
+            shared.intent = None;
+        }
+        if shared.is_empty() {
+            ns.rwlocks.remove(lease.lock.name);
+        }
+        ours
+    }
+}
+
+impl State {
+    fn namespace(&mut self, namespace: &str) -> &mut Namespace {
+        if !self.namespaces.contains_key(namespace) {
+            self.namespaces
+                .insert(namespace.into(), Namespace::default());
+        }
+        self.namespaces.get_mut(namespace).expect("inserted above")
+    }
+
+    /// Drops expired leases and counters once per as many calls as the last sweep kept
+    /// entries, so the sweep costs O(1) per call on average and the entries never grow past
+    /// twice the live ones (plus the calls since).
+    fn sweep_sometimes(&mut self, now: Instant) {
+        self.calls_since_sweep += 1;
+        // Counted against what the last sweep kept, not what there is now: every call on a new
+        // name adds an entry, so a stream of new names would otherwise outrun the count for
+        // good, and the map would grow without bound.
+        if self.calls_since_sweep < self.kept_at_sweep.max(64) {
+            return;
+        }
+        self.calls_since_sweep = 0;
+        for ns in self.namespaces.values_mut() {
+            ns.locks.retain(|_, lease| lease.live(now));
+            ns.rwlocks.retain(|_, shared| {
+                shared.forget_expired(now);
+                !shared.is_empty()
+            });
+            ns.semaphores.retain(|_, permits| {
+                permits.retain(|_, ends| *ends > now);
+                !permits.is_empty()
+            });
+            ns.lock_fences.forget_expired(now);
+            ns.rwlock_fences.forget_expired(now);
+        }
+        self.namespaces.retain(|_, ns| ns.len() > 0);
+        self.kept_at_sweep = self.namespaces.values().map(Namespace::len).sum();
+    }
+}
+
+impl Namespace {
+    /// How many entries the namespace keeps: names with leases (live or not yet swept) and
+    /// fence counters.
+    fn len(&self) -> usize {
+        self.locks.len()
+            + self.rwlocks.len()
+            + self.semaphores.len()
+            + self.lock_fences.len()
+            + self.rwlock_fences.len()
+    }
+}
