@@ -4,7 +4,7 @@
 //! their own.
 //!
 //! Then, with feature `sentinel`, on a primary, two replicas and three sentinels
-//! (`down-after-milliseconds` 1 s) started by the tests' support: the longest stretch without
+//! (`down-after-milliseconds` 1 s) started by the test harness: the longest stretch without
 //! a successful acquisition across a `SENTINEL FAILOVER` and a `kill -9` of the primary, two
 //! `connect_sentinel` stores with `wait_for_replicas(1, 300 ms)` writing steadily (median of
 //! `BENCH_FAILOVERS` runs, default 3); and the time per lock/release cycle of a
@@ -18,9 +18,6 @@
 //! `BENCH_ROUNDS`, `BENCH_ROUND_MS` (default 9 × 400 ms) set the rounds.
 
 mod support;
-#[cfg(feature = "sentinel")]
-#[path = "../tests/support/mod.rs"]
-mod test_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,7 +170,7 @@ mod sentinel {
     use tower_lease::{Lock, RedisStore, Store};
 
     use crate::support;
-    use crate::test_support::sentinel::{MASTER, Topology};
+    use tower_lease_harness::sentinel::{MASTER, Topology};
 
     const DOWN_AFTER: Duration = Duration::from_secs(1);
     const GAP_LOCK: Lock<str> = Lock::new("gap", Duration::from_secs(2));

@@ -17,8 +17,8 @@ use tower_lease::{
     Error, Idempotency, IdempotencyLayer, Lock, LockLayer, RwLock, Semaphore, extract,
 };
 
-use crate::support::http::{Http, count, serve};
-use crate::support::{Env, Setup};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::{Env, Setup};
 
 /// Leases far longer than the test: a ghost would still hold when the retry comes.
 const TTL: Duration = Duration::from_secs(8);
@@ -31,7 +31,7 @@ const PAUSE_MS: u64 = 1_200;
 /// When the retry comes, after the pause ended.
 const AFTER_RECOVERY: Duration = Duration::from_millis(600);
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [],
     redis: [
         a_lock_that_timed_out_is_free_soon_after_the_store_recovers,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tower_lease::{Lock, RwLock, Semaphore, Store};
 
-use crate::support::{Env, Setup, poll};
+use tower_lease_harness::{Env, Setup, poll};
 
 /// Far longer than the test: only a release frees the name in time.
 const TTL: Duration = Duration::from_secs(10);
@@ -25,7 +25,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::redis(super::Setup::Layer).await).await
+                    super::$name(tower_lease_harness::Env::redis(super::Setup::Layer).await).await
                 }
             )*
         }
@@ -35,7 +35,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::cluster(super::Setup::Layer).await).await
+                    super::$name(tower_lease_harness::Env::cluster(super::Setup::Layer).await).await
                 }
             )*
         }
@@ -44,7 +44,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::memory()).await
+                    super::$name(tower_lease_harness::Env::memory()).await
                 }
             )*
         }

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use tower_lease::Lock;
 
-use crate::support::Env;
+use tower_lease_harness::Env;
 
 const NIGHTLY: Lock<str> = Lock::new("nightly", Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         into_token_keeps_the_lease_to_its_ttl_without_the_heartbeat,
         a_token_from_into_token_releases_and_keeps_alive_again,

@@ -4,9 +4,6 @@
 //! lost when the store says so, when the store is down past its deadline, or when the process
 //! was frozen past it (the work then never takes its next step).
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod cancelled;
 mod into_token;
 mod no_expiry;
@@ -18,14 +15,14 @@ use std::time::{Duration, Instant};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, RwLock, Semaphore};
 
-use support::{DropFlag, Env};
+use tower_lease_harness::{DropFlag, Env};
 
 const JOB: Lock<str> = Lock::new("job", Duration::from_millis(300));
 const FENCED: Lock<str> = Lock::new("fenced-job", Duration::from_millis(300)).fenced();
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(300));
 const SLOTS: Semaphore<str> = Semaphore::new("slots", 1, Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_held_lease_outlives_its_ttl_and_releases,
         run_gives_the_output_of_work_that_finished_under_the_lease,
@@ -38,7 +35,7 @@ crate::store_tests!(
 
 /// On a single server, which the test stops.
 mod redis_only {
-    use crate::support::{Env, Setup};
+    use tower_lease_harness::{Env, Setup};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_store_that_is_down_loses_the_lease_by_its_deadline() {
@@ -96,10 +93,11 @@ async fn dropping_a_held_lease_releases_it(env: Env) {
         .keep_alive();
     let dropped = Instant::now();
     drop(held);
-    let freed = support::poll(Duration::from_millis(5), Duration::from_secs(2), || async {
-        LONG.try_lock(&env.store, "c").await.unwrap()
-    })
-    .await;
+    let freed =
+        tower_lease_harness::poll(Duration::from_millis(5), Duration::from_secs(2), || async {
+            LONG.try_lock(&env.store, "c").await.unwrap()
+        })
+        .await;
     let (next, _) = freed.expect("released in the background, long before its 10 s TTL");
     assert!(dropped.elapsed() < Duration::from_secs(2));
     assert!(next.release().await.unwrap());

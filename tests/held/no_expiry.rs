@@ -8,12 +8,12 @@ use tower_lease::Attempt;
 use tower_lease::Lock;
 use tower_lease::store::KeyRole;
 
-use crate::support::Env;
+use tower_lease_harness::Env;
 
 const IMPORT: Lock<str> = Lock::new("import", Duration::from_millis(300));
 const FENCED: Lock<str> = Lock::new("fenced-import", Duration::from_millis(300)).fenced();
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [],
     redis: [
         a_key_without_expiry_is_busy_for_a_ttl,

@@ -17,12 +17,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{Idempotency, IdempotencyLayer, Store, extract};
 
-use crate::support::http::{Chunks, Http, Reply, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Chunks, Http, Reply, serve};
+use tower_lease_harness::{Env, Gate};
 
 const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(60));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_retry_gets_the_stored_response_and_the_handler_runs_once,
         a_retry_while_the_first_runs_gets_409_with_retry_after,
@@ -497,15 +497,16 @@ async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
     let http = Http::new();
     let refused = post_key(&http, addr, "/pay", "crashed").await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
-    let (ran, _) = crate::support::poll(Duration::from_millis(50), Duration::from_secs(3), || {
-        let http = http.clone();
-        async move {
-            let reply = post_key(&http, addr, "/pay", "crashed").await;
-            (reply.status == StatusCode::CREATED).then_some(reply)
-        }
-    })
-    .await
-    .expect("the retry was told 409 for good");
+    let (ran, _) =
+        tower_lease_harness::poll(Duration::from_millis(50), Duration::from_secs(3), || {
+            let http = http.clone();
+            async move {
+                let reply = post_key(&http, addr, "/pay", "crashed").await;
+                (reply.status == StatusCode::CREATED).then_some(reply)
+            }
+        })
+        .await
+        .expect("the retry was told 409 for good");
     assert!(
         reserved.elapsed() >= Duration::from_millis(400),
         "ran before the lease ended"

@@ -13,12 +13,12 @@ use axum::{Extension, Router};
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, Reply, serve};
+use tower_lease_harness::Env;
+use tower_lease_harness::http::{Http, Reply, serve};
 
 const ONCE: Idempotency = Idempotency::new("once", Duration::from_secs(60)).at_most_once();
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown,
         at_most_once_a_5xx_still_frees_the_key,
@@ -74,16 +74,17 @@ async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env:
     assert_eq!(first.problem()["type"], "urn:tower-lease:handler-failed");
     // A replica that really dies releases nothing: until its reservation's release lands (or
     // its lease ends), `409` in flight.
-    let settled = crate::support::poll(Duration::from_millis(20), Duration::from_secs(3), || {
-        let http = http.clone();
-        async move {
-            let retry = post_key(&http, addr, "/crash", "k").await;
-            let in_flight = retry.status == StatusCode::CONFLICT
-                && retry.problem()["type"] == "urn:tower-lease:idempotency-in-flight";
-            (!in_flight).then_some(())
-        }
-    })
-    .await;
+    let settled =
+        tower_lease_harness::poll(Duration::from_millis(20), Duration::from_secs(3), || {
+            let http = http.clone();
+            async move {
+                let retry = post_key(&http, addr, "/crash", "k").await;
+                let in_flight = retry.status == StatusCode::CONFLICT
+                    && retry.problem()["type"] == "urn:tower-lease:idempotency-in-flight";
+                (!in_flight).then_some(())
+            }
+        })
+        .await;
     assert!(settled.is_some(), "the reservation stayed in flight");
     for _ in 0..2 {
         let retry = post_key(&http, addr, "/crash", "k").await;

@@ -13,12 +13,12 @@ use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use crate::support::Env;
-use crate::support::http::{Http, Reply, serve};
+use tower_lease_harness::Env;
+use tower_lease_harness::http::{Http, Reply, serve};
 
 const PAYMENTS: Idempotency = Idempotency::new("panics", Duration::from_secs(60));
 
-crate::store_tests!(Layer: [a_panicking_handler_gets_500_handler_failed_and_the_retry_runs]);
+tower_lease_harness::store_tests!(Layer: [a_panicking_handler_gets_500_handler_failed_and_the_retry_runs]);
 
 type Runs = Arc<AtomicUsize>;
 

@@ -15,9 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{Idempotency, IdempotencyLayer, RedisStore, Store};
 
-use crate::support::http::{Http, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, Env, Gate, RedisServer, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Endpoint, Env, Gate, RedisServer, Setup};
 
 const SHORT: Idempotency =
     Idempotency::new("restart", Duration::from_secs(60)).lease(Duration::from_millis(600));

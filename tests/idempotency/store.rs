@@ -9,14 +9,14 @@ use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
 
 use tower_lease::store::KeyRole;
 
-use crate::support::Env;
+use tower_lease_harness::Env;
 
 const NS: &str = "payments";
 const TTL: Duration = Duration::from_millis(300);
 const FP: [u8; 16] = *b"fingerprint-0001";
 const OTHER_FP: [u8; 16] = *b"fingerprint-0002";
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Core: [
         the_first_look_reserves_then_answers_in_flight_completed_or_mismatch,
         only_the_holder_completes_and_a_stale_holder_stores_nothing,

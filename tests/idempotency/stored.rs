@@ -14,8 +14,8 @@ use http::{Method, StatusCode};
 use tower_lease::store::KeyRole;
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Endpoint, Env, Gate, RedisServer, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Endpoint, Env, Gate, RedisServer, Setup};
 
 /// A lease much longer than Redis is down here, so the reservation is not lost to its TTL.
 const STORED: Idempotency =
@@ -140,18 +140,19 @@ async fn past_complete_within_503_outcome_unknown_then_the_background_stores_it(
     // The record lands in the background once Redis answers again.
     let key = env.raw().key(KeyRole::Idempotency, "stored", b":k");
     let conn = env.server.as_ref().unwrap().connection().await;
-    let stored = crate::support::poll(Duration::from_millis(50), Duration::from_secs(5), || {
-        let (key, mut conn) = (key.clone(), conn.clone());
-        async move {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            exists.then_some(())
-        }
-    })
-    .await;
+    let stored =
+        tower_lease_harness::poll(Duration::from_millis(50), Duration::from_secs(5), || {
+            let (key, mut conn) = (key.clone(), conn.clone());
+            async move {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                exists.then_some(())
+            }
+        })
+        .await;
     assert!(stored.is_some(), "the background never stored the record");
     let retry = http.send(addr, Method::POST, "/pay", &KEY).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");

@@ -14,10 +14,12 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use http::{Method, StatusCode};
 use tokio::sync::watch;
-use tower_lease::{Lock, LockLayer, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract};
+use tower_lease::{
+    Lock, LockLayer, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract,
+};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Gate, Witness};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Env, Gate, Witness};
 
 const TTL: Duration = Duration::from_secs(2);
 const CATALOG: RwLock<str> = RwLock::new("answered-catalog", TTL);
@@ -27,7 +29,7 @@ const SEATS: Semaphore<str> = Semaphore::new("answered-seats", 2, TTL);
 const READ: Duration = Duration::from_millis(150);
 const ROUNDS: usize = 6;
 
-crate::store_tests!(Layer: [
+tower_lease_harness::store_tests!(Layer: [
     a_write_right_after_reads_on_other_replicas_gets_in,
     a_write_right_after_reads_gets_in_under_a_long_linger,
     a_read_right_after_a_write_on_another_replica_gets_in,
@@ -132,7 +134,11 @@ async fn reads_then_write(env: &Env, layer: fn(Store) -> RwLockLayer<extract::Pa
             ),
         }
         let during = http.get(addrs[(round + 1) % 3], "/catalog/shop").await;
-        assert_eq!(during.status, StatusCode::LOCKED, "round {round}: {during:?}");
+        assert_eq!(
+            during.status,
+            StatusCode::LOCKED,
+            "round {round}: {during:?}"
+        );
         opener.send_replace(true);
         let put = put.await.unwrap();
         assert_eq!((put.status, put.text()), (StatusCode::OK, "written"));
@@ -255,7 +261,7 @@ mod on_sentinel {
         ($($name:ident),*) => {$(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                super::$name(crate::support::Env::sentinel().await).await;
+                super::$name(tower_lease_harness::Env::sentinel().await).await;
             }
         )*};
     }

@@ -15,12 +15,12 @@ use tokio::net::TcpStream;
 use tower_lease::layer::{Reason, Rejection};
 use tower_lease::{Lease, Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, serve};
+use tower_lease_harness::Env;
+use tower_lease_harness::http::{Http, serve};
 
 const UPLOADS: Lock<str> = Lock::new("upload", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_trickling_body_holds_no_lock_when_buffered_and_gets_408,
         a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout,

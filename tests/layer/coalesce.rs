@@ -17,14 +17,14 @@ use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, 
 use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, Store, extract};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Env, Gate};
 
 const SLOW: RwLock<str> = RwLock::new("shared-docs", Duration::from_secs(2));
 /// Short, so that a lost lease is found within 100 ms (the default heartbeat, a third of it).
 const SHORT: RwLock<str> = RwLock::new("short-docs", Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [dropped_requests_leave_the_count_right],
     redis: [
         overlapping_reads_share_one_reader_lease_per_layer,

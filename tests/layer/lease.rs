@@ -17,13 +17,13 @@ use tower_lease::backend::Acquisition;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, Lock, LockLayer, Store, extract};
 
-use crate::support::hooked::hooked;
-use crate::support::http::{Chunks, Http, Reply, serve};
-use crate::support::{DropFlag, Env, Holders};
+use tower_lease_harness::hooked::hooked;
+use tower_lease_harness::http::{Chunks, Http, Reply, serve};
+use tower_lease_harness::{DropFlag, Env, Holders};
 
 const SHORT: Lock<str> = Lock::new("short", Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_300ms_lease_lasts_through_a_2s_handler,
         a_300ms_lease_lasts_while_the_client_does_not_read_the_body,
@@ -34,7 +34,7 @@ crate::store_tests!(
 );
 
 mod redis_only {
-    use crate::support::{Env, Setup};
+    use tower_lease_harness::{Env, Setup};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_lease_cancels_the_handler() {

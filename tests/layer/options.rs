@@ -10,15 +10,15 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
-use crate::support::http::{Http, count, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, Env, RedisServer};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Endpoint, Env, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const SEATS: Lock<str> = Lock::new("seat", Duration::from_secs(5));
 const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         require_name_answers_400_to_a_request_without_one,
         path_segments_lock_on_two_segments_and_refuse_an_empty_one,

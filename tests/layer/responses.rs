@@ -11,13 +11,13 @@ use http::{Method, StatusCode};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, count, serve};
+use tower_lease_harness::Env;
+use tower_lease_harness::http::{Http, count, serve};
 
 const INVOICE: Lock<str> = Lock::new("invoice", Duration::from_millis(2500));
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
         no_name_passes_through_and_invalid_names_get_400,

@@ -9,12 +9,12 @@ use axum::routing::{get, post};
 use http::{Method, StatusCode};
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Env, Gate};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         reads_overlap_and_writes_exclude_both,
         methods_a_route_does_not_serve_take_no_lock,

@@ -14,12 +14,12 @@ use tower_lease::layer::{Reason, Rejection};
 use tower_lease::store::KeyRole;
 use tower_lease::{Semaphore, SemaphoreLayer, extract};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Witness, poll};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Env, Witness, poll};
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 2, Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         at_most_k_requests_run_at_once_and_the_rest_get_429,
         each_request_can_carry_its_own_limit,

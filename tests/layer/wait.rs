@@ -11,12 +11,12 @@ use axum::routing::post;
 use http::StatusCode;
 use tower_lease::{Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, count, serve};
+use tower_lease_harness::Env;
+use tower_lease_harness::http::{Http, count, serve};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_waiting_request_runs_once_the_holder_releases,
         a_wait_that_runs_out_answers_409_with_retry_after,

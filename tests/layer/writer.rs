@@ -19,8 +19,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Env, Witness, poll};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Env, Witness, poll};
 
 const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
@@ -29,7 +29,7 @@ const READ: Duration = Duration::from_millis(100);
 /// The layer's default heartbeat: a third of the TTL.
 const BEAT: Duration = Duration::from_millis(300);
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_preferred_writer_gets_in,
         a_plain_writer_starves_while_reads_overlap,

@@ -10,9 +10,9 @@ use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use super::support::http::{Http, serve};
-use super::support::{Env, Gate, Setup};
 use super::{moved, one, recorded, turn};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Env, Gate, Setup};
 
 const NAME: &str = "tower_lease_idempotency_total";
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));

@@ -5,9 +5,6 @@
 //!
 //! The recorder is global and its snapshots drain the counters, so the tests take turns.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -20,8 +17,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::{Mutex, MutexGuard};
 use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer, Store, extract};
 
-use support::http::{Http, count, serve};
-use support::{Env, Setup};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::{Env, Setup};
 
 mod idempotency;
 mod shared_reads;
@@ -243,7 +240,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
             .await
         }
     });
-    let deleted = support::poll(
+    let deleted = tower_lease_harness::poll(
         Duration::from_millis(10),
         Duration::from_secs(2),
         || async {
@@ -431,7 +428,7 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         }));
     }
     // The holders are cut once 100 handlers are running (or after 5 s, whatever ran).
-    support::poll(
+    tower_lease_harness::poll(
         Duration::from_millis(10),
         Duration::from_secs(5),
         || async { (runs.load(std::sync::atomic::Ordering::SeqCst) >= 100).then_some(()) },
@@ -448,7 +445,7 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         .unwrap_or_default();
     assert!(acquired >= 100.0, "the storm took leases: {acquired}");
     let gauge = "tower_lease_held{mode=exclusive,namespace=storm}";
-    let settled = support::poll(
+    let settled = tower_lease_harness::poll(
         Duration::from_millis(20),
         Duration::from_secs(3),
         || async {

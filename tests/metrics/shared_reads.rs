@@ -10,9 +10,9 @@ use axum::routing::get;
 use http::StatusCode;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use super::support::http::{Http, serve};
-use super::support::{Env, Gate, Setup};
 use super::{moved, recorded, turn};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Env, Gate, Setup};
 
 const SHARED: RwLock<str> = RwLock::new("shared", Duration::from_secs(5));
 

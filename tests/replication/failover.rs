@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, Store};
 
-use crate::support::Endpoint;
-use crate::support::proxy::Fault;
-use crate::support::sentinel::{Link, Topology};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::proxy::Fault;
+use tower_lease_harness::sentinel::{Link, Topology};
 
 const LEASE: Duration = Duration::from_secs(10);
 const JOBS: Lock<str> = Lock::new("jobs", LEASE);
@@ -22,7 +22,8 @@ const FENCED: Lock<str> = Lock::new("fenced-jobs", LEASE).fenced();
 #[tokio::test]
 async fn a_replicated_lease_survives_a_failover_and_is_released_through_the_new_primary() {
     let mut topology = Topology::with_sentinels(Link::Direct).await;
-    let holder: Store = topology.through_sentinels()
+    let holder: Store = topology
+        .through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(500))
         .into();

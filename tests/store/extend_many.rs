@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_lease::backend::{LeaseRef, LockRef, Secret};
 use tower_lease::{Mode, Store};
 
-use crate::support::{Env, Raw, Setup};
+use tower_lease_harness::{Env, Raw, Setup};
 
 const TTL: Duration = Duration::from_millis(2_000);
 

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tower_lease::{Lock, RwLock, Store};
 
-use crate::support::Env;
-use crate::support::hooked::hooked;
+use tower_lease_harness::Env;
+use tower_lease_harness::hooked::hooked;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_release_in_this_process_wakes_the_waiter_at_once,
         a_wait_that_runs_out_answers_none_after_the_wait,
@@ -211,9 +211,9 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
 /// polling would have asked every few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
-    use crate::support::server::{calls, commandstats};
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::RedisStore;
+    use tower_lease_harness::server::{calls, commandstats};
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     let server = RedisServer::start();
     let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
@@ -253,9 +253,9 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
 /// with the release's 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once() {
-    use crate::support::server::{calls, commandstats};
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::{RedisStore, Semaphore};
+    use tower_lease_harness::server::{calls, commandstats};
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     const POOL: Semaphore<str> = Semaphore::new("pool", 1, Duration::from_secs(10));
     let server = RedisServer::start();
@@ -297,8 +297,8 @@ async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once
 /// waiter subscribes before its first attempt, so none is missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_racing_the_waiters_subscription_is_never_missed() {
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::RedisStore;
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     let server = RedisServer::start();
     let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();

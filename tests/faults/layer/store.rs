@@ -13,10 +13,10 @@ use tokio::sync::{Mutex, Notify};
 use tower_lease::{Lease, LeaseLost, Lock, RedisStore, Store};
 
 use super::{by_id, lock_keys, serve_jobs};
-use crate::support::http::{Http, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::server::{config_set, fill_until_full};
-use crate::support::{Endpoint, Env, RedisServer, STORE_TIMEOUT, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::server::{config_set, fill_until_full};
+use tower_lease_harness::{Endpoint, Env, RedisServer, STORE_TIMEOUT, Setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_under_held_leases_answers_503_and_the_service_recovers() {

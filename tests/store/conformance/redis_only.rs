@@ -6,9 +6,9 @@ use tokio::time::sleep;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, RwLock, Semaphore};
 
-use crate::support::{Env, Raw};
+use tower_lease_harness::{Env, Raw};
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Core: [],
     redis: [
         pttl_right_after_acquire_is_the_ttl,

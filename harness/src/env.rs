@@ -8,7 +8,7 @@ use redis::FromRedisValue;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{RedisStore, Store};
 
-use super::server::{Endpoint, RedisServer};
+use crate::server::{Endpoint, RedisServer};
 
 /// The deadline of every store call in the layer's tests: short, so failure tests stay fast.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -32,9 +32,9 @@ pub struct Env {
     pub server: Option<RedisServer>,
     raw: Option<Raw>,
     #[cfg(feature = "cluster")]
-    _cluster: Option<super::cluster::RedisCluster>,
+    _cluster: Option<crate::cluster::RedisCluster>,
     #[cfg(feature = "sentinel")]
-    sentinel: Option<super::sentinel::Topology>,
+    sentinel: Option<crate::sentinel::Topology>,
 }
 
 impl Env {
@@ -78,7 +78,7 @@ impl Env {
     /// A store on a local 3-master Redis Cluster: the tests' names hash to slots on every node.
     #[cfg(feature = "cluster")]
     pub async fn cluster(setup: Setup) -> Self {
-        let cluster = super::cluster::RedisCluster::start();
+        let cluster = crate::cluster::RedisCluster::start();
         let conn = cluster.connection().await;
         let store = match setup {
             Setup::Core => Store::from(RedisStore::new(conn.clone())),
@@ -102,8 +102,9 @@ impl Env {
     /// (`wait_for_replicas(1, 300 ms)`), as a replicated deployment runs it.
     #[cfg(feature = "sentinel")]
     pub async fn sentinel() -> Self {
-        use super::Endpoint;
-        let topology = super::sentinel::Topology::with_sentinels(super::sentinel::Link::Direct).await;
+        use crate::Endpoint;
+        let topology =
+            crate::sentinel::Topology::with_sentinels(crate::sentinel::Link::Direct).await;
         let store = Self::through_sentinels(&topology).await;
         let conn = topology.primary.connection().await;
         Env {
@@ -120,10 +121,13 @@ impl Env {
     }
 
     #[cfg(feature = "sentinel")]
-    async fn through_sentinels(topology: &super::sentinel::Topology) -> Store {
+    async fn through_sentinels(topology: &crate::sentinel::Topology) -> Store {
         let replicated = Duration::from_millis(300);
         let store = topology.through_sentinels().await;
-        store.wait_for_replicas(1, replicated).timeout(STORE_TIMEOUT).into()
+        store
+            .wait_for_replicas(1, replicated)
+            .timeout(STORE_TIMEOUT)
+            .into()
     }
 
     /// A second store on the same Redis with release notifications, as `RedisStore::connect`
@@ -273,14 +277,14 @@ impl Raw {
 macro_rules! store_tests {
     ($setup:ident: [$($all:ident),* $(,)?] $(, redis: [$($redis:ident),* $(,)?])? $(,)?) => {
         mod on_redis {
-            $($crate::store_tests!(@test $all, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Env::redis($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Env::redis($crate::Setup::$setup).await);)*)?
         }
 
         #[cfg(feature = "cluster")]
         mod on_cluster {
-            $($crate::store_tests!(@test $all, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Env::cluster($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Env::cluster($crate::Setup::$setup).await);)*)?
         }
 
         mod on_memory {
@@ -296,10 +300,10 @@ macro_rules! store_tests {
     (@memory Core $name:ident) => {
         #[tokio::test(start_paused = true)]
         async fn $name() {
-            super::$name($crate::support::Env::memory()).await
+            super::$name($crate::Env::memory()).await
         }
     };
     (@memory Layer $name:ident) => {
-        $crate::store_tests!(@test $name, $crate::support::Env::memory());
+        $crate::store_tests!(@test $name, $crate::Env::memory());
     };
 }

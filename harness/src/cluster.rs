@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::server::{Endpoint, RedisServer, free_port};
+use crate::server::{Endpoint, RedisServer, free_port};
 
 /// Three cluster-enabled `redis-server`s that together serve all 16384 slots.
 #[derive(Debug)]
