@@ -5,7 +5,7 @@
 //! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
 //! - [`proxy`]: a TCP fault proxy between a store and its Redis;
 //! - [`sentinel`]: a primary, replicas and three sentinels (feature `sentinel`);
-//! - [`env`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
+//! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
@@ -17,10 +17,10 @@
 //! of the same names: without `redis` it has no Redis in it, so `cargo test
 //! --no-default-features` still builds `tower-lease` without its `redis` feature.
 
+#[cfg(feature = "redis")]
+pub mod backing;
 #[cfg(feature = "cluster")]
 pub mod cluster;
-#[cfg(feature = "redis")]
-pub mod env;
 pub mod hooked;
 pub mod http;
 #[cfg(feature = "redis")]
@@ -38,7 +38,7 @@ use tokio::sync::watch;
 
 // What the tests use most, at the top.
 #[cfg(feature = "redis")]
-pub use env::{Env, Raw, STORE_TIMEOUT, Setup};
+pub use backing::{Backing, Raw, STORE_TIMEOUT, Setup};
 #[cfg(feature = "redis")]
 pub use server::{Endpoint, RedisServer};
 

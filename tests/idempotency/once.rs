@@ -13,7 +13,7 @@ use axum::{Extension, Router};
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, extract};
 
-use tower_lease_harness::Env;
+use tower_lease_harness::Backing;
 use tower_lease_harness::http::{Http, Reply, serve};
 
 const ONCE: Idempotency = Idempotency::new("once", Duration::from_secs(60)).at_most_once();
@@ -65,7 +65,7 @@ async fn post_key(http: &Http, addr: SocketAddr, path: &str, key: &str) -> Reply
     http.send(addr, Method::POST, path, &headers).await
 }
 
-async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env: Env) {
+async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env: Backing) {
     let runs = Runs::default();
     let addr = replica(IdempotencyLayer::new(env.store.clone(), ONCE), &runs).await;
     let http = Http::new();
@@ -99,7 +99,7 @@ async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env:
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran a second time");
 }
 
-async fn at_most_once_a_5xx_still_frees_the_key(env: Env) {
+async fn at_most_once_a_5xx_still_frees_the_key(env: Backing) {
     let runs = Runs::default();
     let addr = replica(IdempotencyLayer::new(env.store.clone(), ONCE), &runs).await;
     let http = Http::new();
@@ -112,7 +112,7 @@ async fn at_most_once_a_5xx_still_frees_the_key(env: Env) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-async fn the_handler_gets_its_key_scope_and_fence(env: Env) {
+async fn the_handler_gets_its_key_scope_and_fence(env: Backing) {
     let layer = IdempotencyLayer::new(env.store.clone(), ONCE.fenced());
     let router = Router::new()
         .route("/key", post(key))

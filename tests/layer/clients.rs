@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use tower_lease::{Lock, LockLayer, Semaphore, SemaphoreLayer, extract};
 
 use tower_lease_harness::http::{Http, serve};
-use tower_lease_harness::{Env, Holders};
+use tower_lease_harness::{Backing, Holders};
 
 /// Long, so a `Retry-After` of the whole lease would say 5.
 const REPORT: Lock<str> = Lock::new("report", Duration::from_secs(5));
@@ -131,7 +131,7 @@ impl App {
     }
 }
 
-async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Env) {
+async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), REPORT, extract::path_segment(1));
     let client = retrying_client();
 
@@ -172,7 +172,7 @@ async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Env) 
     conflict.done(holder).await;
 }
 
-async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Env) {
+async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), REPORT, extract::path_segment(1));
     let app = app(layer).await;
     let http = Http::new();
@@ -213,7 +213,7 @@ async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Env) {
     app.done(holder).await;
 }
 
-async fn a_full_semaphore_answers_the_wait_holds_took_lately(env: Env) {
+async fn a_full_semaphore_answers_the_wait_holds_took_lately(env: Backing) {
     let layer = SemaphoreLayer::new(env.store.clone(), EXPORT, extract::path_segment(1));
     let app = app(layer).await;
     let http = Http::new();

@@ -18,7 +18,7 @@ use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, Store, extract};
 
 use tower_lease_harness::http::{Http, Reply, serve};
-use tower_lease_harness::{Env, Gate};
+use tower_lease_harness::{Backing, Gate};
 
 const SLOW: RwLock<str> = RwLock::new("shared-docs", Duration::from_secs(2));
 /// Short, so that a lost lease is found within 100 ms (the default heartbeat, a third of it).
@@ -63,14 +63,14 @@ fn get_all(addr: std::net::SocketAddr, path: &'static str, n: usize) -> Vec<Join
 }
 
 /// The members of the reader set of `name`: one per reader lease in Redis.
-async fn readers(env: &Env, lock: RwLock<str>, name: &str) -> usize {
+async fn readers(env: &Backing, lock: RwLock<str>, name: &str) -> usize {
     let key = env
         .raw()
         .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
     env.raw().query(redis::cmd("ZCARD").arg(key)).await
 }
 
-async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
+async fn overlapping_reads_share_one_reader_lease_per_layer(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = || RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
     // Two layers: two processes, as far as sharing goes.
@@ -114,7 +114,7 @@ async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
     assert_eq!(Http::new().put(two, "/docs/a").await.text(), "written");
 }
 
-async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Env) {
+async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Backing) {
     let (_opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1));
     let addr = app(layer, &gate).await;
@@ -148,7 +148,7 @@ async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Env) {
     }
 }
 
-async fn a_lost_shared_lease_takes_no_newcomer(env: Env) {
+async fn a_lost_shared_lease_takes_no_newcomer(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1))
         .on_lease_lost(LeaseLost::Continue);
@@ -178,7 +178,7 @@ async fn a_lost_shared_lease_takes_no_newcomer(env: Env) {
     }
 }
 
-async fn dropped_requests_leave_the_count_right(env: Env) {
+async fn dropped_requests_leave_the_count_right(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
     let addr = app(layer, &gate).await;
@@ -210,7 +210,7 @@ async fn dropped_requests_leave_the_count_right(env: Env) {
 }
 
 /// The members of the reader set of `name`: the secrets of its reader leases.
-async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>> {
+async fn reader_secrets(env: &Backing, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>> {
     let key = env
         .raw()
         .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
@@ -224,7 +224,7 @@ async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>
 /// the lease goes once the linger is over. A refused writer of a writer-preferred lock
 /// elsewhere (another layer: another process) ends the linger at once: its next attempt, well
 /// within the linger, gets in.
-async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Env) {
+async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Backing) {
     const LINGER: Duration = Duration::from_millis(150);
     const PREFERRED: RwLock<str> =
         RwLock::new("lingering-docs", Duration::from_secs(2)).writer_preferred();
@@ -266,7 +266,7 @@ async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env:
 
 /// A write through the layer ends the layer's own idle share of the name before it asks the
 /// store: it gets in at once, however long the linger, and the reader lease is gone.
-async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env) {
+async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Backing) {
     let (opener, gate) = Gate::new();
     opener.send_replace(true);
     let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));

@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer, Store, extract};
 
 use tower_lease_harness::http::{Http, count, serve};
-use tower_lease_harness::{Env, Setup};
+use tower_lease_harness::{Backing, Setup};
 
 mod idempotency;
 mod shared_reads;
@@ -176,7 +176,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
 async fn each_layer_outcome_increments_exactly_its_counter() {
     let _turn = turn().await;
     const ACQUIRE: &str = "tower_lease_acquire_total";
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let short = Lock::<str>::new("short", Duration::from_millis(300));
     let app = |layer: LockLayer<extract::PathSegment>| {
@@ -389,7 +389,7 @@ async fn a_missing_name_and_an_invalid_name_count_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a_name() {
     let _turn = turn().await;
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let storm = Lock::<str>::new("storm", Duration::from_secs(5));
     let layer = LockLayer::new(env.store.clone(), storm, extract::path_segment(1));

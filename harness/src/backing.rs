@@ -1,6 +1,7 @@
-//! What a test runs against: a store on a fresh `redis-server`, on a local Redis Cluster or in
-//! memory, and for Redis a direct line to look behind the store's back. `store_tests!` declares
-//! one test per store for each scenario.
+//! What a test runs against, its [`Backing`]: a store on a fresh `redis-server`, on a local Redis
+//! Cluster, through sentinels or in memory, and for Redis a direct line to look behind the
+//! store's back. `store_tests!` declares one test per store for each scenario. (The test kit's
+//! `Env` is another thing: what its conformance scenarios are handed.)
 
 use std::time::Duration;
 
@@ -24,9 +25,9 @@ pub enum Setup {
     Layer,
 }
 
-/// A store, and for Redis the servers behind it (stopped when the `Env` drops) and a [`Raw`]
-/// line to them.
-pub struct Env {
+/// A store, and for Redis the servers behind it (stopped when this drops) and a [`Raw`] line to
+/// them.
+pub struct Backing {
     pub store: Store,
     /// The single server behind the store, for tests that stop it.
     pub server: Option<RedisServer>,
@@ -37,10 +38,10 @@ pub struct Env {
     sentinel: Option<crate::sentinel::Topology>,
 }
 
-impl Env {
+impl Backing {
     /// A store in this process's memory.
     pub fn memory() -> Self {
-        Env {
+        Backing {
             store: Store::memory(),
             server: None,
             raw: None,
@@ -61,7 +62,7 @@ impl Env {
                 .timeout(STORE_TIMEOUT)
                 .into(),
         };
-        Env {
+        Backing {
             store,
             server: Some(server),
             raw: Some(Raw {
@@ -84,7 +85,7 @@ impl Env {
             Setup::Core => Store::from(RedisStore::new(conn.clone())),
             Setup::Layer => RedisStore::new(conn.clone()).timeout(STORE_TIMEOUT).into(),
         };
-        Env {
+        Backing {
             store,
             server: None,
             raw: Some(Raw {
@@ -107,7 +108,7 @@ impl Env {
             crate::sentinel::Topology::with_sentinels(crate::sentinel::Link::Direct).await;
         let store = Self::through_sentinels(&topology).await;
         let conn = topology.primary.connection().await;
-        Env {
+        Backing {
             store,
             server: None,
             raw: Some(Raw {
@@ -263,7 +264,7 @@ impl Raw {
     }
 }
 
-/// Declares one test per store for each scenario, an `async fn(Env)` of the calling module:
+/// Declares one test per store for each scenario, an `async fn(Backing)` of the calling module:
 ///
 /// ```ignore
 /// store_tests!(Core: [every_store_a, every_store_b], redis: [redis_and_cluster_only]);
@@ -277,14 +278,14 @@ impl Raw {
 macro_rules! store_tests {
     ($setup:ident: [$($all:ident),* $(,)?] $(, redis: [$($redis:ident),* $(,)?])? $(,)?) => {
         mod on_redis {
-            $($crate::store_tests!(@test $all, $crate::Env::redis($crate::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::Env::redis($crate::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Backing::redis($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Backing::redis($crate::Setup::$setup).await);)*)?
         }
 
         #[cfg(feature = "cluster")]
         mod on_cluster {
-            $($crate::store_tests!(@test $all, $crate::Env::cluster($crate::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::Env::cluster($crate::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Backing::cluster($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Backing::cluster($crate::Setup::$setup).await);)*)?
         }
 
         mod on_memory {
@@ -300,10 +301,10 @@ macro_rules! store_tests {
     (@memory Core $name:ident) => {
         #[tokio::test(start_paused = true)]
         async fn $name() {
-            super::$name($crate::Env::memory()).await
+            super::$name($crate::Backing::memory()).await
         }
     };
     (@memory Layer $name:ident) => {
-        $crate::store_tests!(@test $name, $crate::Env::memory());
+        $crate::store_tests!(@test $name, $crate::Backing::memory());
     };
 }
