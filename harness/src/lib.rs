@@ -8,6 +8,8 @@
 //! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
+//! - [`bench`]: what the benchmarks share: where their Redis is, interleaved rounds, medians
+//!   and goals, CPU time;
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
 //! - below: drop flags, and the witnesses of how many are inside at once: [`Holders`] of a lock,
@@ -19,6 +21,8 @@
 
 #[cfg(feature = "redis")]
 pub mod backing;
+#[cfg(feature = "redis")]
+pub mod bench;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod hooked;
