@@ -8,7 +8,7 @@
 //! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
-//! - [`bench`]: what the benchmarks share: where their Redis is, interleaved rounds, medians
+//! - [`bench`](mod@bench): what the benchmarks share: where their Redis is, interleaved rounds, medians
 //!   and goals, CPU time;
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
