@@ -16,8 +16,6 @@
 //! hand-written middleware asking `PTTL` for a `Retry-After` when refused, splits the refused
 //! path's gap into the cost of that round trip and the cost of the layer.
 
-mod support;
-
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -33,8 +31,9 @@ use redis::aio::MultiplexedConnection;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
-use support::http::{Sender, connect, serve};
-use support::{Redis, Settings, median};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Redis, Settings, median};
+use tower_lease_harness::http::{Sender, connect, serve};
 
 const TTL: Duration = Duration::from_secs(10);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);
@@ -47,7 +46,7 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
 });
 
 fn main() {
-    support::run_on_redis(7, 700, |redis, settings| async move {
+    bench::run_on_redis(7, 700, |redis, settings| async move {
         bench(&redis, settings).await
     });
 }
@@ -319,7 +318,7 @@ async fn bench(redis: &Redis, settings: Settings) {
         "\nHTTP/1.1, {CONNECTIONS} connections, POST /jobs/<random>, {} rounds of {:?} per app",
         settings.rounds, settings.round
     );
-    println!("machine: {}\n", support::machine());
+    println!("machine: {}\n", bench::machine());
     println!("| app | requests/s (median) | × bare | × from_fn | 200 | 409 |");
     println!("|---|---:|---:|---:|---:|---:|");
     // Ratios are medians of the ratios within each round, so drift between rounds cancels.

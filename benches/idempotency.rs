@@ -13,8 +13,6 @@
 //! `Idempotent-Replayed: true`); the first-request app sends a new random key each time; the
 //! `LockLayer` app a new random name. Any other answer stops the benchmark.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -23,15 +21,16 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use tower_lease::{Idempotency, IdempotencyLayer, Lock, LockLayer, RedisStore, Store, extract};
 
-use support::http::{Sender, connect, serve};
-use support::{Redis, Settings, median};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Redis, Settings, median};
+use tower_lease_harness::http::{Sender, connect, serve};
 
 const CONNECTIONS: usize = 64;
 const ORDERS: Idempotency = Idempotency::new("bench-orders", Duration::from_secs(120));
 const JOBS: Lock<str> = Lock::new("bench-jobs", Duration::from_secs(10));
 
 fn main() {
-    support::run_on_redis(7, 700, |redis, settings| async move {
+    bench::run_on_redis(7, 700, |redis, settings| async move {
         bench(&redis, settings).await
     });
 }
@@ -53,7 +52,7 @@ struct Round {
 }
 
 fn server_cpu(redis: &Redis) -> Option<Duration> {
-    redis.pid().and_then(support::cpu_time_of)
+    redis.pid().and_then(bench::cpu_time_of)
 }
 
 /// What each request of an app carries.
@@ -176,12 +175,12 @@ async fn bench(redis: &Redis, settings: Settings) {
             if only.as_deref().is_some_and(|only| !name.contains(only)) {
                 continue;
             }
-            let (client, server) = (support::cpu_time(), server_cpu(redis));
+            let (client, server) = (bench::cpu_time(), server_cpu(redis));
             let (rate, answered) = drive(senders, host, settings.round, *load).await;
             let per = |cpu: Duration| cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
             rounds.push(Round {
                 rate,
-                client: per(support::cpu_time() - client),
+                client: per(bench::cpu_time() - client),
                 server: server.zip(server_cpu(redis)).map(|(a, b)| per(b - a)),
             });
             done[(k + round) % n] += answered;
@@ -198,7 +197,7 @@ async fn bench(redis: &Redis, settings: Settings) {
         "\nHTTP/1.1, {CONNECTIONS} connections, POST /orders/…, {} rounds of {:?} per app",
         settings.rounds, settings.round
     );
-    println!("machine: {}\n", support::machine());
+    println!("machine: {}\n", bench::machine());
     println!("| app | requests/s (median) | client CPU µs/request | server CPU µs/request |");
     println!("|---|---:|---:|---:|");
     let of = |i: usize, of: fn(&Round) -> Option<f64>| {
@@ -235,10 +234,10 @@ async fn bench(redis: &Redis, settings: Settings) {
         );
     };
     println!("\ntargets:");
-    if !support::goal("replayed ≥ 0.8× bare", &within(1, 0), 0.8) {
+    if !bench::goal("replayed ≥ 0.8× bare", &within(1, 0), 0.8) {
         time_goes(1, 0);
     }
-    if !support::goal("first request ≥ 0.9× LockLayer", &within(3, 2), 0.9) {
+    if !bench::goal("first request ≥ 0.9× LockLayer", &within(3, 2), 0.9) {
         time_goes(3, 2);
     }
 }

@@ -11,8 +11,6 @@
 //! With `ITERS=n` it runs exactly `n` cycles and requests and prints nothing, for counting
 //! instructions with `valgrind --tool=callgrind` (run two `n` and subtract).
 
-mod support;
-
 use std::convert::Infallible;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -24,7 +22,7 @@ use tower::{Service, ServiceExt, service_fn};
 use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lock, LockLayer, Store, extract};
 
-use support::ready;
+use tower_lease_harness::bench::ready;
 
 const LOCK: Lock<str> = Lock::new("bench", Duration::from_secs(30));
 const ROUND: Duration = Duration::from_millis(200);

@@ -5,8 +5,6 @@
 //! cargo bench --all-features --bench micro
 //! ```
 
-mod support;
-
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -14,7 +12,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, RwLock, Store};
 
-use support::ready;
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, ready};
 
 const TTL: Duration = Duration::from_secs(30);
 const LOCK: Lock<str> = Lock::new("bench", TTL);
@@ -22,7 +21,7 @@ const RWLOCK: RwLock<str> = RwLock::new("bench", TTL);
 const IDS: Lock<u64> = Lock::new("ids", TTL);
 
 fn keys(c: &mut Criterion) {
-    let redis = support::Redis::start();
+    let redis = bench::Redis::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

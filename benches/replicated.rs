@@ -4,7 +4,7 @@
 //! their own.
 //!
 //! Then, with feature `sentinel`, on a primary, two replicas and three sentinels
-//! (`down-after-milliseconds` 1 s) started by the tests' support: the longest stretch without
+//! (`down-after-milliseconds` 1 s) started by the test harness: the longest stretch without
 //! a successful acquisition across a `SENTINEL FAILOVER` and a `kill -9` of the primary, two
 //! `connect_sentinel` stores with `wait_for_replicas(1, 300 ms)` writing steadily (median of
 //! `BENCH_FAILOVERS` runs, default 3); and the time per lock/release cycle of a
@@ -17,17 +17,15 @@
 //!
 //! `BENCH_ROUNDS`, `BENCH_ROUND_MS` (default 9 × 400 ms) set the rounds.
 
-mod support;
-#[cfg(feature = "sentinel")]
-#[path = "../tests/support/mod.rs"]
-mod test_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use tower_lease::{Lock, RedisStore, Store};
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(10));
 const TASKS: usize = 64;
@@ -76,10 +74,10 @@ async fn probe(mut conn: MultiplexedConnection, stop: Arc<AtomicBool>) -> Vec<u6
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let settings = support::Settings::from_env(9, 400);
-    let primary = support::Redis::start_with(&["--repl-diskless-sync-delay", "0"]);
+    let settings = bench::Settings::from_env(9, 400);
+    let primary = bench::Redis::start_with(&["--repl-diskless-sync-delay", "0"]);
     let replica =
-        support::Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+        bench::Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
     let mut raw = replica.connection().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -110,7 +108,7 @@ async fn main() {
                 store = store.wait_for_replicas(1, Duration::from_millis(100));
             }
             let store: Store = store.into();
-            let op = support::op(move |task, _| {
+            let op = bench::op(move |task, _| {
                 let store = store.clone();
                 async move {
                     let name = format!("t{task}");
@@ -123,7 +121,7 @@ async fn main() {
                 if variant.probe_shares { conn } else { own },
                 stop.clone(),
             ));
-            let run = support::run(&op, TASKS, settings.round).await;
+            let run = bench::run(&op, TASKS, settings.round).await;
             stop.store(true, Ordering::Relaxed);
             pings[i].extend(probing.await.unwrap());
             this_round[i] = run.per_second();
@@ -143,7 +141,7 @@ async fn main() {
 
     println!(
         "WAIT on a primary with one replica, {TASKS} tasks, {}",
-        support::machine()
+        bench::machine()
     );
     println!();
     println!("| variant | cycles/s | ratio to no WAIT | PING p50 | PING p99 |");
@@ -152,10 +150,10 @@ async fn main() {
         println!(
             "| {} | {:.0} | {:.2} | {:.0} µs | {:.0} µs |",
             variant.label,
-            support::median(&mut cycles[i]),
-            support::median(&mut ratios[i]),
-            support::quantile_us(&mut pings[i], 0.5),
-            support::quantile_us(&mut pings[i], 0.99),
+            bench::median(&mut cycles[i]),
+            bench::median(&mut ratios[i]),
+            bench::quantile_us(&mut pings[i], 0.5),
+            bench::quantile_us(&mut pings[i], 0.99),
         );
     }
     #[cfg(feature = "sentinel")]
@@ -172,8 +170,8 @@ mod sentinel {
     use tower_lease::store::SentinelConnection;
     use tower_lease::{Lock, RedisStore, Store};
 
-    use crate::support;
-    use crate::test_support::sentinel::{MASTER, Topology};
+    use tower_lease_harness::bench;
+    use tower_lease_harness::sentinel::{MASTER, Topology};
 
     const DOWN_AFTER: Duration = Duration::from_secs(1);
     const GAP_LOCK: Lock<str> = Lock::new("gap", Duration::from_secs(2));
@@ -242,7 +240,7 @@ mod sentinel {
         longest.max(end - last)
     }
 
-    pub(crate) async fn run(settings: &support::Settings) {
+    pub(crate) async fn run(settings: &bench::Settings) {
         let runs: usize = std::env::var("BENCH_FAILOVERS")
             .ok()
             .and_then(|n| n.parse().ok())
@@ -268,7 +266,7 @@ mod sentinel {
                 .fold((f64::MAX, 0.0f64), |(lo, hi), &g| (lo.min(g), hi.max(g)));
             println!(
                 "| {label} | {:.2} s | {min:.2} s | {max:.2} s |",
-                support::median(&mut gaps)
+                bench::median(&mut gaps)
             );
         }
 
@@ -290,7 +288,7 @@ mod sentinel {
                 for k in 0..2 {
                     let i = (round + k) % 2;
                     let store = [&plain, &waiting][i].clone();
-                    let op = support::op(move |task, _| {
+                    let op = bench::op(move |task, _| {
                         let store = store.clone();
                         async move {
                             let name = format!("t{task}");
@@ -298,7 +296,7 @@ mod sentinel {
                             assert!(token.release().await.unwrap());
                         }
                     });
-                    let run = support::run(&op, tasks, settings.round).await;
+                    let run = bench::run(&op, tasks, settings.round).await;
                     // Time per cycle, as one task sees it.
                     this_round[i] = 1e6 * tasks as f64 / run.per_second();
                     per[i].push(this_round[i]);
@@ -307,9 +305,9 @@ mod sentinel {
             }
             println!(
                 "| {tasks} | {:.0} | {:.0} | {:.2} |",
-                support::median(&mut per[0]),
-                support::median(&mut per[1]),
-                support::median(&mut ratios)
+                bench::median(&mut per[0]),
+                bench::median(&mut per[1]),
+                bench::median(&mut ratios)
             );
         }
     }

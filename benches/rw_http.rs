@@ -12,8 +12,6 @@
 //! `i` reads name `i % 4`), where reads of one name overlap all the time; and **distinct**, a
 //! random name per request, where nothing is shared. Every response must be `200`.
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -23,15 +21,16 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
 
-use support::http::{Sender, connect, serve};
-use support::{Redis, Settings, median};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Redis, Settings, median};
+use tower_lease_harness::http::{Sender, connect, serve};
 
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));
 const CONNECTIONS: usize = 64;
 const HOT_NAMES: usize = 4;
 
 fn main() {
-    support::run_on_redis(7, 700, |redis, settings| async move {
+    bench::run_on_redis(7, 700, |redis, settings| async move {
         bench(&redis, settings).await
     });
 }
@@ -95,12 +94,12 @@ async fn drive(
 }
 
 fn server_cpu(redis: &Redis) -> Option<Duration> {
-    redis.pid().and_then(support::cpu_time_of)
+    redis.pid().and_then(bench::cpu_time_of)
 }
 
 /// `EVALSHA` and `EVAL` calls since the last `CONFIG RESETSTAT`.
 async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    support::command_calls(conn, |command| matches!(command, "evalsha" | "eval")).await
+    bench::command_calls(conn, |command| matches!(command, "evalsha" | "eval")).await
 }
 
 const BARE: usize = 0;
@@ -144,7 +143,7 @@ async fn bench(redis: &Redis, settings: Settings) {
             ok,
         });
     }
-    println!("\nmachine: {}", support::machine());
+    println!("\nmachine: {}", bench::machine());
     for names in [Names::Hot, Names::Distinct] {
         for target in &mut targets {
             let warm = Duration::from_millis(200);
@@ -160,11 +159,11 @@ async fn bench(redis: &Redis, settings: Settings) {
                 let i = (k + round) % targets.len();
                 let t = &mut targets[i];
                 let before = t.ok.load(Ordering::Relaxed);
-                let (client, server) = (support::cpu_time(), server_cpu(redis));
+                let (client, server) = (bench::cpu_time(), server_cpu(redis));
                 let rate = drive(&mut t.senders, &t.host, settings.round, names, &t.ok).await;
                 let requests = (t.ok.load(Ordering::Relaxed) - before).max(1) as f64;
                 let per = |cpu: Duration| cpu.as_secs_f64() * 1e6 / requests;
-                cpu[i].0.push(per(support::cpu_time() - client));
+                cpu[i].0.push(per(bench::cpu_time() - client));
                 if let (Some(a), Some(b)) = (server, server_cpu(redis)) {
                     cpu[i].1.push(per(b - a));
                 }
@@ -245,17 +244,17 @@ async fn bench(redis: &Redis, settings: Settings) {
         match names {
             Names::Hot => {
                 let what = "RwLockLayer ≥ 0.9× bare on hot names";
-                if !support::goal(what, &within(COALESCED, BARE), 0.9) {
+                if !bench::goal(what, &within(COALESCED, BARE), 0.9) {
                     time_goes(COALESCED);
                 }
                 let what = "RwLockLayer with linger_reads(20 ms) ≥ 0.9× bare on hot names";
-                if !support::goal(what, &within(LINGERING, BARE), 0.9) {
+                if !bench::goal(what, &within(LINGERING, BARE), 0.9) {
                     time_goes(LINGERING);
                 }
             }
             Names::Distinct => {
                 let what = "coalesced no slower than coalesce_reads(false) on distinct names";
-                support::goal(what, &within(COALESCED, APART), 0.97);
+                bench::goal(what, &within(COALESCED, APART), 0.97);
             }
         }
     }

@@ -11,9 +11,6 @@
 //! shows medians over the rounds, and each ratio is taken within a round. Every cycle checks
 //! that it acquired and released.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -27,7 +24,8 @@ use tower::{Layer, ServiceExt};
 use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, RedisStore, Semaphore, SemaphoreLayer, Store, extract};
 
-use support::{Op, Redis, Settings, median, op};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Op, Redis, Settings, median, op};
 
 const TTL: Duration = Duration::from_secs(10);
 const LOCK: Lock<str> = Lock::new("bench", TTL);
@@ -119,13 +117,13 @@ async fn cycles(redis: &Redis, settings: Settings) {
     let mut ratios = vec![Vec::new(); variants.len()];
     // Warm up the connection and the script cache.
     for (_, op) in &variants {
-        support::run(op, TASKS, Duration::from_millis(50)).await;
+        bench::run(op, TASKS, Duration::from_millis(50)).await;
     }
     for round in 0..settings.rounds {
         let mut this_round = vec![0.0; variants.len()];
         for k in 0..variants.len() {
             let v = (round + k) % variants.len();
-            let run = support::run(&variants[v].1, TASKS, settings.round).await;
+            let run = bench::run(&variants[v].1, TASKS, settings.round).await;
             this_round[v] = run.per_second();
         }
         for (v, rate) in this_round.iter().enumerate() {
@@ -137,7 +135,7 @@ async fn cycles(redis: &Redis, settings: Settings) {
         "\ncycles per second at {TASKS} tasks, one multiplexed connection, median of {} rounds of {:?}",
         settings.rounds, settings.round
     );
-    println!("machine: {}\n", support::machine());
+    println!("machine: {}\n", bench::machine());
     println!("| variant | cycles/s | × minimum |");
     println!("|---|---:|---:|");
     for (v, (name, _)) in variants.iter().enumerate() {
@@ -151,7 +149,7 @@ async fn cycles(redis: &Redis, settings: Settings) {
 
 /// `INFO commandstats` calls of `EVALSHA`: the heartbeat's extends.
 async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    support::command_calls(conn, |command| command == "evalsha").await
+    bench::command_calls(conn, |command| command == "evalsha").await
 }
 
 /// `held` requests hold a permit each through `SemaphoreLayer` (100 names of `held / 100`
@@ -200,13 +198,13 @@ async fn heartbeat(redis: &Redis, held: usize, hold: Duration) {
     let mut conn = redis.connection().await;
     let extends = evalsha_calls(&mut conn).await;
     let pid = redis.pid();
-    let (cpu, server_cpu) = (support::cpu_time(), pid.and_then(support::cpu_time_of));
+    let (cpu, server_cpu) = (bench::cpu_time(), pid.and_then(bench::cpu_time_of));
     let window = Instant::now();
     tokio::time::sleep(hold).await;
     let window = window.elapsed();
-    let cpu = support::cpu_time() - cpu;
+    let cpu = bench::cpu_time() - cpu;
     let server_cpu = pid
-        .and_then(support::cpu_time_of)
+        .and_then(bench::cpu_time_of)
         .zip(server_cpu)
         .map(|(a, b)| a - b);
     let extends = evalsha_calls(&mut conn).await - extends;

@@ -12,13 +12,14 @@
 //!
 //! `HANDOFFS` (default 200) sets how many hand-offs each latency row measures.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 use tower_lease::{Lock, RedisStore, Store};
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(10));
 const WAIT: Duration = Duration::from_secs(5);
@@ -51,12 +52,12 @@ async fn handoffs(holder_store: &Store, waiter_store: &Store, count: usize) -> V
 
 /// Commands Redis has run so far, from `INFO commandstats`, without the `INFO`s themselves.
 async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    support::command_calls(conn, |command| command != "info").await
+    bench::command_calls(conn, |command| command != "info").await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let redis = support::Redis::start();
+    let redis = bench::Redis::start();
     let count: usize = std::env::var("HANDOFFS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -65,10 +66,10 @@ async fn main() {
     // Another store handle has waiters of its own: a release through it is "elsewhere".
     let elsewhere: Store = RedisStore::new(redis.connection().await).into();
     // A store with release notifications, as `RedisStore::connect` makes it.
-    let notified: Store = RedisStore::connect(redis.url()).await.unwrap().into();
+    let notified: Store = RedisStore::connect(&redis.url()).await.unwrap().into();
     let mut raw = redis.connection().await;
 
-    println!("bounded waits on redis-server, {}", support::machine());
+    println!("bounded waits on redis-server, {}", bench::machine());
     for (label, holder, waiter) in [
         ("woken by a release here", &store, &store),
         ("notified (release elsewhere)", &elsewhere, &notified),
@@ -77,8 +78,8 @@ async fn main() {
         let mut latencies = handoffs(holder, waiter, count).await;
         println!(
             "  hand-off, {label:<28} p50 {:>8.0} µs  p99 {:>8.0} µs  ({count} hand-offs)",
-            support::quantile_us(&mut latencies, 0.5),
-            support::quantile_us(&mut latencies, 0.99),
+            bench::quantile_us(&mut latencies, 0.5),
+            bench::quantile_us(&mut latencies, 0.99),
         );
     }
 
@@ -133,7 +134,7 @@ async fn main() {
 async fn cluster(count: usize) {
     const ROUNDS: usize = 3;
     const RELEASES: usize = 300;
-    let cluster = support::cluster::Cluster::start();
+    let cluster = tower_lease_harness::cluster::RedisCluster::start_with(&[]);
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
     // The subscriber on the first node and the scripts' `PUBLISH`, as before `SPUBLISH`.
     let plain = || async {
@@ -182,8 +183,8 @@ async fn cluster(count: usize) {
         println!(
             "  {label:<32} bus messages received per release: {all:.2} (publish {publish:.2}, \
              publishshard {shard:.2}, the rest gossip); hand-off p50 {:>6.0} µs p99 {:>6.0} µs",
-            support::quantile_us(&mut latencies[i], 0.5),
-            support::quantile_us(&mut latencies[i], 0.99),
+            bench::quantile_us(&mut latencies[i], 0.5),
+            bench::quantile_us(&mut latencies[i], 0.99),
         );
     }
 }

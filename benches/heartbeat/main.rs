@@ -19,15 +19,14 @@ mod alloc;
 mod memory;
 mod phases;
 mod probe;
-#[path = "../support/mod.rs"]
-mod support;
 
 use std::time::Duration;
 
 use memory::{Arrival, Memory, Stack};
 use phases::{TTL, batched, held_jobs, plain_tokens, through_layer};
 use probe::Stats;
-use support::Redis;
+
+use tower_lease_harness::bench::{self, Redis};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -66,7 +65,7 @@ async fn bench(redis: &Redis, leases: usize, hold: Duration) {
         ways.map(|(stack, arrival)| memory::measure(redis, leases, stack, arrival));
 
     println!("\n{leases} leases held at once, TTL {TTL:?}, extended every TTL/3, for {hold:?}");
-    println!("machine: {}\n", support::machine());
+    println!("machine: {}\n", bench::machine());
     println!(
         "| measure | LockLayer requests | Held (keep_alive) | plain tokens, a task each | by hand, batched (floor) |"
     );

@@ -24,7 +24,9 @@ use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 
 use crate::alloc::{self, Live};
-use crate::support::{self, Redis};
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Redis};
 
 const LEASES: Lock<str> = Lock::new("held", crate::phases::TTL);
 const PREFIX: &str = "bench-memory";
@@ -203,7 +205,7 @@ where
     let warm = request("warm".into());
     wait_held(1).await;
 
-    let (heap, rss) = (Live::now(), support::resident_bytes());
+    let (heap, rss) = (Live::now(), bench::resident_bytes());
     let wave = match arrival {
         Arrival::AllAtOnce => leases,
         Arrival::InWaves => WAVE,
@@ -220,7 +222,7 @@ where
         "memory {:.0} {:.0} {:.0} {}",
         (live.bytes - heap.bytes) as f64 / n,
         (live.peak - heap.bytes) as f64 / n,
-        support::resident_bytes().saturating_sub(rss) as f64 / n,
+        bench::resident_bytes().saturating_sub(rss) as f64 / n,
         alloc::describe(&live.blocks_since(&heap, leases)),
     );
 

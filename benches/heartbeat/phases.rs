@@ -14,7 +14,9 @@ use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 
 use crate::probe::{Probe, Stats, wait_deadline};
-use crate::support::Redis;
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::Redis;
 
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 const LEASES: Lock<str> = Lock::new("held", TTL);

@@ -3,7 +3,9 @@
 use std::time::{Duration, Instant};
 
 use crate::alloc::Live;
-use crate::support::{self, Redis};
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Redis};
 
 /// `INFO commandstats` calls of `EVALSHA` (the extends) and the server's `used_memory`.
 async fn server_stats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
@@ -103,13 +105,13 @@ impl<'a> Probe<'a> {
     pub(crate) async fn window(&mut self, held: Held, hold: Duration) -> Stats {
         let (extends_before, _) = server_stats(&mut self.conn).await;
         let pid = self.redis.pid();
-        let (cpu, server_cpu) = (support::cpu_time(), pid.and_then(support::cpu_time_of));
+        let (cpu, server_cpu) = (bench::cpu_time(), pid.and_then(bench::cpu_time_of));
         let start = Instant::now();
         tokio::time::sleep(hold).await;
         let window = start.elapsed();
-        let cpu = support::cpu_time() - cpu;
+        let cpu = bench::cpu_time() - cpu;
         let server_cpu = pid
-            .and_then(support::cpu_time_of)
+            .and_then(bench::cpu_time_of)
             .zip(server_cpu)
             .map(|(a, b)| a - b);
         let (extends_after, server_memory) = server_stats(&mut self.conn).await;

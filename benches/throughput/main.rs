@@ -15,8 +15,6 @@
 //! shared machine hits all of them alike; the table shows the median of the rounds and ratios.
 //! Every cycle checks its own result: a lock that is not acquired or not released panics.
 
-#[path = "../support/mod.rs"]
-mod support;
 mod variants;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -24,10 +22,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use support::{Op, Redis, Settings, median, quantile_us};
 use variants::{
     CONCURRENCY, MINIMUM, NATIVE_MINIMUM, REFUSED_HAND, REFUSED_LOCK, RSLOCK, TTL, variants,
 };
+
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{self, Op, Redis, Settings, median, quantile_us};
 
 /// Counts allocations when `BENCH_DIAG` is set (an allocation count per cycle is steady where
 /// timings are not); otherwise it only forwards, so the timings are not disturbed.
@@ -94,17 +94,14 @@ async fn measured(
     op: &Op,
     tasks: usize,
     length: Duration,
-) -> (support::Run, f64, f64, f64) {
-    let (client, server) = (
-        support::cpu_time(),
-        redis.pid().and_then(support::cpu_time_of),
-    );
+) -> (bench::Run, f64, f64, f64) {
+    let (client, server) = (bench::cpu_time(), redis.pid().and_then(bench::cpu_time_of));
     let allocations = ALLOCATIONS.load(Ordering::Relaxed);
-    let run = support::run(op, tasks, length).await;
+    let run = bench::run(op, tasks, length).await;
     let allocations = (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / run.ops as f64;
     let per_op = |d: Duration| d.as_secs_f64() * 1e6 / run.ops as f64;
-    let client = per_op(support::cpu_time() - client);
-    let server = match (redis.pid().and_then(support::cpu_time_of), server) {
+    let client = per_op(bench::cpu_time() - client);
+    let server = match (redis.pid().and_then(bench::cpu_time_of), server) {
         (Some(after), Some(before)) => per_op(after - before),
         _ => f64::NAN,
     };
@@ -126,7 +123,7 @@ async fn bench(redis: &Redis, settings: Settings) {
     let mut total_ops = vec![0u64; variants.len()];
     // Warm up: connections, loaded scripts, allocator pools.
     for (v, (_, op)) in variants.iter().enumerate() {
-        total_ops[v] += support::run(op, 8, Duration::from_millis(100)).await.ops;
+        total_ops[v] += bench::run(op, 8, Duration::from_millis(100)).await.ops;
     }
     // BENCH_TASKS=64 runs only that concurrency.
     let concurrency: Vec<usize> = match std::env::var("BENCH_TASKS") {
@@ -166,7 +163,7 @@ async fn bench(redis: &Redis, settings: Settings) {
         "\nlock/release cycles, {} rounds of {:?} per variant, TTL {:?}",
         settings.rounds, settings.round, TTL
     );
-    println!("machine: {}", support::machine());
+    println!("machine: {}", bench::machine());
     println!(
         "cycles/s and CPU per cycle: medians of the rounds; ratios: medians of the ratios within \
          each round; p50/p99: latency of all cycles at 1 task\n"

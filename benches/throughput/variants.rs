@@ -13,7 +13,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lock, LockLayer, RwLock, Semaphore, Store, extract};
 
-use crate::support::{Op, Redis, op};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::bench::{Op, Redis, op};
 
 pub(crate) const TTL: Duration = Duration::from_secs(10);
 pub(crate) const LOCK: Lock<str> = Lock::new("bench", TTL);
@@ -192,7 +193,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         }),
     ));
 
-    let mut manager = rslock::LockManager::new(vec![redis.url().to_owned()]);
+    let mut manager = rslock::LockManager::new(vec![redis.url()]);
     // One server and one try: the same work as the others, no retry loop.
     manager.set_retry(1, Duration::from_millis(1));
     let keys = names("tlbench:rslock:");

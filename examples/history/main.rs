@@ -51,17 +51,11 @@ mod idem_check;
 mod idem_run;
 mod idempotency;
 mod nemesis;
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-#[path = "../../tests/support/proxy.rs"]
-mod proxy;
 mod record;
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-#[path = "../../tests/support/sentinel.rs"]
-mod sentinel;
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-#[path = "../../tests/support/server.rs"]
-mod server;
 mod worker;
+
+// The servers, sentinels and fault proxy the tests start too.
+use tower_lease_harness::{proxy, sentinel, server};
 
 use crate::connect::Locks;
 use crate::nemesis::LockStore;

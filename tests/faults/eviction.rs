@@ -7,8 +7,8 @@ use std::time::Duration;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Error, Lock, RedisStore, Store, Warning};
 
-use crate::support::server::{fill, fill_until_full};
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::server::{fill, fill_until_full};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(30));
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, RwLock, Store};
 
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const INVOICES: Lock<str> = Lock::new("invoice", Duration::from_secs(5)).fenced();
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(5)).fenced();
@@ -77,7 +77,7 @@ async fn fences_grow_across_flushall_and_a_restart_without_persistence() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn fences_grow_when_a_cluster_master_restarts_empty() {
-    let mut cluster = crate::support::cluster::RedisCluster::start();
+    let mut cluster = tower_lease_harness::cluster::RedisCluster::start();
     let store = Store::from(RedisStore::new(cluster.connection().await));
     let layout = KeyLayout::default();
     // A name whose keys live on node 1, the one restarted.

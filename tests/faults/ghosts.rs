@@ -17,8 +17,8 @@ use tower_lease::{
     Error, Idempotency, IdempotencyLayer, Lock, LockLayer, RwLock, Semaphore, extract,
 };
 
-use crate::support::http::{Http, count, serve};
-use crate::support::{Env, Setup};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::{Backing, Setup};
 
 /// Leases far longer than the test: a ghost would still hold when the retry comes.
 const TTL: Duration = Duration::from_secs(8);
@@ -31,7 +31,7 @@ const PAUSE_MS: u64 = 1_200;
 /// When the retry comes, after the pause ended.
 const AFTER_RECOVERY: Duration = Duration::from_millis(600);
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [],
     redis: [
         a_lock_that_timed_out_is_free_soon_after_the_store_recovers,
@@ -49,7 +49,7 @@ crate::store_tests!(
 /// answers `NOSCRIPT` when the pause ends, and a call that timed out sends no `EVAL` after it,
 /// so it would take nothing.
 async fn timed_out<T: std::fmt::Debug>(
-    env: &Env,
+    env: &Backing,
     call: impl Future<Output = tower_lease::Result<T>>,
 ) -> Instant {
     let paused = Instant::now();
@@ -66,7 +66,7 @@ async fn timed_out<T: std::fmt::Debug>(
     paused + Duration::from_millis(PAUSE_MS) + AFTER_RECOVERY
 }
 
-async fn a_lock_that_timed_out_is_free_soon_after_the_store_recovers(env: Env) {
+async fn a_lock_that_timed_out_is_free_soon_after_the_store_recovers(env: Backing) {
     let retry = timed_out(&env, JOBS.try_lock(&env.store, "a")).await;
     sleep_until(retry).await;
     let token = JOBS.try_lock(&env.store, "a").await.unwrap();
@@ -74,7 +74,7 @@ async fn a_lock_that_timed_out_is_free_soon_after_the_store_recovers(env: Env) {
     assert!(token.release().await.unwrap());
 }
 
-async fn a_bounded_wait_that_timed_out_leaves_no_lease(env: Env) {
+async fn a_bounded_wait_that_timed_out_leaves_no_lease(env: Backing) {
     let wait = Duration::from_secs(3);
     let retry = timed_out(&env, JOBS.try_lock_for(&env.store, "b", wait)).await;
     sleep_until(retry).await;
@@ -82,7 +82,7 @@ async fn a_bounded_wait_that_timed_out_leaves_no_lease(env: Env) {
     assert!(token.expect("free").release().await.unwrap());
 }
 
-async fn a_reader_that_timed_out_does_not_keep_writers_out(env: Env) {
+async fn a_reader_that_timed_out_does_not_keep_writers_out(env: Backing) {
     let warm = DOCS.try_read(&env.store, "c").await.unwrap().unwrap();
     assert!(warm.release().await.unwrap());
     let retry = timed_out(&env, DOCS.try_read(&env.store, "c")).await;
@@ -92,7 +92,7 @@ async fn a_reader_that_timed_out_does_not_keep_writers_out(env: Env) {
     assert!(writer.release().await.unwrap());
 }
 
-async fn a_writer_that_timed_out_does_not_keep_readers_out(env: Env) {
+async fn a_writer_that_timed_out_does_not_keep_readers_out(env: Backing) {
     let warm = DOCS.try_write(&env.store, "d").await.unwrap().unwrap();
     assert!(warm.release().await.unwrap());
     let retry = timed_out(&env, DOCS.try_write(&env.store, "d")).await;
@@ -103,7 +103,7 @@ async fn a_writer_that_timed_out_does_not_keep_readers_out(env: Env) {
     assert!(writer.expect("no writer left").release().await.unwrap());
 }
 
-async fn a_permit_that_timed_out_is_given_back(env: Env) {
+async fn a_permit_that_timed_out_is_given_back(env: Backing) {
     let warm = SLOTS.try_acquire(&env.store, "e").await.unwrap().unwrap();
     assert!(warm.release().await.unwrap());
     let retry = timed_out(&env, SLOTS.try_acquire(&env.store, "e")).await;
@@ -123,7 +123,7 @@ async fn a_permit_that_timed_out_is_given_back(env: Env) {
 /// deadline, and a retry 0.6 s after the store recovered runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_layer_a_retry_after_a_timed_out_request_runs() {
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/jobs/{id}", post(count))
@@ -169,7 +169,7 @@ async fn at_most_once_idempotency_layer_a_retry_after_a_timed_out_request_runs()
 }
 
 async fn a_retry_after_a_timed_out_idempotent_request_runs(idempotency: Idempotency) {
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/pay", post(count))

@@ -1,11 +1,8 @@
 //! Failure behaviour, against real `redis-server` processes (and, where needed, the TCP fault
-//! proxy of the test support, or replica processes of `examples/replica.rs`): the store when
+//! proxy of the test harness, or replica processes of `examples/replica.rs`): the store when
 //! Redis or the network misbehaves and how soon it answers again, fences across data loss,
 //! memory pressure, several replicas under contention, and the layer when Redis or its clients
 //! misbehave.
-
-#[path = "../support/mod.rs"]
-mod support;
 
 mod eviction;
 mod fences;

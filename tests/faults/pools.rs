@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use http::{Method, StatusCode};
 
 use super::replicas::Replica;
-use crate::support::http::Http;
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::http::Http;
+use tower_lease_harness::{Endpoint, RedisServer};
 
 /// What 30 clients × 10 requests to `/pools/p/enter`, round robin over the replicas, came to:
 /// the 200s, the 429s, and the most requests ever inside at once, as the witness kept it.

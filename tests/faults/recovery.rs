@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, RedisStore, Store};
 
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 

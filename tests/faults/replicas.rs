@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use tower_lease::store::{KeyLayout, KeyRole};
 
-use crate::support::http::Http;
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::server::{calls, commandstats, die_with_parent};
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::http::Http;
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::server::{calls, commandstats, die_with_parent};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 /// The `replica` example's executable, built once per test binary with the same features.
 pub(crate) fn replica_binary() -> &'static PathBuf {
@@ -344,7 +344,7 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_a_redis_cluster_lose_no_update() {
-    let cluster = crate::support::cluster::RedisCluster::start();
+    let cluster = tower_lease_harness::cluster::RedisCluster::start();
     let layout = KeyLayout::default();
     let nodes: std::collections::HashSet<u16> = COUNTERS
         .iter()

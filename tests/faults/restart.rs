@@ -9,8 +9,8 @@ use redis::AsyncCommands;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, RwLock, Semaphore, Store};
 
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();
@@ -281,7 +281,7 @@ async fn a_waiting_request_with_redis_unreachable_is_answered_503_at_once() {
     use http::StatusCode;
     use tower_lease::{LockLayer, extract};
 
-    use crate::support::http::{Http, count, serve};
+    use tower_lease_harness::http::{Http, count, serve};
 
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;

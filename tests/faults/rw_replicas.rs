@@ -14,8 +14,8 @@ use http::{Method, StatusCode};
 use tower_lease::store::{KeyLayout, KeyRole};
 
 use crate::replicas::Replica;
-use crate::support::http::Http;
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::http::Http;
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const READ: Duration = Duration::from_millis(100);
 /// The lease TTL of the replicas; their heartbeat is a third of it.

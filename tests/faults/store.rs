@@ -1,5 +1,5 @@
 //! The store when Redis or the network misbehaves, against real `redis-server` processes and the
-//! fault proxy of the test support: a restart, `SCRIPT FLUSH` under load, a blackholed
+//! fault proxy of the test harness: a restart, `SCRIPT FLUSH` under load, a blackholed
 //! connection, and replies lost after Redis acted.
 
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Error, Lock, RedisStore, RwLock, Store};
 
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, RedisServer, poll};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Endpoint, RedisServer, poll};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(10));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(10));

@@ -11,8 +11,8 @@ use axum::routing::post;
 use http::StatusCode;
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
-use crate::support::http::{Http, count, serve};
-use crate::support::{Endpoint, RedisServer, STORE_TIMEOUT};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::{Endpoint, RedisServer, STORE_TIMEOUT};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const WAIT: Duration = Duration::from_secs(1);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tower_lease::{Lock, RwLock, Semaphore, Store};
 
-use crate::support::{Env, Setup, poll};
+use tower_lease_harness::{Backing, Setup, poll};
 
 /// Far longer than the test: only a release frees the name in time.
 const TTL: Duration = Duration::from_secs(10);
@@ -25,7 +25,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::redis(super::Setup::Layer).await).await
+                    super::$name(tower_lease_harness::Backing::redis(super::Setup::Layer).await).await
                 }
             )*
         }
@@ -35,7 +35,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::cluster(super::Setup::Layer).await).await
+                    super::$name(tower_lease_harness::Backing::cluster(super::Setup::Layer).await).await
                 }
             )*
         }
@@ -44,7 +44,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "current_thread")]
                 async fn $name() {
-                    super::$name(crate::support::Env::memory()).await
+                    super::$name(tower_lease_harness::Backing::memory()).await
                 }
             )*
         }
@@ -69,7 +69,7 @@ async fn cancel_after_first_poll<T>(release: impl Future<Output = T>) {
 }
 
 /// Another store on the same Redis (another process, as it were); in memory the same store.
-async fn elsewhere(env: &Env) -> Store {
+async fn elsewhere(env: &Backing) -> Store {
     env.notified().await.unwrap_or_else(|| env.store.clone())
 }
 
@@ -85,7 +85,7 @@ where
         .0
 }
 
-async fn a_cancelled_release_of_a_held_lease_frees_the_name_at_once(env: Env) {
+async fn a_cancelled_release_of_a_held_lease_frees_the_name_at_once(env: Backing) {
     let token = JOB.try_lock(&env.store, "a").await.unwrap().unwrap();
     cancel_after_first_poll(token.keep_alive().release()).await;
     let other = elsewhere(&env).await;
@@ -96,7 +96,7 @@ async fn a_cancelled_release_of_a_held_lease_frees_the_name_at_once(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-async fn a_cancelled_release_of_a_token_frees_the_name_at_once(env: Env) {
+async fn a_cancelled_release_of_a_token_frees_the_name_at_once(env: Backing) {
     let token = JOB.try_lock(&env.store, "b").await.unwrap().unwrap();
     cancel_after_first_poll(token.release()).await;
     let other = elsewhere(&env).await;
@@ -107,7 +107,7 @@ async fn a_cancelled_release_of_a_token_frees_the_name_at_once(env: Env) {
     assert!(next.release().await.unwrap());
 }
 
-async fn a_cancelled_release_of_a_reader_lets_the_writer_in_at_once(env: Env) {
+async fn a_cancelled_release_of_a_reader_lets_the_writer_in_at_once(env: Backing) {
     let reader = DOCS.try_read(&env.store, "c").await.unwrap().unwrap();
     cancel_after_first_poll(reader.release()).await;
     let other = elsewhere(&env).await;
@@ -118,7 +118,7 @@ async fn a_cancelled_release_of_a_reader_lets_the_writer_in_at_once(env: Env) {
     assert!(writer.release().await.unwrap());
 }
 
-async fn a_cancelled_release_of_a_permit_frees_it_at_once(env: Env) {
+async fn a_cancelled_release_of_a_permit_frees_it_at_once(env: Backing) {
     let permit = SLOTS.try_acquire(&env.store, "d").await.unwrap().unwrap();
     let held = permit.keep_alive();
     cancel_after_first_poll(held.release()).await;

@@ -5,18 +5,18 @@ use std::time::{Duration, Instant};
 
 use tower_lease::Lock;
 
-use crate::support::Env;
+use tower_lease_harness::Backing;
 
 const NIGHTLY: Lock<str> = Lock::new("nightly", Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         into_token_keeps_the_lease_to_its_ttl_without_the_heartbeat,
         a_token_from_into_token_releases_and_keeps_alive_again,
     ]
 );
 
-async fn into_token_keeps_the_lease_to_its_ttl_without_the_heartbeat(env: Env) {
+async fn into_token_keeps_the_lease_to_its_ttl_without_the_heartbeat(env: Backing) {
     let held = NIGHTLY
         .try_lock(&env.store, "a")
         .await
@@ -62,7 +62,7 @@ async fn into_token_keeps_the_lease_to_its_ttl_without_the_heartbeat(env: Env) {
     assert!(!token.release().await.unwrap());
 }
 
-async fn a_token_from_into_token_releases_and_keeps_alive_again(env: Env) {
+async fn a_token_from_into_token_releases_and_keeps_alive_again(env: Backing) {
     let held = NIGHTLY
         .try_lock(&env.store, "b")
         .await

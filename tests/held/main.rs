@@ -4,9 +4,6 @@
 //! lost when the store says so, when the store is down past its deadline, or when the process
 //! was frozen past it (the work then never takes its next step).
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod cancelled;
 mod into_token;
 mod no_expiry;
@@ -18,14 +15,14 @@ use std::time::{Duration, Instant};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, RwLock, Semaphore};
 
-use support::{DropFlag, Env};
+use tower_lease_harness::{Backing, DropFlag};
 
 const JOB: Lock<str> = Lock::new("job", Duration::from_millis(300));
 const FENCED: Lock<str> = Lock::new("fenced-job", Duration::from_millis(300)).fenced();
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_millis(300));
 const SLOTS: Semaphore<str> = Semaphore::new("slots", 1, Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_held_lease_outlives_its_ttl_and_releases,
         run_gives_the_output_of_work_that_finished_under_the_lease,
@@ -38,11 +35,11 @@ crate::store_tests!(
 
 /// On a single server, which the test stops.
 mod redis_only {
-    use crate::support::{Env, Setup};
+    use tower_lease_harness::{Backing, Setup};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_store_that_is_down_loses_the_lease_by_its_deadline() {
-        let env = Env::redis(Setup::Layer).await;
+        let env = Backing::redis(Setup::Layer).await;
         super::a_store_that_is_down_loses_the_lease_by_its_deadline(env).await
     }
 }
@@ -50,7 +47,7 @@ mod redis_only {
 /// Three TTLs long: only the heartbeat keeps the lease for that long.
 const THREE_TTLS: Duration = Duration::from_millis(900);
 
-async fn a_held_lease_outlives_its_ttl_and_releases(env: Env) {
+async fn a_held_lease_outlives_its_ttl_and_releases(env: Backing) {
     let token = FENCED.try_lock(&env.store, "a").await.unwrap().unwrap();
     let fence = token.fence();
     assert!(fence.is_some());
@@ -68,7 +65,7 @@ async fn a_held_lease_outlives_its_ttl_and_releases(env: Env) {
     assert!(next.expect("free once released").release().await.unwrap());
 }
 
-async fn run_gives_the_output_of_work_that_finished_under_the_lease(env: Env) {
+async fn run_gives_the_output_of_work_that_finished_under_the_lease(env: Backing) {
     let held = JOB
         .try_lock(&env.store, "b")
         .await
@@ -86,7 +83,7 @@ async fn run_gives_the_output_of_work_that_finished_under_the_lease(env: Env) {
     assert!(held.release().await.unwrap());
 }
 
-async fn dropping_a_held_lease_releases_it(env: Env) {
+async fn dropping_a_held_lease_releases_it(env: Backing) {
     const LONG: Lock<str> = Lock::new("long-job", Duration::from_secs(10));
     let held = LONG
         .try_lock(&env.store, "c")
@@ -96,16 +93,17 @@ async fn dropping_a_held_lease_releases_it(env: Env) {
         .keep_alive();
     let dropped = Instant::now();
     drop(held);
-    let freed = support::poll(Duration::from_millis(5), Duration::from_secs(2), || async {
-        LONG.try_lock(&env.store, "c").await.unwrap()
-    })
-    .await;
+    let freed =
+        tower_lease_harness::poll(Duration::from_millis(5), Duration::from_secs(2), || async {
+            LONG.try_lock(&env.store, "c").await.unwrap()
+        })
+        .await;
     let (next, _) = freed.expect("released in the background, long before its 10 s TTL");
     assert!(dropped.elapsed() < Duration::from_secs(2));
     assert!(next.release().await.unwrap());
 }
 
-async fn readers_and_permits_are_kept_alive_too(env: Env) {
+async fn readers_and_permits_are_kept_alive_too(env: Backing) {
     let reader = DOCS
         .try_read(&env.store, "d")
         .await
@@ -142,7 +140,7 @@ async fn readers_and_permits_are_kept_alive_too(env: Env) {
     assert_eq!(SLOTS.in_use(&env.store, "d").await.unwrap(), 0);
 }
 
-async fn a_frozen_process_never_takes_the_works_next_step(env: Env) {
+async fn a_frozen_process_never_takes_the_works_next_step(env: Backing) {
     // The work blocks a runtime of its own past the 300 ms lease, heartbeat included: the
     // process is frozen, as under SIGSTOP. When it wakes, `run` checks the deadline before it
     // polls the work again.
@@ -184,7 +182,7 @@ async fn a_frozen_process_never_takes_the_works_next_step(env: Env) {
     );
 }
 
-async fn a_lease_the_store_lost_ends_the_work(env: Env) {
+async fn a_lease_the_store_lost_ends_the_work(env: Backing) {
     let held = JOB
         .try_lock(&env.store, "f")
         .await
@@ -214,7 +212,7 @@ async fn a_lease_the_store_lost_ends_the_work(env: Env) {
     assert!(!held.release().await.unwrap(), "nothing left to release");
 }
 
-async fn a_store_that_is_down_loses_the_lease_by_its_deadline(mut env: Env) {
+async fn a_store_that_is_down_loses_the_lease_by_its_deadline(mut env: Backing) {
     let token = JOB.try_lock(&env.store, "g").await.unwrap().unwrap();
     let acquired = Instant::now();
     let held = token.keep_alive();

@@ -8,12 +8,12 @@ use tower_lease::Attempt;
 use tower_lease::Lock;
 use tower_lease::store::KeyRole;
 
-use crate::support::Env;
+use tower_lease_harness::Backing;
 
 const IMPORT: Lock<str> = Lock::new("import", Duration::from_millis(300));
 const FENCED: Lock<str> = Lock::new("fenced-import", Duration::from_millis(300)).fenced();
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [],
     redis: [
         a_key_without_expiry_is_busy_for_a_ttl,
@@ -22,7 +22,7 @@ crate::store_tests!(
 );
 
 /// Sets `name`'s lock key in `namespace` as another tool would: a value and no expiry.
-async fn set_forever(env: &Env, namespace: &str, name: &str) {
+async fn set_forever(env: &Backing, namespace: &str, name: &str) {
     let key = env.raw().key(KeyRole::Lock, namespace, name.as_bytes());
     let () = env
         .raw()
@@ -30,7 +30,7 @@ async fn set_forever(env: &Env, namespace: &str, name: &str) {
         .await;
 }
 
-async fn a_key_without_expiry_is_busy_for_a_ttl(env: Env) {
+async fn a_key_without_expiry_is_busy_for_a_ttl(env: Backing) {
     for lock in [IMPORT, FENCED] {
         set_forever(&env, lock.namespace(), "a").await;
         match lock.attempt(&env.store, "a").await.unwrap() {
@@ -43,7 +43,7 @@ async fn a_key_without_expiry_is_busy_for_a_ttl(env: Env) {
     }
 }
 
-async fn a_bounded_wait_on_a_key_without_expiry_backs_off(env: Env) {
+async fn a_bounded_wait_on_a_key_without_expiry_backs_off(env: Backing) {
     let wait = Duration::from_secs(1);
     for lock in [IMPORT, FENCED] {
         set_forever(&env, lock.namespace(), "b").await;
@@ -67,7 +67,7 @@ async fn a_bounded_wait_on_a_key_without_expiry_backs_off(env: Env) {
 }
 
 /// `SET`, `PTTL` and script calls so far (a script's own `PTTL` counts too).
-async fn calls(env: &Env) -> (u64, u64, u64) {
+async fn calls(env: &Backing) -> (u64, u64, u64) {
     let raw = env.raw();
     let evals = raw.command_calls("evalsha").await + raw.command_calls("eval").await;
     (

@@ -17,12 +17,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{Idempotency, IdempotencyLayer, Store, extract};
 
-use crate::support::http::{Chunks, Http, Reply, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Chunks, Http, Reply, serve};
+use tower_lease_harness::{Backing, Gate};
 
 const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(60));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_retry_gets_the_stored_response_and_the_handler_runs_once,
         a_retry_while_the_first_runs_gets_409_with_retry_after,
@@ -126,7 +126,7 @@ fn problem_type(reply: &Reply) -> String {
     reply.problem()["type"].as_str().unwrap().to_owned()
 }
 
-async fn a_retry_gets_the_stored_response_and_the_handler_runs_once(env: Env) {
+async fn a_retry_gets_the_stored_response_and_the_handler_runs_once(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store), &app).await;
     let http = Http::new();
@@ -154,7 +154,7 @@ async fn a_retry_gets_the_stored_response_and_the_handler_runs_once(env: Env) {
     assert!(!replayed(&plain));
 }
 
-async fn a_retry_while_the_first_runs_gets_409_with_retry_after(env: Env) {
+async fn a_retry_while_the_first_runs_gets_409_with_retry_after(env: Backing) {
     let (opener, app) = app();
     let addr = replica(layer(&env.store), &app).await;
     let http = Http::new();
@@ -180,7 +180,7 @@ async fn a_retry_while_the_first_runs_gets_409_with_retry_after(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn under_wait_a_retry_gets_the_first_response(env: Env) {
+async fn under_wait_a_retry_gets_the_first_response(env: Backing) {
     let (opener, app) = app();
     let addr = replica(layer(&env.store).wait(Duration::from_secs(5)), &app).await;
     let http = Http::new();
@@ -204,7 +204,7 @@ async fn under_wait_a_retry_gets_the_first_response(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn waiting_retries_on_another_replica_are_woken_by_the_completion(env: Env) {
+async fn waiting_retries_on_another_replica_are_woken_by_the_completion(env: Backing) {
     const RETRIES: usize = 10;
     let (opener, app) = app();
     // Both made as an application makes them: on a cluster of Redis 7 a store from
@@ -260,7 +260,7 @@ async fn waiting_retries_on_another_replica_are_woken_by_the_completion(env: Env
     );
 }
 
-async fn the_same_key_for_another_request_gets_422(env: Env) {
+async fn the_same_key_for_another_request_gets_422(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store), &app).await;
     let http = Http::new();
@@ -289,7 +289,7 @@ async fn the_same_key_for_another_request_gets_422(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn missing_and_invalid_keys_get_400(env: Env) {
+async fn missing_and_invalid_keys_get_400(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store).require_key(), &app).await;
     let http = Http::new();
@@ -325,7 +325,7 @@ async fn missing_and_invalid_keys_get_400(env: Env) {
     assert_eq!(longest.status, StatusCode::CREATED, "{longest:?}");
 }
 
-async fn a_5xx_is_not_stored_and_the_retry_runs(env: Env) {
+async fn a_5xx_is_not_stored_and_the_retry_runs(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store), &app).await;
     let http = Http::new();
@@ -342,7 +342,7 @@ async fn a_5xx_is_not_stored_and_the_retry_runs(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
 }
 
-async fn a_response_over_max_response_reaches_its_client_and_retries_get_410(env: Env) {
+async fn a_response_over_max_response_reaches_its_client_and_retries_get_410(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store).max_response(4096), &app).await;
     let http = Http::new();
@@ -367,7 +367,7 @@ async fn a_response_over_max_response_reaches_its_client_and_retries_get_410(env
     assert_eq!(app.runs.load(Ordering::SeqCst), 1, "never a second run");
 }
 
-async fn a_streamed_response_within_the_limit_is_stored_whole(env: Env) {
+async fn a_streamed_response_within_the_limit_is_stored_whole(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store).max_response(4096), &app).await;
     let http = Http::new();
@@ -380,7 +380,7 @@ async fn a_streamed_response_within_the_limit_is_stored_whole(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn a_body_over_max_body_gets_413_and_reserves_nothing(env: Env) {
+async fn a_body_over_max_body_gets_413_and_reserves_nothing(env: Backing) {
     let (_opener, app) = app();
     let addr = replica(layer(&env.store).max_body(16), &app).await;
     let http = Http::new();
@@ -396,7 +396,7 @@ async fn a_body_over_max_body_gets_413_and_reserves_nothing(env: Env) {
     assert_eq!(reply.text(), "receipt 1 for 2 bytes");
 }
 
-async fn scopes_keep_equal_keys_apart(env: Env) {
+async fn scopes_keep_equal_keys_apart(env: Backing) {
     let (_opener, app) = app();
     let scoped = layer(&env.store).scope(extract::header("x-tenant"));
     let router = Router::new()
@@ -420,7 +420,7 @@ async fn scopes_keep_equal_keys_apart(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
 }
 
-async fn two_replicas_share_keys(env: Env) {
+async fn two_replicas_share_keys(env: Backing) {
     let (_opener, app) = app();
     let one = replica(layer(&env.store), &app).await;
     let two = replica(layer(&env.store), &app).await;
@@ -432,7 +432,7 @@ async fn two_replicas_share_keys(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn a_client_cut_mid_request_completes_and_its_retry_on_another_replica_replays(env: Env) {
+async fn a_client_cut_mid_request_completes_and_its_retry_on_another_replica_replays(env: Backing) {
     let (opener, app) = app();
     let one = replica(layer(&env.store), &app).await;
     let two = replica(layer(&env.store).wait(Duration::from_secs(5)), &app).await;
@@ -453,7 +453,7 @@ async fn a_client_cut_mid_request_completes_and_its_retry_on_another_replica_rep
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn a_hundred_concurrent_retries_run_the_handler_once(env: Env) {
+async fn a_hundred_concurrent_retries_run_the_handler_once(env: Backing) {
     let (opener, app) = app();
     let addrs = [
         replica(layer(&env.store).wait(Duration::from_secs(10)), &app).await,
@@ -477,7 +477,7 @@ async fn a_hundred_concurrent_retries_run_the_handler_once(env: Env) {
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
 }
 
-async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
+async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Backing) {
     use tower_lease::backend::{Begin, LeaseRef, LockRef, Mode, Secret};
     const SHORT: Idempotency = PAYMENTS.lease(Duration::from_millis(500));
     // A replica reserved the key and died: nobody extends or ends its reservation.
@@ -497,15 +497,16 @@ async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
     let http = Http::new();
     let refused = post_key(&http, addr, "/pay", "crashed").await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
-    let (ran, _) = crate::support::poll(Duration::from_millis(50), Duration::from_secs(3), || {
-        let http = http.clone();
-        async move {
-            let reply = post_key(&http, addr, "/pay", "crashed").await;
-            (reply.status == StatusCode::CREATED).then_some(reply)
-        }
-    })
-    .await
-    .expect("the retry was told 409 for good");
+    let (ran, _) =
+        tower_lease_harness::poll(Duration::from_millis(50), Duration::from_secs(3), || {
+            let http = http.clone();
+            async move {
+                let reply = post_key(&http, addr, "/pay", "crashed").await;
+                (reply.status == StatusCode::CREATED).then_some(reply)
+            }
+        })
+        .await
+        .expect("the retry was told 409 for good");
     assert!(
         reserved.elapsed() >= Duration::from_millis(400),
         "ran before the lease ended"
@@ -513,7 +514,7 @@ async fn a_crashed_replicas_reservation_ends_with_its_lease(env: Env) {
     assert_eq!(ran.text(), "receipt 1 for 0 bytes");
 }
 
-async fn a_key_runs_again_once_its_retention_ended(env: Env) {
+async fn a_key_runs_again_once_its_retention_ended(env: Backing) {
     const BRIEF: Idempotency = Idempotency::new("brief", Duration::from_millis(300));
     let (_opener, app) = app();
     let one = replica(IdempotencyLayer::new(env.store.clone(), BRIEF), &app).await;

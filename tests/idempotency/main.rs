@@ -1,9 +1,6 @@
 //! Idempotency keys: the store side on a real `redis-server`, a local Redis Cluster and in
 //! memory, and `IdempotencyLayer` as a black box over real TCP.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod layer;
 mod once;
 mod panic;

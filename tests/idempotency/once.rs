@@ -13,12 +13,12 @@ use axum::{Extension, Router};
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, Reply, serve};
+use tower_lease_harness::Backing;
+use tower_lease_harness::http::{Http, Reply, serve};
 
 const ONCE: Idempotency = Idempotency::new("once", Duration::from_secs(60)).at_most_once();
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown,
         at_most_once_a_5xx_still_frees_the_key,
@@ -65,7 +65,7 @@ async fn post_key(http: &Http, addr: SocketAddr, path: &str, key: &str) -> Reply
     http.send(addr, Method::POST, path, &headers).await
 }
 
-async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env: Env) {
+async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env: Backing) {
     let runs = Runs::default();
     let addr = replica(IdempotencyLayer::new(env.store.clone(), ONCE), &runs).await;
     let http = Http::new();
@@ -74,16 +74,17 @@ async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env:
     assert_eq!(first.problem()["type"], "urn:tower-lease:handler-failed");
     // A replica that really dies releases nothing: until its reservation's release lands (or
     // its lease ends), `409` in flight.
-    let settled = crate::support::poll(Duration::from_millis(20), Duration::from_secs(3), || {
-        let http = http.clone();
-        async move {
-            let retry = post_key(&http, addr, "/crash", "k").await;
-            let in_flight = retry.status == StatusCode::CONFLICT
-                && retry.problem()["type"] == "urn:tower-lease:idempotency-in-flight";
-            (!in_flight).then_some(())
-        }
-    })
-    .await;
+    let settled =
+        tower_lease_harness::poll(Duration::from_millis(20), Duration::from_secs(3), || {
+            let http = http.clone();
+            async move {
+                let retry = post_key(&http, addr, "/crash", "k").await;
+                let in_flight = retry.status == StatusCode::CONFLICT
+                    && retry.problem()["type"] == "urn:tower-lease:idempotency-in-flight";
+                (!in_flight).then_some(())
+            }
+        })
+        .await;
     assert!(settled.is_some(), "the reservation stayed in flight");
     for _ in 0..2 {
         let retry = post_key(&http, addr, "/crash", "k").await;
@@ -98,7 +99,7 @@ async fn at_most_once_a_holder_that_died_leaves_its_key_409_outcome_unknown(env:
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran a second time");
 }
 
-async fn at_most_once_a_5xx_still_frees_the_key(env: Env) {
+async fn at_most_once_a_5xx_still_frees_the_key(env: Backing) {
     let runs = Runs::default();
     let addr = replica(IdempotencyLayer::new(env.store.clone(), ONCE), &runs).await;
     let http = Http::new();
@@ -111,7 +112,7 @@ async fn at_most_once_a_5xx_still_frees_the_key(env: Env) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-async fn the_handler_gets_its_key_scope_and_fence(env: Env) {
+async fn the_handler_gets_its_key_scope_and_fence(env: Backing) {
     let layer = IdempotencyLayer::new(env.store.clone(), ONCE.fenced());
     let router = Router::new()
         .route("/key", post(key))

@@ -13,12 +13,12 @@ use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use crate::support::Env;
-use crate::support::http::{Http, Reply, serve};
+use tower_lease_harness::Backing;
+use tower_lease_harness::http::{Http, Reply, serve};
 
 const PAYMENTS: Idempotency = Idempotency::new("panics", Duration::from_secs(60));
 
-crate::store_tests!(Layer: [a_panicking_handler_gets_500_handler_failed_and_the_retry_runs]);
+tower_lease_harness::store_tests!(Layer: [a_panicking_handler_gets_500_handler_failed_and_the_retry_runs]);
 
 type Runs = Arc<AtomicUsize>;
 
@@ -31,7 +31,7 @@ async fn flaky(State(runs): State<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("charge {n}"))
 }
 
-async fn replica(runs: &Runs, env: &Env) -> SocketAddr {
+async fn replica(runs: &Runs, env: &Backing) -> SocketAddr {
     let layer = IdempotencyLayer::new(env.store.clone(), PAYMENTS);
     let router = Router::new()
         .route("/pay", post(flaky))
@@ -45,7 +45,7 @@ async fn post_key(http: &Http, addr: SocketAddr) -> Reply {
     http.send(addr, Method::POST, "/pay", &headers).await
 }
 
-async fn a_panicking_handler_gets_500_handler_failed_and_the_retry_runs(env: Env) {
+async fn a_panicking_handler_gets_500_handler_failed_and_the_retry_runs(env: Backing) {
     let runs = Runs::default();
     let addr = replica(&runs, &env).await;
     let http = Http::new();

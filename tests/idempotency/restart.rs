@@ -15,9 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{Idempotency, IdempotencyLayer, RedisStore, Store};
 
-use crate::support::http::{Http, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, Env, Gate, RedisServer, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Backing, Endpoint, Gate, RedisServer, Setup};
 
 const SHORT: Idempotency =
     Idempotency::new("restart", Duration::from_secs(60)).lease(Duration::from_millis(600));
@@ -39,7 +39,7 @@ async fn restart(server: RedisServer) -> RedisServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_in_flight_drops_the_work_and_the_retry_runs() {
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let (opener, gate) = Gate::new();
     let router = Router::new()
         .route("/pay", post(slow))
@@ -129,7 +129,7 @@ async fn a_client_cut_during_the_look_up_leaves_no_orphaned_reservation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_once_a_replica_cut_off_mid_request_leaves_409_outcome_unknown() {
     const ONCE: Idempotency = SHORT.at_most_once();
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let proxy = Proxy::to(env.server.as_ref().unwrap()).await;
     let doomed: Store = RedisStore::new(proxy.connection_manager().await)
         .timeout(Duration::from_millis(300))

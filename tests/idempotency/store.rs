@@ -9,14 +9,14 @@ use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
 
 use tower_lease::store::KeyRole;
 
-use crate::support::Env;
+use tower_lease_harness::Backing;
 
 const NS: &str = "payments";
 const TTL: Duration = Duration::from_millis(300);
 const FP: [u8; 16] = *b"fingerprint-0001";
 const OTHER_FP: [u8; 16] = *b"fingerprint-0002";
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Core: [
         the_first_look_reserves_then_answers_in_flight_completed_or_mismatch,
         only_the_holder_completes_and_a_stale_holder_stores_nothing,
@@ -42,7 +42,7 @@ fn lease<'a>(lock: LockRef<'a>, secret: &'a Secret) -> LeaseRef<'a> {
     LeaseRef::new(lock, Mode::Reservation, secret)
 }
 
-async fn begin(env: &Env, name: &[u8], secret: &Secret, fp: &[u8; 16]) -> Begin {
+async fn begin(env: &Backing, name: &[u8], secret: &Secret, fp: &[u8; 16]) -> Begin {
     let backend = env.store.backend();
     backend
         .idempotency_begin(lease(lock(name), secret), fp)
@@ -50,7 +50,7 @@ async fn begin(env: &Env, name: &[u8], secret: &Secret, fp: &[u8; 16]) -> Begin 
         .unwrap()
 }
 
-async fn complete(env: &Env, name: &[u8], secret: &Secret, response: &[u8]) -> bool {
+async fn complete(env: &Backing, name: &[u8], secret: &Secret, response: &[u8]) -> bool {
     let completion = Completion::new(&FP, response, Duration::from_secs(60));
     let backend = env.store.backend();
     let lease = lease(lock(name), secret);
@@ -60,7 +60,7 @@ async fn complete(env: &Env, name: &[u8], secret: &Secret, response: &[u8]) -> b
         .unwrap()
 }
 
-async fn the_first_look_reserves_then_answers_in_flight_completed_or_mismatch(env: Env) {
+async fn the_first_look_reserves_then_answers_in_flight_completed_or_mismatch(env: Backing) {
     let (first, retry) = (Secret::random(), Secret::random());
     assert_eq!(
         begin(&env, b"k1", &first, &FP).await,
@@ -88,7 +88,7 @@ async fn the_first_look_reserves_then_answers_in_flight_completed_or_mismatch(en
     assert_eq!(fresh, Begin::Reserved { fence: None });
 }
 
-async fn only_the_holder_completes_and_a_stale_holder_stores_nothing(env: Env) {
+async fn only_the_holder_completes_and_a_stale_holder_stores_nothing(env: Backing) {
     let (first, second) = (Secret::random(), Secret::random());
     assert!(matches!(
         begin(&env, b"k", &first, &FP).await,
@@ -111,7 +111,7 @@ async fn only_the_holder_completes_and_a_stale_holder_stores_nothing(env: Env) {
     assert!(matches!(stored, Begin::Completed { response, .. } if response == "fresh"));
 }
 
-async fn a_release_frees_the_key_for_the_next_request(env: Env) {
+async fn a_release_frees_the_key_for_the_next_request(env: Backing) {
     let (first, second) = (Secret::random(), Secret::random());
     assert!(matches!(
         begin(&env, b"k", &first, &FP).await,
@@ -128,7 +128,7 @@ async fn a_release_frees_the_key_for_the_next_request(env: Env) {
     ));
 }
 
-async fn a_reservation_ends_with_its_lease_unless_extended(env: Env) {
+async fn a_reservation_ends_with_its_lease_unless_extended(env: Backing) {
     let (holder, retry) = (Secret::random(), Secret::random());
     let backend = env.store.backend();
     assert!(matches!(
@@ -157,7 +157,7 @@ async fn a_reservation_ends_with_its_lease_unless_extended(env: Env) {
     assert!(!gone.is_held());
 }
 
-async fn a_record_expires_with_its_retention(env: Env) {
+async fn a_record_expires_with_its_retention(env: Backing) {
     let secret = Secret::random();
     assert!(matches!(
         begin(&env, b"k", &secret, &FP).await,
@@ -179,7 +179,7 @@ async fn a_record_expires_with_its_retention(env: Env) {
     ));
 }
 
-async fn begin_and_complete_are_safe_to_send_twice(env: Env) {
+async fn begin_and_complete_are_safe_to_send_twice(env: Backing) {
     let secret = Secret::random();
     assert!(matches!(
         begin(&env, b"k", &secret, &FP).await,
@@ -195,7 +195,7 @@ async fn begin_and_complete_are_safe_to_send_twice(env: Env) {
     assert!(!complete(&env, b"k", &Secret::random(), b"other").await);
 }
 
-async fn fenced_reservations_take_growing_fences(env: Env) {
+async fn fenced_reservations_take_growing_fences(env: Backing) {
     let backend = env.store.backend();
     let mut last = 0;
     for _ in 0..3 {
@@ -212,7 +212,7 @@ async fn fenced_reservations_take_growing_fences(env: Env) {
     }
 }
 
-async fn a_fenced_look_answers_in_flight_completed_or_mismatch(env: Env) {
+async fn a_fenced_look_answers_in_flight_completed_or_mismatch(env: Backing) {
     let backend = env.store.backend();
     let (first, retry) = (Secret::random(), Secret::random());
     let fenced = lock(b"fk").fenced();
@@ -239,7 +239,7 @@ async fn a_fenced_look_answers_in_flight_completed_or_mismatch(env: Env) {
     assert_eq!(begin(&retry, &OTHER_FP).await.unwrap(), Begin::Mismatch);
 }
 
-async fn a_released_reservation_is_taken_by_the_next_look(env: Env) {
+async fn a_released_reservation_is_taken_by_the_next_look(env: Backing) {
     // Released while others look, the key is taken again by exactly one of them.
     for round in 0..20 {
         let name = format!("raced-{round}");
@@ -273,7 +273,7 @@ async fn a_released_reservation_is_taken_by_the_next_look(env: Env) {
     }
 }
 
-async fn keys_share_one_tag_and_expire(env: Env) {
+async fn keys_share_one_tag_and_expire(env: Backing) {
     let secret = Secret::random();
     let name = b"scope:key";
     assert!(matches!(
@@ -295,7 +295,7 @@ async fn keys_share_one_tag_and_expire(env: Env) {
     assert_eq!(keys, vec![key]);
 }
 
-async fn scripts_survive_a_flush(env: Env) {
+async fn scripts_survive_a_flush(env: Backing) {
     for i in 0..5 {
         env.raw()
             .query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
@@ -311,7 +311,7 @@ async fn scripts_survive_a_flush(env: Env) {
     }
 }
 
-async fn begin_once(env: &Env, name: &[u8], secret: &Secret) -> Begin {
+async fn begin_once(env: &Backing, name: &[u8], secret: &Secret) -> Begin {
     let backend = env.store.backend();
     let lease = lease(lock(name), secret);
     let retention = Duration::from_secs(60);
@@ -321,7 +321,7 @@ async fn begin_once(env: &Env, name: &[u8], secret: &Secret) -> Begin {
         .unwrap()
 }
 
-async fn a_completion_into_an_empty_key_is_stored(env: Env) {
+async fn a_completion_into_an_empty_key_is_stored(env: Backing) {
     let (first, other) = (Secret::random(), Secret::random());
     assert!(matches!(
         begin(&env, b"k", &first, &FP).await,
@@ -337,7 +337,7 @@ async fn a_completion_into_an_empty_key_is_stored(env: Env) {
     assert!(!complete(&env, b"k", &other, b"other").await);
 }
 
-async fn at_most_once_a_reservation_that_ran_out_is_outcome_unknown(env: Env) {
+async fn at_most_once_a_reservation_that_ran_out_is_outcome_unknown(env: Backing) {
     let (dead, retry) = (Secret::random(), Secret::random());
     assert!(matches!(
         begin_once(&env, b"k", &dead).await,
@@ -365,7 +365,7 @@ async fn at_most_once_a_reservation_that_ran_out_is_outcome_unknown(env: Env) {
     );
 }
 
-async fn at_most_once_a_freed_key_runs_again_and_a_completed_one_replays(env: Env) {
+async fn at_most_once_a_freed_key_runs_again_and_a_completed_one_replays(env: Backing) {
     let (first, second, third) = (Secret::random(), Secret::random(), Secret::random());
     let backend = env.store.backend();
     assert!(matches!(

@@ -14,8 +14,8 @@ use http::{Method, StatusCode};
 use tower_lease::store::KeyRole;
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Endpoint, Env, Gate, RedisServer, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Endpoint, Gate, RedisServer, Setup};
 
 /// A lease much longer than Redis is down here, so the reservation is not lost to its TTL.
 const STORED: Idempotency =
@@ -37,7 +37,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-async fn stop(env: &mut Env) -> RedisServer {
+async fn stop(env: &mut Backing) -> RedisServer {
     let mut server = env.server.take().unwrap();
     blocking(move || {
         server.stop();
@@ -46,7 +46,7 @@ async fn stop(env: &mut Env) -> RedisServer {
     .await
 }
 
-async fn restart(env: &mut Env, server: RedisServer) {
+async fn restart(env: &mut Backing, server: RedisServer) {
     let server = blocking(move || {
         let mut server = server;
         server.restart();
@@ -60,7 +60,7 @@ const KEY: [(&str, &[u8]); 1] = [("idempotency-key", b"k")];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_down_when_the_handler_ends_gets_no_2xx_until_the_response_is_stored() {
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let (opener, gate) = Gate::new();
     let app = App {
         runs: Arc::default(),
@@ -101,7 +101,7 @@ async fn a_store_down_when_the_handler_ends_gets_no_2xx_until_the_response_is_st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_complete_within_503_outcome_unknown_then_the_background_stores_it() {
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let (opener, gate) = Gate::new();
     let app = App {
         runs: Arc::default(),
@@ -140,18 +140,19 @@ async fn past_complete_within_503_outcome_unknown_then_the_background_stores_it(
     // The record lands in the background once Redis answers again.
     let key = env.raw().key(KeyRole::Idempotency, "stored", b":k");
     let conn = env.server.as_ref().unwrap().connection().await;
-    let stored = crate::support::poll(Duration::from_millis(50), Duration::from_secs(5), || {
-        let (key, mut conn) = (key.clone(), conn.clone());
-        async move {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            exists.then_some(())
-        }
-    })
-    .await;
+    let stored =
+        tower_lease_harness::poll(Duration::from_millis(50), Duration::from_secs(5), || {
+            let (key, mut conn) = (key.clone(), conn.clone());
+            async move {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                exists.then_some(())
+            }
+        })
+        .await;
     assert!(stored.is_some(), "the background never stored the record");
     let retry = http.send(addr, Method::POST, "/pay", &KEY).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");

@@ -18,8 +18,8 @@ use tower_lease::{
     Lock, LockLayer, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract,
 };
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Gate, Witness};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Backing, Gate, Witness};
 
 const TTL: Duration = Duration::from_secs(2);
 const CATALOG: RwLock<str> = RwLock::new("answered-catalog", TTL);
@@ -29,7 +29,7 @@ const SEATS: Semaphore<str> = Semaphore::new("answered-seats", 2, TTL);
 const READ: Duration = Duration::from_millis(150);
 const ROUNDS: usize = 6;
 
-crate::store_tests!(Layer: [
+tower_lease_harness::store_tests!(Layer: [
     a_write_right_after_reads_on_other_replicas_gets_in,
     a_write_right_after_reads_gets_in_under_a_long_linger,
     a_write_right_after_reads_held_through_their_bodies_gets_in,
@@ -41,7 +41,7 @@ crate::store_tests!(Layer: [
 
 /// The three replicas' stores: on Redis each replica has its own connection (with release
 /// notifications), in memory they share the process's store.
-pub(crate) async fn replica_stores(env: &Env) -> Vec<Store> {
+pub(crate) async fn replica_stores(env: &Backing) -> Vec<Store> {
     let mut stores = vec![env.store.clone()];
     for _ in 1..3 {
         stores.push(env.notified().await.unwrap_or_else(|| env.store.clone()));
@@ -71,7 +71,7 @@ async fn write(State(h): State<Handlers>) -> &'static str {
 /// Three replicas behind `RwLockLayer`s made by `layer` from each replica's store, and what
 /// opens the writes' gate.
 async fn rw_replicas(
-    env: &Env,
+    env: &Backing,
     layer: impl Fn(Store) -> RwLockLayer<extract::PathSegment>,
 ) -> (Vec<SocketAddr>, watch::Sender<bool>, Handlers) {
     let (opener, writes) = Gate::new();
@@ -113,7 +113,7 @@ async fn spread_reads(http: &Http, addrs: &[SocketAddr], path: &'static str) -> 
 
 /// Rounds of: reads spread over the replicas, then, the moment the last is answered, a PUT to
 /// one replica, which must get in; while it holds the lock a GET to another is refused.
-async fn reads_then_write(env: &Env, layer: fn(Store) -> RwLockLayer<extract::PathSegment>) {
+async fn reads_then_write(env: &Backing, layer: fn(Store) -> RwLockLayer<extract::PathSegment>) {
     let (addrs, opener, handlers) = rw_replicas(env, layer).await;
     let http = Http::new();
     for round in 0..ROUNDS {
@@ -147,12 +147,12 @@ async fn reads_then_write(env: &Env, layer: fn(Store) -> RwLockLayer<extract::Pa
     assert!(!handlers.witness.read_during_write());
 }
 
-async fn a_write_right_after_reads_on_other_replicas_gets_in(env: Env) {
+async fn a_write_right_after_reads_on_other_replicas_gets_in(env: Backing) {
     reads_then_write(&env, catalog).await;
 }
 
 /// A linger set by hand keeps a share for the next reads; an answered read is still released.
-async fn a_write_right_after_reads_gets_in_under_a_long_linger(env: Env) {
+async fn a_write_right_after_reads_gets_in_under_a_long_linger(env: Backing) {
     reads_then_write(&env, |store| {
         catalog(store).linger_reads(Duration::from_millis(20))
     })
@@ -161,11 +161,11 @@ async fn a_write_right_after_reads_gets_in_under_a_long_linger(env: Env) {
 
 /// Leases held until the response body ends: the body's end is reported once the lease (or
 /// the read's part in a share) is given back.
-async fn a_write_right_after_reads_held_through_their_bodies_gets_in(env: Env) {
+async fn a_write_right_after_reads_held_through_their_bodies_gets_in(env: Backing) {
     reads_then_write(&env, |store| catalog(store).hold_through_body()).await;
 }
 
-async fn a_read_right_after_a_write_on_another_replica_gets_in(env: Env) {
+async fn a_read_right_after_a_write_on_another_replica_gets_in(env: Backing) {
     let (addrs, _opener, handlers) = rw_replicas(&env, catalog).await;
     let http = Http::new();
     for round in 0..ROUNDS {
@@ -181,7 +181,7 @@ async fn a_read_right_after_a_write_on_another_replica_gets_in(env: Env) {
     assert!(!handlers.witness.read_during_write());
 }
 
-async fn a_write_right_after_a_write_on_another_replica_gets_in(env: Env) {
+async fn a_write_right_after_a_write_on_another_replica_gets_in(env: Backing) {
     let (addrs, _opener, _handlers) = rw_replicas(&env, catalog).await;
     let http = Http::new();
     for round in 0..ROUNDS {
@@ -205,7 +205,7 @@ async fn finalize(State(witness): State<Witness>) -> &'static str {
 /// Three replicas serving `POST /invoices/{id}` (and `/seats/{id}`) behind layers made by
 /// `layer`.
 async fn post_replicas(
-    env: &Env,
+    env: &Backing,
     path: &str,
     layer: impl Fn(Store, Router<Witness>) -> Router<Witness>,
 ) -> (Vec<SocketAddr>, Witness) {
@@ -219,7 +219,7 @@ async fn post_replicas(
     (addrs, witness)
 }
 
-async fn an_exclusive_lock_is_free_on_every_replica_once_answered(env: Env) {
+async fn an_exclusive_lock_is_free_on_every_replica_once_answered(env: Backing) {
     let (addrs, witness) = post_replicas(&env, "/invoices/{id}", |store, routes| {
         routes.route_layer(LockLayer::new(store, INVOICES, extract::path_segment(1)))
     })
@@ -236,7 +236,7 @@ async fn an_exclusive_lock_is_free_on_every_replica_once_answered(env: Env) {
     assert_eq!(witness.most(), 1);
 }
 
-async fn permits_are_free_on_every_replica_once_answered(env: Env) {
+async fn permits_are_free_on_every_replica_once_answered(env: Backing) {
     let (addrs, witness) = post_replicas(&env, "/seats/{id}", |store, routes| {
         routes.route_layer(SemaphoreLayer::new(store, SEATS, extract::path_segment(1)))
     })
@@ -268,7 +268,7 @@ mod on_sentinel {
         ($($name:ident),*) => {$(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                super::$name(crate::support::Env::sentinel().await).await;
+                super::$name(tower_lease_harness::Backing::sentinel().await).await;
             }
         )*};
     }

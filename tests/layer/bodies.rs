@@ -15,12 +15,12 @@ use tokio::net::TcpStream;
 use tower_lease::layer::{Reason, Rejection};
 use tower_lease::{Lease, Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, serve};
+use tower_lease_harness::Backing;
+use tower_lease_harness::http::{Http, serve};
 
 const UPLOADS: Lock<str> = Lock::new("upload", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_trickling_body_holds_no_lock_when_buffered_and_gets_408,
         a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout,
@@ -59,7 +59,7 @@ async fn status_line(mut tcp: TcpStream) -> String {
     response.lines().next().unwrap_or_default().to_owned()
 }
 
-async fn a_trickling_body_holds_no_lock_when_buffered_and_gets_408(env: Env) {
+async fn a_trickling_body_holds_no_lock_when_buffered_and_gets_408(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
     let streamed = serve(uploads(|r| r.route_layer(layer.clone()))).await;
     let timeout = Duration::from_millis(600);
@@ -92,7 +92,7 @@ async fn a_trickling_body_holds_no_lock_when_buffered_and_gets_408(env: Env) {
     );
 }
 
-async fn a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout(env: Env) {
+async fn a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout(env: Backing) {
     let timeout = Duration::from_millis(600);
     let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
     let addr = serve(uploads(|r| r.route_layer(layer.body_timeout(timeout)))).await;
@@ -148,7 +148,7 @@ async fn a_trickling_body_under_the_lock_is_cut_off_at_the_body_timeout(env: Env
     trickle.abort();
 }
 
-async fn an_oversized_body_gets_413_and_takes_no_lock(env: Env) {
+async fn an_oversized_body_gets_413_and_takes_no_lock(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
     let addr = serve(uploads(|r| r.route_layer(layer.buffer_body(64)))).await;
 
@@ -167,7 +167,7 @@ async fn an_oversized_body_gets_413_and_takes_no_lock(env: Env) {
     assert!(taken.expect("never locked").release().await.unwrap());
 }
 
-async fn a_whole_body_reaches_the_handler_under_the_lock(env: Env) {
+async fn a_whole_body_reaches_the_handler_under_the_lock(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
     let addr = serve(uploads(|r| r.route_layer(layer.buffer_body(1024)))).await;
     let upload = start_upload(addr, "/uploads/d", 100, 100).await;
@@ -200,7 +200,7 @@ fn render(rejection: &Rejection) -> Response<Bytes> {
     }
 }
 
-async fn on_rejection_renders_refusals_in_the_applications_format(env: Env) {
+async fn on_rejection_renders_refusals_in_the_applications_format(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), UPLOADS, extract::path_segment(1));
     let addr = serve(uploads(|r| r.route_layer(layer.on_rejection(render)))).await;
     let http = Http::new();

@@ -17,14 +17,14 @@ use reqwest_retry::policies::ExponentialBackoff;
 use tokio::sync::{Notify, watch};
 use tower_lease::{Lock, LockLayer, Semaphore, SemaphoreLayer, extract};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Env, Holders};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Holders};
 
 /// Long, so a `Retry-After` of the whole lease would say 5.
 const REPORT: Lock<str> = Lock::new("report", Duration::from_secs(5));
 const EXPORT: Semaphore<str> = Semaphore::new("export-slot", 1, Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_stock_client_retries_a_busy_503_to_success_and_never_a_409,
         retry_after_is_the_wait_holds_took_lately_not_the_lease,
@@ -131,7 +131,7 @@ impl App {
     }
 }
 
-async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Env) {
+async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), REPORT, extract::path_segment(1));
     let client = retrying_client();
 
@@ -142,7 +142,7 @@ async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Env) 
     let retried = tokio::spawn(client.post(unavailable.url("/reports/1")).send());
     // Refused at least once while the holder works, then let go.
     let every = Duration::from_millis(10);
-    let refused = crate::support::poll(every, Duration::from_secs(5), || async {
+    let refused = tower_lease_harness::poll(every, Duration::from_secs(5), || async {
         (unavailable.asked() > asked).then_some(())
     });
     assert!(refused.await.is_some(), "the client never asked");
@@ -172,7 +172,7 @@ async fn a_stock_client_retries_a_busy_503_to_success_and_never_a_409(env: Env) 
     conflict.done(holder).await;
 }
 
-async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Env) {
+async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), REPORT, extract::path_segment(1));
     let app = app(layer).await;
     let http = Http::new();
@@ -213,7 +213,7 @@ async fn retry_after_is_the_wait_holds_took_lately_not_the_lease(env: Env) {
     app.done(holder).await;
 }
 
-async fn a_full_semaphore_answers_the_wait_holds_took_lately(env: Env) {
+async fn a_full_semaphore_answers_the_wait_holds_took_lately(env: Backing) {
     let layer = SemaphoreLayer::new(env.store.clone(), EXPORT, extract::path_segment(1));
     let app = app(layer).await;
     let http = Http::new();

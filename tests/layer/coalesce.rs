@@ -17,14 +17,14 @@ use tower_lease::backend::{Acquisition, Backend, BoxFuture, Extended, LeaseRef, 
 use tower_lease::store::KeyRole;
 use tower_lease::{Lease, LeaseLost, RwLock, RwLockLayer, Store, extract};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Backing, Gate};
 
 const SLOW: RwLock<str> = RwLock::new("shared-docs", Duration::from_secs(2));
 /// Short, so that a lost lease is found within 100 ms (the default heartbeat, a third of it).
 const SHORT: RwLock<str> = RwLock::new("short-docs", Duration::from_millis(300));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [dropped_requests_leave_the_count_right],
     redis: [
         overlapping_reads_share_one_reader_lease_per_layer,
@@ -92,14 +92,14 @@ async fn overlap_and_leave(
 }
 
 /// The members of the reader set of `name`: one per reader lease in Redis.
-async fn readers(env: &Env, lock: RwLock<str>, name: &str) -> usize {
+async fn readers(env: &Backing, lock: RwLock<str>, name: &str) -> usize {
     let key = env
         .raw()
         .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
     env.raw().query(redis::cmd("ZCARD").arg(key)).await
 }
 
-async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
+async fn overlapping_reads_share_one_reader_lease_per_layer(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = || RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
     // Two layers: two processes, as far as sharing goes.
@@ -134,7 +134,7 @@ async fn overlapping_reads_share_one_reader_lease_per_layer(env: Env) {
     assert_eq!(Http::new().put(two, "/docs/a").await.text(), "written");
 }
 
-async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Env) {
+async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Backing) {
     let (_opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1));
     let addr = app(layer, &gate).await;
@@ -168,7 +168,7 @@ async fn a_lost_shared_lease_answers_503_to_every_request_sharing_it(env: Env) {
     }
 }
 
-async fn a_lost_shared_lease_takes_no_newcomer(env: Env) {
+async fn a_lost_shared_lease_takes_no_newcomer(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHORT, extract::path_segment(1))
         .on_lease_lost(LeaseLost::Continue);
@@ -198,7 +198,7 @@ async fn a_lost_shared_lease_takes_no_newcomer(env: Env) {
     }
 }
 
-async fn dropped_requests_leave_the_count_right(env: Env) {
+async fn dropped_requests_leave_the_count_right(env: Backing) {
     let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SLOW, extract::path_segment(1));
     let addr = app(layer, &gate).await;
@@ -230,7 +230,7 @@ async fn dropped_requests_leave_the_count_right(env: Env) {
 }
 
 /// The members of the reader set of `name`: the secrets of its reader leases.
-async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>> {
+async fn reader_secrets(env: &Backing, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>> {
     let key = env
         .raw()
         .key(KeyRole::Readers, lock.namespace(), name.as_bytes());
@@ -245,7 +245,7 @@ async fn reader_secrets(env: &Env, lock: RwLock<str>, name: &str) -> Vec<Vec<u8>
 /// A refused writer of a writer-preferred lock elsewhere (another layer: another process) ends
 /// the linger at once: the last read is answered, its lease released, and the writer's next
 /// attempt, well within the linger, gets in.
-async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Env) {
+async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Backing) {
     const LINGER: Duration = Duration::from_millis(400);
     const PREFERRED: RwLock<str> =
         RwLock::new("lingering-docs", Duration::from_secs(6)).writer_preferred();
@@ -293,7 +293,7 @@ async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env:
 /// A write through the layer ends the layer's own idle share of the name before it asks the
 /// store: it gets in at once, however long the linger; the last read's answer, which waited
 /// for the share to settle, goes out with the release; the reader lease is gone.
-async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Env) {
+async fn a_write_through_the_layer_ends_its_own_lingering_share_at_once(env: Backing) {
     const DOCS: RwLock<str> = RwLock::new("idle-docs", Duration::from_secs(6));
     let (opener, gate) = Gate::new();
     opener.send_replace(true);

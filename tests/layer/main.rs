@@ -3,9 +3,6 @@
 //! runs, untrusted names, and the options a production service needs (a required name, names
 //! from several segments, typed names, a bounded wait for the release).
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod answered;
 mod bodies;
 mod clients;

@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tower_lease::{Lock, LockLayer, MAX_NAME_LEN, RedisStore, Store, extract};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const INVOICE: Lock<str> = Lock::new("invoice", Duration::from_secs(5));
 const RAW: Lock<[u8]> = Lock::new("invoice", Duration::from_secs(5));

@@ -10,15 +10,15 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
 
-use crate::support::http::{Http, count, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::{Endpoint, Env, RedisServer};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::{Backing, Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const SEATS: Lock<str> = Lock::new("seat", Duration::from_secs(5));
 const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         require_name_answers_400_to_a_request_without_one,
         path_segments_lock_on_two_segments_and_refuse_an_empty_one,
@@ -37,7 +37,7 @@ macro_rules! everywhere {
     };
 }
 
-async fn require_name_answers_400_to_a_request_without_one(env: Env) {
+async fn require_name_answers_400_to_a_request_without_one(env: Backing) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = LockLayer::new(env.store.clone(), JOBS, extract::header("x-job"));
     let optional = serve(everywhere!(layer.clone(), calls)).await;
@@ -65,7 +65,7 @@ async fn require_name_answers_400_to_a_request_without_one(env: Env) {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-async fn path_segments_lock_on_two_segments_and_refuse_an_empty_one(env: Env) {
+async fn path_segments_lock_on_two_segments_and_refuse_an_empty_one(env: Backing) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = LockLayer::new(env.store.clone(), SEATS, extract::path_segments([1, 3]));
     let addr = serve(everywhere!(layer, calls)).await;
@@ -92,7 +92,7 @@ async fn path_segments_lock_on_two_segments_and_refuse_an_empty_one(env: Env) {
     assert!(holder.release().await.unwrap());
 }
 
-async fn a_layer_takes_a_lock_of_any_name_type(env: Env) {
+async fn a_layer_takes_a_lock_of_any_name_type(env: Backing) {
     let calls = Arc::new(AtomicUsize::new(0));
     let invoice_id = |req: &Request<axum::body::Body>| -> Option<u64> {
         req.uri().path().strip_prefix("/invoices/")?.parse().ok()
@@ -186,7 +186,7 @@ impl axum::response::IntoResponse for AppError {
 
 /// `on_rejection` takes a hook that answers `axum::response::Response` (axum's own body), so the
 /// layer's refusals come out in the application's format.
-async fn on_rejection_takes_an_axum_applications_own_error_type(env: Env) {
+async fn on_rejection_takes_an_axum_applications_own_error_type(env: Backing) {
     use axum::response::IntoResponse;
     let render = |rejection: &tower_lease::layer::Rejection| match rejection.reason() {
         tower_lease::layer::Reason::Busy { .. } => AppError::Busy.into_response(),

@@ -11,13 +11,13 @@ use http::{Method, StatusCode};
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, count, serve};
+use tower_lease_harness::Backing;
+use tower_lease_harness::http::{Http, count, serve};
 
 const INVOICE: Lock<str> = Lock::new("invoice", Duration::from_millis(2500));
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler,
         no_name_passes_through_and_invalid_names_get_400,
@@ -33,7 +33,7 @@ fn invoices(layer: LockLayer<extract::PathSegment>, calls: &Arc<AtomicUsize>) ->
         .with_state(calls.clone())
 }
 
-async fn busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler(env: Env) {
+async fn busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler(env: Backing) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
     let conflict = serve(invoices(layer.clone(), &calls)).await;
@@ -104,7 +104,7 @@ async fn busy_answers_409_or_423_with_retry_after_and_never_calls_the_handler(en
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-async fn no_name_passes_through_and_invalid_names_get_400(env: Env) {
+async fn no_name_passes_through_and_invalid_names_get_400(env: Backing) {
     let calls = Arc::new(AtomicUsize::new(0));
     let by_header = LockLayer::new(env.store.clone(), JOBS, extract::header("x-job"));
     let app = Router::new()
@@ -186,7 +186,7 @@ async fn no_name_passes_through_and_invalid_names_get_400(env: Env) {
 
 /// 40 requests in a row on one name, alternating between two replicas behind `layer`: each
 /// finds the lock free, so the layer released it before the client had the response.
-async fn forty_requests_in_a_row(env: &Env, layer: LockLayer<extract::PathSegment>) {
+async fn forty_requests_in_a_row(env: &Backing, layer: LockLayer<extract::PathSegment>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let replicas = [
         serve(invoices(layer.clone(), &calls)).await,
@@ -202,12 +202,12 @@ async fn forty_requests_in_a_row(env: &Env, layer: LockLayer<extract::PathSegmen
     assert!(INVOICE.try_lock(&env.store, "7").await.unwrap().is_some());
 }
 
-async fn the_next_request_finds_the_lock_free(env: Env) {
+async fn the_next_request_finds_the_lock_free(env: Backing) {
     let layer = LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1));
     forty_requests_in_a_row(&env, layer).await;
 }
 
-async fn the_next_request_finds_the_lock_free_after_a_held_body(env: Env) {
+async fn the_next_request_finds_the_lock_free_after_a_held_body(env: Backing) {
     let layer =
         LockLayer::new(env.store.clone(), INVOICE, extract::path_segment(1)).hold_through_body();
     forty_requests_in_a_row(&env, layer).await;

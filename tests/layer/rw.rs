@@ -9,12 +9,12 @@ use axum::routing::{get, post};
 use http::{Method, StatusCode};
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Env, Gate};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Gate};
 
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         reads_overlap_and_writes_exclude_both,
         methods_a_route_does_not_serve_take_no_lock,
@@ -35,7 +35,7 @@ async fn search() -> &'static str {
     "found"
 }
 
-async fn reads_overlap_and_writes_exclude_both(env: Env) {
+async fn reads_overlap_and_writes_exclude_both(env: Backing) {
     let (opener, gate) = Gate::new();
     let app = Router::new()
         .route("/catalog/{shop}", get(export).head(export).put(reprice))
@@ -123,7 +123,7 @@ async fn reads_overlap_and_writes_exclude_both(env: Env) {
 /// The layering the README gives for axum: the layer on the route's `MethodRouter`, which
 /// wraps the methods it serves and not its `405` fallback. (On the `Router`, the same layer
 /// took a write lease for `POST` and answered `409` behind a reader.)
-async fn methods_a_route_does_not_serve_take_no_lock(env: Env) {
+async fn methods_a_route_does_not_serve_take_no_lock(env: Backing) {
     let layer = RwLockLayer::new(env.store.clone(), CATALOG, extract::path_segment(1));
     let app = Router::new().route(
         "/catalog/{shop}",

@@ -14,12 +14,12 @@ use tower_lease::layer::{Reason, Rejection};
 use tower_lease::store::KeyRole;
 use tower_lease::{Semaphore, SemaphoreLayer, extract};
 
-use crate::support::http::{Http, Reply, serve};
-use crate::support::{Env, Witness, poll};
+use tower_lease_harness::http::{Http, Reply, serve};
+use tower_lease_harness::{Backing, Witness, poll};
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 2, Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         at_most_k_requests_run_at_once_and_the_rest_get_429,
         each_request_can_carry_its_own_limit,
@@ -56,7 +56,7 @@ async fn send(
     http.send(addr, Method::POST, path, headers).await
 }
 
-async fn at_most_k_requests_run_at_once_and_the_rest_get_429(env: Env) {
+async fn at_most_k_requests_run_at_once_and_the_rest_get_429(env: Backing) {
     let witness = Witness::default();
     let layer = SemaphoreLayer::new(env.store.clone(), EXPORTS, extract::path_segment(1));
     let addr = serve(routes().route_layer(layer).with_state(witness.clone())).await;
@@ -95,7 +95,7 @@ async fn at_most_k_requests_run_at_once_and_the_rest_get_429(env: Env) {
     );
 }
 
-async fn each_request_can_carry_its_own_limit(env: Env) {
+async fn each_request_can_carry_its_own_limit(env: Backing) {
     let witness = Witness::default();
     let plan = |req: &Request<axum::body::Body>| match req.headers().get("x-plan") {
         Some(plan) => plan.to_str().unwrap().parse().unwrap(),
@@ -155,7 +155,7 @@ async fn each_request_can_carry_its_own_limit(env: Env) {
     assert_eq!(refusals[2], Reason::InvalidName);
 }
 
-async fn a_waiting_request_gets_the_permit_a_release_frees(env: Env) {
+async fn a_waiting_request_gets_the_permit_a_release_frees(env: Backing) {
     let witness = Witness::default();
     let one = EXPORTS.with_permits(1).unwrap();
     // The extractor marks the request's arrival at the layer: until then, "it did not run"
@@ -196,7 +196,7 @@ async fn a_waiting_request_gets_the_permit_a_release_frees(env: Env) {
     );
 }
 
-async fn the_heartbeat_keeps_a_permit_past_its_ttl(env: Env) {
+async fn the_heartbeat_keeps_a_permit_past_its_ttl(env: Backing) {
     let witness = Witness::default();
     let short = Semaphore::<str>::new("export", 1, Duration::from_millis(300));
     let layer = SemaphoreLayer::new(env.store.clone(), short, extract::path_segment(1));
@@ -228,7 +228,7 @@ async fn the_heartbeat_keeps_a_permit_past_its_ttl(env: Env) {
     assert_eq!(short.in_use(&env.store, "acme").await.unwrap(), 0);
 }
 
-async fn a_permit_lost_behind_the_layers_back_answers_503(env: Env) {
+async fn a_permit_lost_behind_the_layers_back_answers_503(env: Backing) {
     let witness = Witness::default();
     let short = Semaphore::<str>::new("export", 2, Duration::from_millis(600));
     let layer = SemaphoreLayer::new(env.store.clone(), short, extract::path_segment(1));
@@ -261,7 +261,7 @@ async fn a_permit_lost_behind_the_layers_back_answers_503(env: Env) {
     assert_eq!(witness.inside(), 0, "the handler still runs");
 }
 
-async fn a_cancellation_storm_leaves_no_permit_behind(env: Env) {
+async fn a_cancellation_storm_leaves_no_permit_behind(env: Backing) {
     let witness = Witness::default();
     let layer = SemaphoreLayer::new(
         env.store.clone(),

@@ -10,9 +10,9 @@ use http::StatusCode;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
 
-use crate::support::Endpoint;
-use crate::support::cluster::RedisCluster;
-use crate::support::http::{Http, serve};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::cluster::RedisCluster;
+use tower_lease_harness::http::{Http, serve};
 
 /// A share lingers at most a quarter of a heartbeat (a twelfth of the TTL): 1.67 s.
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(20)).writer_preferred();

@@ -11,12 +11,12 @@ use axum::routing::post;
 use http::StatusCode;
 use tower_lease::{Lock, LockLayer, extract};
 
-use crate::support::Env;
-use crate::support::http::{Http, count, serve};
+use tower_lease_harness::Backing;
+use tower_lease_harness::http::{Http, count, serve};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_waiting_request_runs_once_the_holder_releases,
         a_wait_that_runs_out_answers_409_with_retry_after,
@@ -32,11 +32,11 @@ fn app(layer: LockLayer<extract::PathSegment>, runs: &Arc<AtomicUsize>) -> Route
         .with_state(runs.clone())
 }
 
-fn layer(env: &Env) -> LockLayer<extract::PathSegment> {
+fn layer(env: &Backing) -> LockLayer<extract::PathSegment> {
     LockLayer::new(env.store.clone(), JOBS, extract::path_segment(1))
 }
 
-async fn a_waiting_request_runs_once_the_holder_releases(env: Env) {
+async fn a_waiting_request_runs_once_the_holder_releases(env: Backing) {
     // Woken by the release, a waiter answers within a few round trips of it. A poller finds
     // it only at its next poll: 75-125 ms apart once backed off (1 s with release
     // notifications), about 50 ms after the release on average. One round could not tell the
@@ -69,7 +69,7 @@ async fn a_waiting_request_runs_once_the_holder_releases(env: Env) {
     );
 }
 
-async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Env) {
+async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
     let addr = serve(app(layer(&env).wait(Duration::from_millis(150)), &runs)).await;
     let _holder = JOBS.try_lock(&env.store, "2").await.unwrap().unwrap();
@@ -86,7 +86,7 @@ async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Env) {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-async fn beyond_max_waiters_a_request_is_answered_at_once(env: Env) {
+async fn beyond_max_waiters_a_request_is_answered_at_once(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
     let capped = layer(&env).wait(Duration::from_secs(1)).max_waiters(1);
     let addr = serve(app(capped, &runs)).await;
@@ -107,7 +107,7 @@ async fn beyond_max_waiters_a_request_is_answered_at_once(env: Env) {
     assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
 }
 
-async fn a_client_gone_while_waiting_leaves_nothing_behind(env: Env) {
+async fn a_client_gone_while_waiting_leaves_nothing_behind(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
     let capped = layer(&env).wait(Duration::from_secs(2)).max_waiters(1);
     let addr = serve(app(capped, &runs)).await;

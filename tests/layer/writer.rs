@@ -19,8 +19,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use crate::support::http::{Http, serve};
-use crate::support::{Env, Witness, poll};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Witness, poll};
 
 const TTL: Duration = Duration::from_millis(900);
 const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
@@ -29,7 +29,7 @@ const READ: Duration = Duration::from_millis(100);
 /// The layer's default heartbeat: a third of the TTL.
 const BEAT: Duration = Duration::from_millis(300);
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_preferred_writer_gets_in,
         a_plain_writer_starves_while_reads_overlap,
@@ -51,7 +51,11 @@ async fn write(State(w): State<Witness>) -> &'static str {
 
 /// Four readers looping GETs, staggered so that reads always overlap, and after 300 ms one
 /// PUT that waits up to a second; answers the PUT's status and how long it took.
-async fn contend(env: &Env, lock: RwLock<str>, coalesce: bool) -> (StatusCode, Duration, Witness) {
+async fn contend(
+    env: &Backing,
+    lock: RwLock<str>,
+    coalesce: bool,
+) -> (StatusCode, Duration, Witness) {
     let witness = Witness::default();
     let layer = RwLockLayer::new(env.store.clone(), lock, extract::path_segment(1))
         .wait(Duration::from_secs(1))
@@ -84,13 +88,13 @@ async fn contend(env: &Env, lock: RwLock<str>, coalesce: bool) -> (StatusCode, D
     (put.status, took, witness)
 }
 
-async fn a_preferred_writer_gets_in(env: Env) {
+async fn a_preferred_writer_gets_in(env: Backing) {
     for coalesce in [false, true] {
         preferred(&env, coalesce).await;
     }
 }
 
-async fn preferred(env: &Env, coalesce: bool) {
+async fn preferred(env: &Backing, coalesce: bool) {
     let (status, took, witness) = contend(env, PREFERRED, coalesce).await;
     eprintln!("preferred writer (coalesced: {coalesce}): {status} after {took:?}");
     assert_eq!(status, StatusCode::OK, "the preferred writer gets in");
@@ -138,7 +142,7 @@ async fn relayed_write(State(relay): State<Relay>) -> &'static str {
     "written"
 }
 
-async fn a_plain_writer_starves_while_reads_overlap(env: Env) {
+async fn a_plain_writer_starves_while_reads_overlap(env: Backing) {
     for coalesce in [false, true] {
         let relay = Relay::default();
         let wait = Duration::from_secs(1);
@@ -206,7 +210,7 @@ async fn a_plain_writer_starves_while_reads_overlap(env: Env) {
 const LONG: RwLock<str> = RwLock::new("docs-long", Duration::from_secs(2)).writer_preferred();
 const WINDOW: Duration = Duration::from_millis(500);
 
-async fn a_waiting_put_whose_client_left_lets_reads_in_at_once(env: Env) {
+async fn a_waiting_put_whose_client_left_lets_reads_in_at_once(env: Backing) {
     let layer =
         |wait| RwLockLayer::new(env.store.clone(), LONG, extract::path_segment(1)).wait(wait);
     // Reads answer at once; writes wait up to 5 s.

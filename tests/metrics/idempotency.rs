@@ -10,9 +10,9 @@ use axum::routing::post;
 use http::{Method, StatusCode};
 use tower_lease::{Idempotency, IdempotencyLayer};
 
-use super::support::http::{Http, serve};
-use super::support::{Env, Gate, Setup};
 use super::{moved, one, recorded, turn};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Gate, Setup};
 
 const NAME: &str = "tower_lease_idempotency_total";
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));
@@ -33,7 +33,7 @@ async fn ok() -> &'static str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_idempotency_outcome_increments_exactly_its_counter() {
     let _turn = turn().await;
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let (opener, gate) = Gate::new();
     let app = Router::new()
         .route("/ok", post(ok))
@@ -89,7 +89,7 @@ async fn crash() -> StatusCode {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_whose_holder_died_counts_outcome_unknown() {
     let _turn = turn().await;
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     const ONCE: Idempotency = ORDERS.at_most_once();
     let app = Router::new()
         .route("/crash", post(crash))

@@ -5,9 +5,6 @@
 //!
 //! The recorder is global and its snapshots drain the counters, so the tests take turns.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -20,8 +17,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::{Mutex, MutexGuard};
 use tower_lease::{LeaseLost, Lock, LockLayer, RwLock, Semaphore, SemaphoreLayer, Store, extract};
 
-use support::http::{Http, count, serve};
-use support::{Env, Setup};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::{Backing, Setup};
 
 mod idempotency;
 mod shared_reads;
@@ -179,7 +176,7 @@ async fn each_core_outcome_increments_exactly_its_counter() {
 async fn each_layer_outcome_increments_exactly_its_counter() {
     let _turn = turn().await;
     const ACQUIRE: &str = "tower_lease_acquire_total";
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let short = Lock::<str>::new("short", Duration::from_millis(300));
     let app = |layer: LockLayer<extract::PathSegment>| {
@@ -243,7 +240,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
             .await
         }
     });
-    let deleted = support::poll(
+    let deleted = tower_lease_harness::poll(
         Duration::from_millis(10),
         Duration::from_secs(2),
         || async {
@@ -392,7 +389,7 @@ async fn a_missing_name_and_an_invalid_name_count_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a_name() {
     let _turn = turn().await;
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let storm = Lock::<str>::new("storm", Duration::from_secs(5));
     let layer = LockLayer::new(env.store.clone(), storm, extract::path_segment(1));
@@ -431,7 +428,7 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         }));
     }
     // The holders are cut once 100 handlers are running (or after 5 s, whatever ran).
-    support::poll(
+    tower_lease_harness::poll(
         Duration::from_millis(10),
         Duration::from_secs(5),
         || async { (runs.load(std::sync::atomic::Ordering::SeqCst) >= 100).then_some(()) },
@@ -448,7 +445,7 @@ async fn held_leases_return_to_zero_after_a_cancellation_storm_and_no_label_is_a
         .unwrap_or_default();
     assert!(acquired >= 100.0, "the storm took leases: {acquired}");
     let gauge = "tower_lease_held{mode=exclusive,namespace=storm}";
-    let settled = support::poll(
+    let settled = tower_lease_harness::poll(
         Duration::from_millis(20),
         Duration::from_secs(3),
         || async {

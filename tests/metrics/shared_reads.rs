@@ -10,9 +10,9 @@ use axum::routing::get;
 use http::StatusCode;
 use tower_lease::{RwLock, RwLockLayer, extract};
 
-use super::support::http::{Http, serve};
-use super::support::{Env, Gate, Setup};
 use super::{moved, recorded, turn};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::{Backing, Gate, Setup};
 
 const SHARED: RwLock<str> = RwLock::new("shared", Duration::from_secs(5));
 
@@ -24,7 +24,7 @@ async fn read(State(gate): State<Gate>) -> &'static str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_reads_count_every_request_and_one_lease() {
     let _turn = turn().await;
-    let env = Env::redis(Setup::Layer).await;
+    let env = Backing::redis(Setup::Layer).await;
     let (opener, gate) = Gate::new();
     let layer = RwLockLayer::new(env.store.clone(), SHARED, extract::path_segment(1));
     let app = Router::new()

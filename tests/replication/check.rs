@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{RedisStore, Store, Warning};
 
-use crate::support::Endpoint;
-use crate::support::sentinel::Topology;
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::sentinel::Topology;
 
 async fn warnings(store: Store) -> Vec<String> {
     let warnings: Vec<Warning> = store.check().await.unwrap();

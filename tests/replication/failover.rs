@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, Store};
 
-use crate::support::Endpoint;
-use crate::support::proxy::Fault;
-use crate::support::sentinel::{Link, Topology};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::proxy::Fault;
+use tower_lease_harness::sentinel::{Link, Topology};
 
 const LEASE: Duration = Duration::from_secs(10);
 const JOBS: Lock<str> = Lock::new("jobs", LEASE);

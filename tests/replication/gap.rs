@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, Store};
 
-use crate::support::Endpoint;
-use crate::support::sentinel::{Topology, until_acknowledged};
-use crate::support::server::{calls, commandstats};
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::sentinel::{Topology, until_acknowledged};
+use tower_lease_harness::server::{calls, commandstats};
 
 const DOWN_AFTER: Duration = Duration::from_secs(1);
 const TTL: Duration = Duration::from_secs(2);

@@ -15,9 +15,9 @@ use tower_lease::backend::{Begin, Completion, LeaseRef, LockRef, Mode, Secret};
 use tower_lease::{Error, Idempotency, IdempotencyLayer, Store};
 
 use crate::replicated;
-use crate::support::http::{Http, count, serve};
-use crate::support::sentinel::{Link, Topology, freeze};
-use crate::support::{Endpoint, Gate};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::sentinel::{Link, Topology, freeze};
+use tower_lease_harness::{Endpoint, Gate};
 
 const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(60));
 const FP: [u8; 16] = *b"fingerprint-0001";
@@ -148,7 +148,7 @@ async fn a_completion_the_replica_did_not_acknowledge_answers_no_2xx_then_503_th
     drop(frozen);
     // Once the background completion is acknowledged, a retry replays the one run.
     let replayed =
-        crate::support::poll(Duration::from_millis(200), Duration::from_secs(10), || {
+        tower_lease_harness::poll(Duration::from_millis(200), Duration::from_secs(10), || {
             let http = http.clone();
             async move {
                 let reply = http.send(addr, Method::POST, "/orders", &KEY).await;
@@ -221,16 +221,17 @@ async fn runs_once_through_a_killed_primary(topology: &mut Topology, store: Stor
     if first.status.is_success() {
         seen.push(first.text().to_owned());
     }
-    let last = crate::support::poll(Duration::from_millis(200), Duration::from_secs(15), || {
-        let http = http.clone();
-        async move {
-            let reply = http.send(addr, Method::POST, "/orders", &KEY).await;
-            reply.status.is_success().then_some(reply)
-        }
-    })
-    .await
-    .expect("no retry succeeded")
-    .0;
+    let last =
+        tower_lease_harness::poll(Duration::from_millis(200), Duration::from_secs(15), || {
+            let http = http.clone();
+            async move {
+                let reply = http.send(addr, Method::POST, "/orders", &KEY).await;
+                reply.status.is_success().then_some(reply)
+            }
+        })
+        .await
+        .expect("no retry succeeded")
+        .0;
     seen.push(last.text().to_owned());
     assert!(seen.iter().all(|text| text == "charge 1"), "{seen:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "{seen:?}");

@@ -2,9 +2,6 @@
 //! the tests start: `RedisStore::wait_for_replicas` with the replica frozen, and leases across
 //! a Sentinel failover with and without it.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod check;
 mod failover;
 mod gap;
@@ -13,8 +10,8 @@ mod wait;
 
 use std::time::Duration;
 
-use support::{Endpoint, RedisServer};
 use tower_lease::{RedisStore, Store};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 /// How long `WAIT` waits for the replica.
 const WAIT: Duration = Duration::from_millis(200);

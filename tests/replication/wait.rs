@@ -12,11 +12,11 @@ use http::StatusCode;
 use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
 use tower_lease::{Error, Lock, LockLayer, Mode, RedisStore, RwLock, Semaphore, Store, extract};
 
-use crate::support::http::{Http, count, serve};
-use crate::support::sentinel::{Link, Topology, freeze};
-use crate::support::server::{calls, commandstats};
-use crate::support::{Endpoint, RedisServer};
 use crate::{WAIT, replicated};
+use tower_lease_harness::http::{Http, count, serve};
+use tower_lease_harness::sentinel::{Link, Topology, freeze};
+use tower_lease_harness::server::{calls, commandstats};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 const TTL: Duration = Duration::from_secs(2);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);

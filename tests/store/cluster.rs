@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, RwLock, Store, Warning};
 
-use crate::support::Endpoint;
-use crate::support::cluster::RedisCluster;
-use crate::support::server::config_set;
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::cluster::RedisCluster;
+use tower_lease_harness::server::config_set;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const FENCED: Lock<str> = Lock::new("fenced", Duration::from_secs(5)).fenced();

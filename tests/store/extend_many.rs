@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_lease::backend::{LeaseRef, LockRef, Secret};
 use tower_lease::{Mode, Store};
 
-use crate::support::{Env, Raw, Setup};
+use tower_lease_harness::{Backing, Raw, Setup};
 
 const TTL: Duration = Duration::from_millis(2_000);
 
@@ -74,13 +74,13 @@ async fn extends_in_order(store: &Store, flush: Option<&Raw>) {
 
 #[tokio::test]
 async fn redis_extends_a_batch_in_order() {
-    let env = Env::redis(Setup::Core).await;
+    let env = Backing::redis(Setup::Core).await;
     extends_in_order(&env.store, None).await;
 }
 
 #[tokio::test]
 async fn redis_reloads_the_scripts_after_a_flush() {
-    let env = Env::redis(Setup::Core).await;
+    let env = Backing::redis(Setup::Core).await;
     extends_in_order(&env.store, Some(env.raw())).await;
 }
 
@@ -92,6 +92,6 @@ async fn memory_extends_a_batch_in_order() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn cluster_extends_a_batch_across_nodes() {
-    let env = Env::cluster(Setup::Core).await;
+    let env = Backing::cluster(Setup::Core).await;
     extends_in_order(&env.store, None).await;
 }

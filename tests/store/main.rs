@@ -3,9 +3,6 @@
 //! `Backend::extend_many`, native compare-and-set, and what only a cluster shows. Each Redis-backed test starts its own servers
 //! on free loopback ports.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 #[cfg(feature = "cluster")]
 mod cluster;
 mod conformance;

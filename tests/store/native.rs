@@ -11,8 +11,8 @@ use std::time::Duration;
 use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Secret};
 use tower_lease::{Lock, Mode, RedisStore, Store};
 
-use crate::support::RedisServer;
-use crate::support::server::{Endpoint, calls, commandstats};
+use tower_lease_harness::RedisServer;
+use tower_lease_harness::server::{Endpoint, calls, commandstats};
 
 const TTL: Duration = Duration::from_millis(2_000);
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Lock, RedisStore, Store};
 
-use crate::support::Endpoint;
-use crate::support::cluster::RedisCluster;
+use tower_lease_harness::Endpoint;
+use tower_lease_harness::cluster::RedisCluster;
 
 /// A long lease: within a test, only a notification can hand the lock over before the waiter's
 /// next poll (a second apart for a waiter with notifications).

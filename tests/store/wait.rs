@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tower_lease::{Lock, RwLock, Store};
 
-use crate::support::Env;
-use crate::support::hooked::hooked;
+use tower_lease_harness::Backing;
+use tower_lease_harness::hooked::hooked;
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
 const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_release_in_this_process_wakes_the_waiter_at_once,
         a_wait_that_runs_out_answers_none_after_the_wait,
@@ -25,7 +25,7 @@ crate::store_tests!(
     redis: [a_release_in_another_process_is_found_by_polling]
 );
 
-async fn a_release_in_this_process_wakes_the_waiter_at_once(env: Env) {
+async fn a_release_in_this_process_wakes_the_waiter_at_once(env: Backing) {
     // The store as the waiter sees it: the instant each attempt is answered.
     let (answered, mut attempts) = watch::channel(Instant::now());
     let store = hooked(env.store.clone(), move |answer| {
@@ -62,7 +62,7 @@ async fn a_release_in_this_process_wakes_the_waiter_at_once(env: Env) {
     );
 }
 
-async fn a_wait_that_runs_out_answers_none_after_the_wait(env: Env) {
+async fn a_wait_that_runs_out_answers_none_after_the_wait(env: Backing) {
     let _holder = JOBS.try_lock(&env.store, "b").await.unwrap().unwrap();
     let started = Instant::now();
     let token = JOBS
@@ -85,7 +85,7 @@ async fn a_wait_that_runs_out_answers_none_after_the_wait(env: Env) {
     assert!(started.elapsed() < Duration::from_millis(100));
 }
 
-async fn a_writer_waits_for_the_readers_and_a_reader_for_the_writer(env: Env) {
+async fn a_writer_waits_for_the_readers_and_a_reader_for_the_writer(env: Backing) {
     let reader = DOCS.try_read(&env.store, "d").await.unwrap().unwrap();
     let store = env.store.clone();
     let writer = tokio::spawn(async move {
@@ -107,7 +107,7 @@ async fn a_writer_waits_for_the_readers_and_a_reader_for_the_writer(env: Env) {
     );
 }
 
-async fn a_dropped_waiter_takes_no_lease(env: Env) {
+async fn a_dropped_waiter_takes_no_lease(env: Backing) {
     let holder = JOBS.try_lock(&env.store, "e").await.unwrap().unwrap();
     let wait = JOBS.try_lock_for(&env.store, "e", Duration::from_secs(2));
     assert!(
@@ -127,7 +127,7 @@ async fn a_dropped_waiter_takes_no_lease(env: Env) {
     );
 }
 
-async fn a_release_in_another_process_is_found_by_polling(env: Env) {
+async fn a_release_in_another_process_is_found_by_polling(env: Backing) {
     // A second store handle over the same Redis has waiters of its own, as another process.
     let elsewhere = env.raw().store_with_prefix("tower-lease");
     let holder = JOBS.try_lock(&elsewhere, "c").await.unwrap().unwrap();
@@ -211,9 +211,9 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
 /// polling would have asked every few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
-    use crate::support::server::{calls, commandstats};
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::RedisStore;
+    use tower_lease_harness::server::{calls, commandstats};
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     let server = RedisServer::start();
     let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();
@@ -253,9 +253,9 @@ async fn with_notifications_a_release_elsewhere_wakes_the_waiter_at_once() {
 /// with the release's 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once() {
-    use crate::support::server::{calls, commandstats};
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::{RedisStore, Semaphore};
+    use tower_lease_harness::server::{calls, commandstats};
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     const POOL: Semaphore<str> = Semaphore::new("pool", 1, Duration::from_secs(10));
     let server = RedisServer::start();
@@ -297,8 +297,8 @@ async fn with_notifications_a_permit_released_elsewhere_wakes_the_waiter_at_once
 /// waiter subscribes before its first attempt, so none is missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_racing_the_waiters_subscription_is_never_missed() {
-    use crate::support::{Endpoint, RedisServer};
     use tower_lease::RedisStore;
+    use tower_lease_harness::{Endpoint, RedisServer};
 
     let server = RedisServer::start();
     let holder_replica: Store = RedisStore::connect(&server.url()).await.unwrap().into();

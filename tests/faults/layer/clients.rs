@@ -15,12 +15,12 @@ use tokio::sync::Notify;
 use tower_lease::{Lock, RedisStore, Store};
 
 use super::{by_id, lock_keys};
-use crate::support::http::{Chunks, Http, serve, serve_counting_connections};
-use crate::support::{DropFlag, Endpoint, Env, RedisServer, poll};
+use tower_lease_harness::http::{Chunks, Http, serve, serve_counting_connections};
+use tower_lease_harness::{Backing, DropFlag, Endpoint, RedisServer, poll};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(2));
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Layer: [
         a_client_that_disconnects_frees_the_lock_at_once,
         a_client_that_disconnects_mid_body_frees_the_lock_at_once,
@@ -40,7 +40,7 @@ async fn free_after(store: &Store, name: &str) -> Duration {
     took
 }
 
-async fn a_client_that_disconnects_frees_the_lock_at_once(env: Env) {
+async fn a_client_that_disconnects_frees_the_lock_at_once(env: Backing) {
     let started = Arc::new(Notify::new());
     let dropped = Arc::new(AtomicBool::new(false));
     let handler = {
@@ -73,7 +73,7 @@ async fn a_client_that_disconnects_frees_the_lock_at_once(env: Env) {
     );
 }
 
-async fn a_client_that_disconnects_mid_body_frees_the_lock_at_once(env: Env) {
+async fn a_client_that_disconnects_mid_body_frees_the_lock_at_once(env: Backing) {
     let app = Router::new()
         .route(
             "/jobs/{id}",

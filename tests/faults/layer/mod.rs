@@ -13,8 +13,8 @@ use axum::Router;
 use axum::routing::post;
 use tower_lease::{Lock, LockLayer, Store, extract};
 
-use crate::support::http::{count, serve};
-use crate::support::{Endpoint, RedisServer};
+use tower_lease_harness::http::{count, serve};
+use tower_lease_harness::{Endpoint, RedisServer};
 
 /// Serves `count` (it counts its runs in `runs` and works for the `x-work-ms` header) on
 /// `/jobs/{id}` behind `layer`.

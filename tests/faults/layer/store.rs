@@ -13,10 +13,10 @@ use tokio::sync::{Mutex, Notify};
 use tower_lease::{Lease, LeaseLost, Lock, RedisStore, Store};
 
 use super::{by_id, lock_keys, serve_jobs};
-use crate::support::http::{Http, serve};
-use crate::support::proxy::{Fault, Proxy};
-use crate::support::server::{config_set, fill_until_full};
-use crate::support::{Endpoint, Env, RedisServer, STORE_TIMEOUT, Setup};
+use tower_lease_harness::http::{Http, serve};
+use tower_lease_harness::proxy::{Fault, Proxy};
+use tower_lease_harness::server::{config_set, fill_until_full};
+use tower_lease_harness::{Backing, Endpoint, RedisServer, STORE_TIMEOUT, Setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_under_held_leases_answers_503_and_the_service_recovers() {
@@ -300,7 +300,7 @@ async fn redis_out_of_memory_answers_503_never_a_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_answers_503_promptly_or_runs_unlocked_with_fail_open() {
     const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(2));
-    let mut env = Env::redis(Setup::Layer).await;
+    let mut env = Backing::redis(Setup::Layer).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = by_id(env.store.clone(), JOBS);
     let closed = serve_jobs(layer.clone(), &calls).await;

@@ -8,11 +8,9 @@ mod redis_only;
 use tower_lease::store::KeyRole;
 use tower_lease_testkit::Env;
 
-use crate::support;
-
 /// The suite's `Env` on a store of `env`: for Redis with a second, notified store on the same
 /// servers and a look at the write-intent keys, and the servers kept running for the test.
-async fn testkit_env(env: support::Env) -> Env {
+async fn testkit_env(env: tower_lease_harness::Backing) -> Env {
     let mut kit = Env::new(env.store.clone());
     if let Some(elsewhere) = env.notified().await {
         kit = kit.with_elsewhere(elsewhere);
@@ -30,7 +28,7 @@ async fn testkit_env(env: support::Env) -> Env {
 mod on_redis {
     tower_lease_testkit::conformance!(
         crate::conformance::testkit_env(
-            crate::support::Env::redis(crate::support::Setup::Core).await
+            tower_lease_harness::Backing::redis(tower_lease_harness::Setup::Core).await
         )
         .await
     );
@@ -40,7 +38,7 @@ mod on_redis {
 mod on_cluster {
     tower_lease_testkit::conformance!(
         crate::conformance::testkit_env(
-            crate::support::Env::cluster(crate::support::Setup::Core).await
+            tower_lease_harness::Backing::cluster(tower_lease_harness::Setup::Core).await
         )
         .await
     );

@@ -6,9 +6,9 @@ use tokio::time::sleep;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, RwLock, Semaphore};
 
-use crate::support::{Env, Raw};
+use tower_lease_harness::{Backing, Raw};
 
-crate::store_tests!(
+tower_lease_harness::store_tests!(
     Core: [],
     redis: [
         pttl_right_after_acquire_is_the_ttl,
@@ -26,7 +26,7 @@ crate::store_tests!(
 const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(30));
 const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_millis(300));
 
-async fn pttl_right_after_acquire_is_the_ttl(env: Env) {
+async fn pttl_right_after_acquire_is_the_ttl(env: Backing) {
     let raw = env.raw();
     let _token = INVOICES.try_lock(&env.store, &7).await.unwrap().unwrap();
     let pttl = raw.pttl(&raw.key(KeyRole::Lock, "invoice", b"7")).await;
@@ -37,7 +37,7 @@ async fn pttl_right_after_acquire_is_the_ttl(env: Env) {
     );
 }
 
-async fn crashed_reader_member_is_removed(env: Env) {
+async fn crashed_reader_member_is_removed(env: Backing) {
     let raw = env.raw();
     let long = RwLock::<str>::new("catalog", Duration::from_secs(30));
     let readers = raw.key(KeyRole::Readers, "catalog", b"shop");
@@ -63,7 +63,7 @@ async fn crashed_reader_member_is_removed(env: Env) {
     );
 }
 
-async fn reader_set_key_expires(env: Env) {
+async fn reader_set_key_expires(env: Backing) {
     let raw = env.raw();
     let readers = raw.key(KeyRole::Readers, "catalog", b"idle");
     drop(CATALOG.try_read(&env.store, "idle").await.unwrap().unwrap());
@@ -79,7 +79,7 @@ async fn reader_set_key_expires(env: Env) {
     );
 }
 
-async fn every_operation_survives_script_flush(env: Env) {
+async fn every_operation_survives_script_flush(env: Backing) {
     let raw = env.raw();
     for round in 0..2 {
         let _: () = raw.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
@@ -123,7 +123,7 @@ async fn keys(raw: &Raw) -> Vec<Vec<u8>> {
     keys
 }
 
-async fn exact_key_names(env: Env) {
+async fn exact_key_names(env: Backing) {
     let raw = env.raw();
     let invoice = INVOICES
         .fenced()
@@ -174,7 +174,7 @@ async fn exact_key_names(env: Env) {
     assert_eq!(keys(raw).await, fences);
 }
 
-async fn custom_prefix(env: Env) {
+async fn custom_prefix(env: Backing) {
     // A second store over the same Redis with another prefix: its keys never meet the first's.
     let raw = env.raw();
     let _default = INVOICES.try_lock(&env.store, &1).await.unwrap().unwrap();
@@ -190,7 +190,7 @@ async fn custom_prefix(env: Env) {
     );
 }
 
-async fn abandoned_lock_key_is_gone_after_ttl(env: Env) {
+async fn abandoned_lock_key_is_gone_after_ttl(env: Backing) {
     let raw = env.raw();
     let short = Lock::<str>::new("jobs", Duration::from_millis(200));
     drop(short.try_lock(&env.store, "gone").await.unwrap().unwrap());
@@ -205,7 +205,7 @@ async fn abandoned_lock_key_is_gone_after_ttl(env: Env) {
 
 const EXPORTS: Semaphore<str> = Semaphore::new("export", 3, Duration::from_secs(10));
 
-async fn permit_set_layout_and_expiry(env: Env) {
+async fn permit_set_layout_and_expiry(env: Backing) {
     let raw = env.raw();
     let key = raw.key(KeyRole::Permits, "export", b"t");
     assert_eq!(key, b"tower-lease:sem:{export:t}");
@@ -236,7 +236,7 @@ async fn permit_set_layout_and_expiry(env: Env) {
     );
 }
 
-async fn permits_survive_script_flush(env: Env) {
+async fn permits_survive_script_flush(env: Backing) {
     let raw = env.raw();
     let flush = || async { raw.query::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await };
     flush().await;

@@ -1,26 +1,37 @@
-//! Test support, included by every test binary (`#[path = "../support/mod.rs"] mod support;`):
+//! What the tests, the benchmarks and the history checker of `tower-lease` start and share: not
+//! published, a dev-dependency of the crate.
 //!
-//! - [`server`]: real `redis-server` processes on free loopback ports, started by the tests;
+//! - [`server`]: real `redis-server` processes on free loopback ports;
 //! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
 //! - [`proxy`]: a TCP fault proxy between a store and its Redis;
-//! - [`sentinel`]: a primary, a replica and three sentinels (feature `sentinel`);
-//! - [`env`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
-//!   behind it, and the `store_tests!` macro that runs a test on each;
+//! - [`sentinel`]: a primary, replicas and three sentinels (feature `sentinel`);
+//! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
+//!   behind it, and the [`store_tests!`] macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
+//! - [`bench`](mod@bench): what the benchmarks share: where their Redis is, interleaved rounds, medians
+//!   and goals, CPU time;
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
-//! - below: polling, drop flags, and the witnesses of how many are inside at once: [`Holders`]
-//!   of a lock, handlers behind a [`Gate`], readers, writers and permit holders of a [`Witness`].
-#![allow(dead_code, unreachable_pub)]
+//! - below: drop flags, and the witnesses of how many are inside at once: [`Holders`] of a lock,
+//!   handlers behind a [`Gate`], readers, writers and permit holders of a [`Witness`].
+//!
+//! Its features are the crate's (`redis`, `cluster`, `sentinel`), switched on by the crate's own
+//! of the same names: without `redis` it has no Redis in it, so `cargo test
+//! --no-default-features` still builds `tower-lease` without its `redis` feature.
 
+#[cfg(feature = "redis")]
+pub mod backing;
+#[cfg(feature = "redis")]
+pub mod bench;
 #[cfg(feature = "cluster")]
 pub mod cluster;
-pub mod env;
 pub mod hooked;
 pub mod http;
+#[cfg(feature = "redis")]
 pub mod proxy;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
+#[cfg(feature = "redis")]
 pub mod server;
 
 use std::sync::Arc;
@@ -29,15 +40,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-// What the tests use most, at the top; not every binary uses each.
-#[allow(unused_imports)]
-pub use env::{Env, Raw, STORE_TIMEOUT, Setup};
-#[allow(unused_imports)]
+// What the tests use most, at the top.
+#[cfg(feature = "redis")]
+pub use backing::{Backing, Raw, STORE_TIMEOUT, Setup};
+#[cfg(feature = "redis")]
 pub use server::{Endpoint, RedisServer};
 
 /// Polling until an attempt answers `Some`, on tokio's clock (so under `tokio::time::pause`
 /// too): the test kit's, shared with the conformance suite.
-#[allow(unused_imports)]
 pub use tower_lease_testkit::poll;
 
 /// Sets its flag when dropped: tells whether a handler's future was dropped.
@@ -52,7 +62,6 @@ impl Drop for DropFlag {
 /// Witnesses of mutual exclusion: a [`Holders`] count that every holder `enter`s while it
 /// believes it holds the lock, telling the most ever inside at once; the test kit's, shared
 /// with the conformance suite. [`Inside`] is one inside any count here.
-#[allow(unused_imports)]
 pub use tower_lease_testkit::{Holders, Inside};
 
 /// Handlers that stay inside until the gate opens, counting who is inside. Clones share the

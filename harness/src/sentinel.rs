@@ -1,5 +1,5 @@
 //! A replicated topology that the tests start: a primary, one replica (directly, or through a
-//! [fault proxy](super::proxy::Proxy) that can hold replication back), and optionally three
+//! [fault proxy](crate::proxy::Proxy) that can hold replication back), and optionally three
 //! sentinels with fast failover (`down-after-milliseconds` 500, `failover-timeout` 3000); or
 //! ([`Topology::two_replicas`]) a primary, two replicas and three sentinels, the shape a
 //! failover keeps `WAIT 1` satisfiable in.
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tower_lease::RedisStore;
 use tower_lease::store::SentinelConnection;
 
-use super::proxy::Proxy;
-use super::server::{Endpoint, RedisServer, die_with_parent, free_port, ping};
+use crate::proxy::Proxy;
+use crate::server::{Endpoint, RedisServer, die_with_parent, free_port, ping};
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "leases";
@@ -457,7 +457,7 @@ impl Sentinel {
                 ),
             )
             .expect("write the sentinel config");
-            let mut command = Command::new(super::server::server_binary());
+            let mut command = Command::new(crate::server::server_binary());
             command
                 .arg(&config)
                 .arg("--sentinel")

@@ -3,28 +3,23 @@
 //! The machine these run on is shared and noisy, so every benchmark runs its variants in
 //! alternating rounds (drift then hits all of them alike) and reports medians and ratios, not
 //! single absolute numbers.
-#![allow(dead_code, unreachable_pub)]
 
 use std::future::Future;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "cluster")]
-pub mod cluster;
-pub mod http;
+use crate::server::{Endpoint, RedisServer, server_binary};
 
 /// A boxed future, so that variants of different types can sit in one list.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Where the benchmark's Redis is: a `redis-server` it started (killed on drop), or `REDIS_URL`.
+/// Where the benchmark's Redis is: a [`RedisServer`] it started (killed on drop), or
+/// `REDIS_URL`.
 #[derive(Debug)]
 pub struct Redis {
-    child: Option<Child>,
+    server: Option<RedisServer>,
     url: String,
 }
 
@@ -32,7 +27,7 @@ impl Redis {
     /// `REDIS_URL` when set, otherwise a fresh `redis-server` on a free loopback port.
     pub fn start() -> Self {
         if let Ok(url) = std::env::var("REDIS_URL") {
-            return Redis { child: None, url };
+            return Redis { server: None, url };
         }
         Self::start_with(&[])
     }
@@ -40,37 +35,11 @@ impl Redis {
     /// A fresh `redis-server` on a free loopback port with extra arguments (`--replicaof …`),
     /// whatever `REDIS_URL` says.
     pub fn start_with(args: &[&str]) -> Self {
-        for _ in 0..10 {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .and_then(|l| l.local_addr())
-                .expect("bind a probe socket on 127.0.0.1")
-                .port();
-            if let Some(child) = spawn_server(port, args) {
-                return Redis {
-                    child: Some(child),
-                    url: format!("redis://127.0.0.1:{port}/"),
-                };
-            }
+        let server = RedisServer::start_with(args);
+        Redis {
+            url: server.url(),
+            server: Some(server),
         }
-        panic!("redis-server did not start on any of 10 free ports");
-    }
-
-    /// The server's URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// A redis-rs client for the server.
-    pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url.as_str()).expect("a valid Redis URL")
-    }
-
-    /// One multiplexed connection to the server.
-    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        self.client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the benchmark's redis-server")
     }
 
     /// The port in the server's URL.
@@ -83,84 +52,14 @@ impl Redis {
 
     /// The OS process id of the server this benchmark started.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.as_ref().and_then(RedisServer::pid)
     }
 }
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+impl Endpoint for Redis {
+    fn url(&self) -> String {
+        self.url.clone()
     }
-}
-
-/// The server binary a benchmark starts: `TOWER_LEASE_SERVER` when set (a `valkey-server`, as
-/// for the tests), `redis-server` otherwise.
-pub fn server_binary() -> String {
-    std::env::var("TOWER_LEASE_SERVER")
-        .ok()
-        .filter(|binary| !binary.is_empty())
-        .unwrap_or_else(|| "redis-server".to_owned())
-}
-
-fn spawn_server(port: u16, args: &[&str]) -> Option<Child> {
-    let mut command = Command::new(server_binary());
-    command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-        .args(["--dir", &std::env::temp_dir().to_string_lossy()])
-        // Not the shared `dump.rdb`: a replica's full sync writes its file even without
-        // `--save`, and every server started after it would load it.
-        .args(["--dbfilename", &format!("tower-lease-bench-{port}.rdb")])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. It makes the kernel
-    // kill the server when the benchmark dies, however it dies.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            panic!(
-                "redis-server is not installed (`apt-get install redis-server`), or set REDIS_URL"
-            )
-        }
-        Err(e) => panic!("could not start redis-server: {e}"),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return None;
-        }
-        if ping(port) {
-            return Some(child);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
 }
 
 /// How long to measure: `BENCH_ROUNDS` rounds (default `rounds`) of `BENCH_ROUND_MS` per variant

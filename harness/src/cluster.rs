@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::server::{Endpoint, RedisServer, free_port};
+use crate::server::{Endpoint, RedisServer, free_port};
 
 /// Three cluster-enabled `redis-server`s that together serve all 16384 slots.
 #[derive(Debug)]
@@ -19,9 +19,16 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    /// Starts three masters, joins them into one cluster and waits until every node reports
+    /// Starts three masters (`--cluster-node-timeout 2000`, so a node that stops is noticed
+    /// within seconds), joins them into one cluster and waits until every node reports
     /// `cluster_state:ok`.
     pub fn start() -> Self {
+        Self::start_with(&["--cluster-node-timeout", "2000"])
+    }
+
+    /// Like [`start`](Self::start), with `extra_args` for every node instead of the short node
+    /// timeout (none: the server's defaults, as the benchmarks measure the cluster bus).
+    pub fn start_with(extra_args: &[&str]) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tower-lease-cluster-{}-{}",
@@ -38,16 +45,17 @@ impl RedisCluster {
             // The bus port is given explicitly: the default (port + 10000) overflows for ports
             // above 55535, which the ephemeral range hands out.
             let bus_port = free_port().to_string();
-            cluster.nodes.push(RedisServer::start_with(&[
+            let config = config.to_string_lossy();
+            let mut args = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
-                &config.to_string_lossy(),
+                &config,
                 "--cluster-port",
                 &bus_port,
-                "--cluster-node-timeout",
-                "2000",
-            ]));
+            ];
+            args.extend_from_slice(extra_args);
+            cluster.nodes.push(RedisServer::start_with(&args));
         }
         cluster.create();
         cluster.wait_ok();
@@ -78,16 +86,8 @@ impl RedisCluster {
 
     fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        for node in &self.nodes {
-            loop {
-                let info: Option<String> = node
-                    .client()
-                    .get_connection()
-                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
-                    .ok();
-                if info.is_some_and(|i| i.contains("cluster_state:ok")) {
-                    break;
-                }
+        for (i, node) in self.nodes.iter().enumerate() {
+            while !self.cluster_info(i).contains("cluster_state:ok") {
                 assert!(
                     Instant::now() < deadline,
                     "cluster node {} did not reach cluster_state:ok within 30 s",
@@ -96,6 +96,29 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+    }
+
+    /// Node `i`'s `CLUSTER INFO`, or nothing while it does not answer it.
+    pub fn cluster_info(&self, i: usize) -> String {
+        self.nodes[i]
+            .client()
+            .get_connection()
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
+            .unwrap_or_default()
+    }
+
+    /// The sum over the nodes of `cluster_stats_messages_<field>` in `CLUSTER INFO`: what the
+    /// cluster bus carried.
+    pub fn bus_messages(&self, field: &str) -> u64 {
+        let field = format!("cluster_stats_messages_{field}:");
+        (0..self.nodes.len())
+            .map(|i| {
+                self.cluster_info(i)
+                    .lines()
+                    .find_map(|line| line.strip_prefix(field.as_str()))
+                    .map_or(0, |v| v.trim().parse().unwrap_or(0))
+            })
+            .sum()
     }
 
     /// Kills node `i` (SIGKILL); its slots stay assigned to it.

@@ -1,5 +1,5 @@
-//! The layer's black-box tests over real TCP: axum servers on 127.0.0.1:0, an HTTP/1 client, and
-//! response bodies of many chunks.
+//! The layer's black-box tests and the HTTP benchmarks over real TCP: axum servers on
+//! 127.0.0.1:0, an HTTP/1 client, keep-alive connections, and response bodies of many chunks.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -16,8 +16,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
 
 /// A handler that counts its runs in its state, works for the `x-work-ms` header's milliseconds
 /// (none without it) and answers "done".
@@ -33,12 +33,31 @@ pub async fn count(State(runs): State<Arc<AtomicUsize>>, headers: HeaderMap) -> 
     "done"
 }
 
-/// Serves `app` on a fresh 127.0.0.1 port until the test's runtime ends.
+/// Serves `app` on a fresh 127.0.0.1 port until the runtime ends.
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
+}
+
+/// One keep-alive HTTP/1 connection's sending half.
+pub type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<Bytes>>;
+
+/// Opens `connections` keep-alive connections to `addr`, with `TCP_NODELAY`: the benchmarks'
+/// clients.
+pub async fn connect(addr: SocketAddr, connections: usize) -> Vec<Sender> {
+    let mut senders = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        senders.push(sender);
+    }
+    senders
 }
 
 /// Serves `app` like [`serve`], and counts the server's open connections: hyper runs a task

@@ -201,7 +201,7 @@ pub fn on_valkey() -> bool {
     server_binary().contains("valkey")
 }
 
-/// Something redis-rs connects to: a [`RedisServer`], or the [fault proxy](super::proxy::Proxy)
+/// Something redis-rs connects to: a [`RedisServer`], or the [fault proxy](crate::proxy::Proxy)
 /// in front of one.
 pub trait Endpoint {
     /// `redis://127.0.0.1:port/`.
@@ -213,18 +213,24 @@ pub trait Endpoint {
     }
 
     /// A multiplexed connection.
-    async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        self.client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the test redis-server")
+    fn connection(&self) -> impl Future<Output = redis::aio::MultiplexedConnection> + Send {
+        let client = self.client();
+        async move {
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to the test redis-server")
+        }
     }
 
     /// A connection manager (reconnects by itself).
-    async fn connection_manager(&self) -> redis::aio::ConnectionManager {
-        redis::aio::ConnectionManager::new(self.client())
-            .await
-            .expect("connect to the test redis-server")
+    fn connection_manager(&self) -> impl Future<Output = redis::aio::ConnectionManager> + Send {
+        let client = self.client();
+        async move {
+            redis::aio::ConnectionManager::new(client)
+                .await
+                .expect("connect to the test redis-server")
+        }
     }
 }
 

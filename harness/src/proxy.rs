@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::server::{Endpoint, RedisServer};
+use crate::server::{Endpoint, RedisServer};
 
 /// What the proxy does with the bytes it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

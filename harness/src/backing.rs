@@ -1,6 +1,7 @@
-//! What a test runs against: a store on a fresh `redis-server`, on a local Redis Cluster or in
-//! memory, and for Redis a direct line to look behind the store's back. `store_tests!` declares
-//! one test per store for each scenario.
+//! What a test runs against, its [`Backing`]: a store on a fresh `redis-server`, on a local Redis
+//! Cluster, through sentinels or in memory, and for Redis a direct line to look behind the
+//! store's back. `store_tests!` declares one test per store for each scenario. (The test kit's
+//! `Env` is another thing: what its conformance scenarios are handed.)
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use redis::FromRedisValue;
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{RedisStore, Store};
 
-use super::server::{Endpoint, RedisServer};
+use crate::server::{Endpoint, RedisServer};
 
 /// The deadline of every store call in the layer's tests: short, so failure tests stay fast.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -24,23 +25,23 @@ pub enum Setup {
     Layer,
 }
 
-/// A store, and for Redis the servers behind it (stopped when the `Env` drops) and a [`Raw`]
-/// line to them.
-pub struct Env {
+/// A store, and for Redis the servers behind it (stopped when this drops) and a [`Raw`] line to
+/// them.
+pub struct Backing {
     pub store: Store,
     /// The single server behind the store, for tests that stop it.
     pub server: Option<RedisServer>,
     raw: Option<Raw>,
     #[cfg(feature = "cluster")]
-    _cluster: Option<super::cluster::RedisCluster>,
+    _cluster: Option<crate::cluster::RedisCluster>,
     #[cfg(feature = "sentinel")]
-    sentinel: Option<super::sentinel::Topology>,
+    sentinel: Option<crate::sentinel::Topology>,
 }
 
-impl Env {
+impl Backing {
     /// A store in this process's memory.
     pub fn memory() -> Self {
-        Env {
+        Backing {
             store: Store::memory(),
             server: None,
             raw: None,
@@ -61,7 +62,7 @@ impl Env {
                 .timeout(STORE_TIMEOUT)
                 .into(),
         };
-        Env {
+        Backing {
             store,
             server: Some(server),
             raw: Some(Raw {
@@ -78,13 +79,13 @@ impl Env {
     /// A store on a local 3-master Redis Cluster: the tests' names hash to slots on every node.
     #[cfg(feature = "cluster")]
     pub async fn cluster(setup: Setup) -> Self {
-        let cluster = super::cluster::RedisCluster::start();
+        let cluster = crate::cluster::RedisCluster::start();
         let conn = cluster.connection().await;
         let store = match setup {
             Setup::Core => Store::from(RedisStore::new(conn.clone())),
             Setup::Layer => RedisStore::new(conn.clone()).timeout(STORE_TIMEOUT).into(),
         };
-        Env {
+        Backing {
             store,
             server: None,
             raw: Some(Raw {
@@ -102,12 +103,12 @@ impl Env {
     /// (`wait_for_replicas(1, 300 ms)`), as a replicated deployment runs it.
     #[cfg(feature = "sentinel")]
     pub async fn sentinel() -> Self {
-        use super::Endpoint;
+        use crate::Endpoint;
         let topology =
-            super::sentinel::Topology::with_sentinels(super::sentinel::Link::Direct).await;
+            crate::sentinel::Topology::with_sentinels(crate::sentinel::Link::Direct).await;
         let store = Self::through_sentinels(&topology).await;
         let conn = topology.primary.connection().await;
-        Env {
+        Backing {
             store,
             server: None,
             raw: Some(Raw {
@@ -121,7 +122,7 @@ impl Env {
     }
 
     #[cfg(feature = "sentinel")]
-    async fn through_sentinels(topology: &super::sentinel::Topology) -> Store {
+    async fn through_sentinels(topology: &crate::sentinel::Topology) -> Store {
         let replicated = Duration::from_millis(300);
         let store = topology.through_sentinels().await;
         store
@@ -263,7 +264,7 @@ impl Raw {
     }
 }
 
-/// Declares one test per store for each scenario, an `async fn(Env)` of the calling module:
+/// Declares one test per store for each scenario, an `async fn(Backing)` of the calling module:
 ///
 /// ```ignore
 /// store_tests!(Core: [every_store_a, every_store_b], redis: [redis_and_cluster_only]);
@@ -277,14 +278,14 @@ impl Raw {
 macro_rules! store_tests {
     ($setup:ident: [$($all:ident),* $(,)?] $(, redis: [$($redis:ident),* $(,)?])? $(,)?) => {
         mod on_redis {
-            $($crate::store_tests!(@test $all, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::support::Env::redis($crate::support::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Backing::redis($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Backing::redis($crate::Setup::$setup).await);)*)?
         }
 
         #[cfg(feature = "cluster")]
         mod on_cluster {
-            $($crate::store_tests!(@test $all, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*
-            $($($crate::store_tests!(@test $redis, $crate::support::Env::cluster($crate::support::Setup::$setup).await);)*)?
+            $($crate::store_tests!(@test $all, $crate::Backing::cluster($crate::Setup::$setup).await);)*
+            $($($crate::store_tests!(@test $redis, $crate::Backing::cluster($crate::Setup::$setup).await);)*)?
         }
 
         mod on_memory {
@@ -300,10 +301,10 @@ macro_rules! store_tests {
     (@memory Core $name:ident) => {
         #[tokio::test(start_paused = true)]
         async fn $name() {
-            super::$name($crate::support::Env::memory()).await
+            super::$name($crate::Backing::memory()).await
         }
     };
     (@memory Layer $name:ident) => {
-        $crate::store_tests!(@test $name, $crate::support::Env::memory());
+        $crate::store_tests!(@test $name, $crate::Backing::memory());
     };
 }
