@@ -9,7 +9,8 @@ use tower_lease::store::KeyRole;
 use tower_lease_testkit::Env;
 
 /// The suite's `Env` on a store of `env`: for Redis with a second, notified store on the same
-/// servers and a look at the write-intent keys, and the servers kept running for the test.
+/// servers, a look at the write-intent keys and `FLUSHALL` as its data loss, and the servers
+/// kept running for the test.
 async fn testkit_env(env: tower_lease_harness::Backing) -> Env {
     let mut kit = Env::new(env.store.clone());
     if let Some(elsewhere) = env.notified().await {
@@ -20,6 +21,13 @@ async fn testkit_env(env: tower_lease_harness::Backing) -> Env {
         kit = kit.with_intent_probe(move |namespace, name| {
             let (raw, key) = (raw.clone(), raw.key(KeyRole::WriteIntent, namespace, name));
             Box::pin(async move { raw.exists(&key).await })
+        });
+        let raw = env.raw().clone();
+        kit = kit.with_data_loss(move || {
+            let raw = raw.clone();
+            Box::pin(async move {
+                let () = raw.query(&redis::cmd("FLUSHALL")).await;
+            })
         });
     }
     kit.holding(env)
