@@ -133,7 +133,7 @@ async fn shop(store: Option<Store>, run: &str) -> (Arc<Payments>, HashMap<String
         let app = Router::new().route("/buy", post(buy));
         let app = match &store {
             Some(store) => app.route_layer(
-                IdempotencyLayer::new(store.clone(), PURCHASES).wait(Duration::from_secs(1)),
+                IdempotencyLayer::new(store.clone(), PURCHASES).max_wait(Duration::from_secs(1)),
             ),
             None => app,
         };

@@ -1,7 +1,7 @@
 //! A section of K seats sold across three replicas to 100 buyers at once: each seat is a permit
 //! of a `Semaphore`, held while its buyer checks out, so exactly K buyers get one. Checkout calls
 //! a payment partner that takes at most 2 calls at once per section, across every replica:
-//! `SemaphoreLayer` keeps to that, queueing the rest with `.wait(..)`.
+//! `SemaphoreLayer` keeps to that, queueing the rest with `.max_wait(..)`.
 //!
 //! ```text
 //! cargo run --example pool                                   # in memory
@@ -85,8 +85,8 @@ async fn start_replica(
         paying: witness.0.clone(),
         most_paying: witness.1.clone(),
     };
-    let payments =
-        SemaphoreLayer::new(store, PAYMENTS, extract::path_segment(1)).wait(Duration::from_secs(5));
+    let payments = SemaphoreLayer::new(store, PAYMENTS, extract::path_segment(1))
+        .max_wait(Duration::from_secs(5));
     let app = Router::new()
         .route("/sections/{section}/hold", post(hold))
         .merge(

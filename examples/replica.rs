@@ -254,8 +254,8 @@ where
     let app = if std::env::var("LOCKED").as_deref() == Ok("0") {
         counter.merge(pools)
     } else {
-        let locked = LockLayer::new(store.clone(), lock, extract::path_segment(1)).wait(wait);
-        let limited = SemaphoreLayer::new(store, pool, extract::path_segment(1)).wait(wait);
+        let locked = LockLayer::new(store.clone(), lock, extract::path_segment(1)).max_wait(wait);
+        let limited = SemaphoreLayer::new(store, pool, extract::path_segment(1)).max_wait(wait);
         counter
             .route_layer(locked)
             .merge(pools.route_layer(limited))

@@ -255,7 +255,7 @@ impl<N: ?Sized> RwLock<N> {
     ///
     /// An intent lives only while its writer waits, or retries within a short window: each
     /// refused attempt leaves it for 500 ms (the TTL, if shorter). A writer waiting with
-    /// [`try_write_for`](Self::try_write_for) or the layer's `.wait(..)` attempts at least twice
+    /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least twice
     /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
     /// its wait runs out, the store fails, or its future is dropped (the client left; the
     /// withdrawal then finishes in the background, within the store's deadline). An intent that

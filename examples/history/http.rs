@@ -68,13 +68,14 @@ impl Server {
                 "/lock/{name}",
                 put(handle).route_layer(
                     LockLayer::new(store.clone(), lock(self.ttl), extract::path_segment(1))
-                        .wait(wait),
+                        .max_wait(wait),
                 ),
             )
             .route(
                 "/doc/{name}",
                 get(handle).put(handle).route_layer(
-                    RwLockLayer::new(store, docs(self.ttl), extract::path_segment(1)).wait(wait),
+                    RwLockLayer::new(store, docs(self.ttl), extract::path_segment(1))
+                        .max_wait(wait),
                 ),
             )
             .with_state(app.clone());

@@ -103,7 +103,7 @@ impl<E> IdempotencyLayer<E> {
     /// Lets a retry that comes while the first request runs wait up to `wait` for it, and
     /// answer with its response, instead of `409` at once. The retry looks again every 10 ms
     /// at first, then every 100 ms.
-    pub fn wait(mut self, wait: Duration) -> Self {
+    pub fn max_wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
         self
     }

@@ -25,7 +25,7 @@
 //!     .route_layer(
 //!         IdempotencyLayer::new(Store::memory(), PAYMENTS)
 //!             .scope(extract::header("x-tenant"))
-//!             .wait(Duration::from_secs(2)),
+//!             .max_wait(Duration::from_secs(2)),
 //!     );
 //! ```
 //!
@@ -39,7 +39,7 @@
 //! | the first with its key | runs under the reservation; its response goes out once stored for the retention (and acknowledged by the replicas a [`wait_for_replicas`](crate::RedisStore::wait_for_replicas) store waits for) |
 //! | the first, its record not stored within [`complete_within`](IdempotencyLayer::complete_within) (10 s) | `503` `urn:tower-lease:idempotency-outcome-unknown` with `Retry-After`; stored in the background, then replayed |
 //! | a retry, same fingerprint, first completed | the stored response, with `Idempotent-Replayed: true`; the inner service is not called |
-//! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`wait`](IdempotencyLayer::wait), the first's response once it is stored |
+//! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`max_wait`](IdempotencyLayer::max_wait), the first's response once it is stored |
 //! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
 //! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
 //! | the first's handler panicked | `500` `urn:tower-lease:handler-failed`; nothing stored, the key freed before that answer: the retry runs (under [`at_most_once`](Idempotency::at_most_once), `409` outcome unknown) |
@@ -140,7 +140,7 @@
 //!
 //! # Waiting
 //!
-//! Under [`wait`](IdempotencyLayer::wait) a retry that finds the key in flight waits until the
+//! Under [`max_wait`](IdempotencyLayer::max_wait) a retry that finds the key in flight waits until the
 //! first completes (it then gets the stored response), frees the key (it then runs itself) or
 //! the wait runs out (`409`). On a Redis store with release notifications (one made by
 //! `RedisStore::connect` or `connect_cluster`) it subscribes to the key's channel and is woken

@@ -159,7 +159,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// [writer-preferred](crate::RwLock::writer_preferred) lock waiting (new reads then ask the
     /// store, which refuses them until the writer is through), and, under
     /// [`max_hold`](Self::max_hold), once half of `max_hold` has passed since it was taken.
-    /// Under [`wait`](Self::wait), a read joins a held share or waits on its own, and shares
+    /// Under [`max_wait`](Self::max_wait), a read joins a held share or waits on its own, and shares
     /// the lease it gets. With the `metrics` feature, a request that shares counts as
     /// `acquired` (or as the outcome it shared), and the held gauge counts leases in the store,
     /// not requests; see [shared reads](crate::layer#shared-reads).
@@ -192,7 +192,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// share, and its one reader lease, lasts as long as the reads keep coming, and the last
     /// read of a burst is answered at most 1 ms later. A longer linger carries a share across
     /// gaps between bursts, and delays the last read of each burst by as much. The linger is
-    /// part of that read's wait for its release, which [`release_wait`](Self::release_wait)
+    /// part of that read's wait for its release, which [`max_release_wait`](Self::max_release_wait)
     /// bounds (250 ms by default): keep it well below that, or the read is answered while its
     /// lease still lingers.
     ///

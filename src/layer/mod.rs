@@ -137,9 +137,9 @@
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
 //! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
-//! | [`.wait(Duration)`](crate::LockLayer::wait) | zero: answer at once | wait up to this long for a busy lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
+//! | [`.max_wait(Duration)`](crate::LockLayer::max_wait) | zero: answer at once | wait up to this long for a busy lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
 //! | [`.max_waiters(n)`](crate::LockLayer::max_waiters) | 1024 | the most requests of the layer waiting at once; beyond it a request is answered at once |
-//! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
+//! | [`.max_release_wait(Duration)`](crate::LockLayer::max_release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
 //! | [`.body_timeout(Duration)`](crate::LockLayer::body_timeout) | 10 s | the longest the whole request body may take: under the lock (streamed, as a [`TimeoutBody`]), the handler's read fails after it, the lock is released and the answer is `408`; under `.buffer_body(..)`, before the lock |
 //! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
@@ -267,11 +267,11 @@
 //! replica, never meets it. [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long
 //! for every share. A heard intent ends the linger at once, and a write through the layer ends
 //! the layer's own idle share before it asks the store. The writer's intent lives
-//! while it waits under [`wait`](crate::LockLayer::wait) (or for 500 ms after a refusal without
+//! while it waits under [`max_wait`](crate::LockLayer::max_wait) (or for 500 ms after a refusal without
 //! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under
 //! [`max_hold`](crate::LockLayer::max_hold) a share takes newcomers for the first half of it
-//! only, since the limit counts from the shared lease's acquisition. With [`wait`](crate::LockLayer::wait),
+//! only, since the limit counts from the shared lease's acquisition. With [`max_wait`](crate::LockLayer::max_wait),
 //! a read joins a held share or waits on its own, and shares the lease it gets.
 //!
 //! Each request's [`Lease`] is its own view: `is_held()` turns `false` and `ended()` resolves

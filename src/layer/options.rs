@@ -112,13 +112,13 @@ macro_rules! options {
             /// end; and otherwise by polling with jitter. Within a process the waiters of one name
             /// queue first come, first served, and only the first asks the store. A client that
             /// goes away while waiting leaves nothing behind.
-            pub fn wait(mut self, wait: Duration) -> Self {
+            pub fn max_wait(mut self, wait: Duration) -> Self {
                 self.config.wait = wait;
                 self
             }
 
             /// The most requests of this layer that wait at once (1024 by default); a request
-            /// beyond it is answered at once, as without [`wait`](Self::wait).
+            /// beyond it is answered at once, as without [`max_wait`](Self::max_wait).
             pub fn max_waiters(mut self, max_waiters: usize) -> Self {
                 self.config.max_waiters = max_waiters;
                 self
@@ -147,7 +147,7 @@ macro_rules! options {
             /// request finds the lock free. A failing one would otherwise hold every finished
             /// response for the store's whole deadline; the lease's TTL frees the lock if the
             /// release never lands.
-            pub fn release_wait(mut self, wait: Duration) -> Self {
+            pub fn max_release_wait(mut self, wait: Duration) -> Self {
                 self.config.release_wait = super::deadline::Deadline::new(wait);
                 self
             }

@@ -286,7 +286,8 @@ async fn a_waiting_request_with_redis_unreachable_is_answered_503_at_once() {
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;
     let store = a_store_that_waited(&server, &proxy).await;
-    let layer = LockLayer::new(store, JOBS, extract::path_segment(1)).wait(Duration::from_secs(2));
+    let layer =
+        LockLayer::new(store, JOBS, extract::path_segment(1)).max_wait(Duration::from_secs(2));
     let app = Router::new()
         .route("/jobs/{id}", post(count))
         .route_layer(layer)

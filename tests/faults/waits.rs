@@ -26,7 +26,7 @@ async fn waiters_through_a_redis_restart_answer_within_their_wait_and_waiting_wo
         .timeout(STORE_TIMEOUT)
         .into();
     let runs = Arc::new(AtomicUsize::new(0));
-    let layer = LockLayer::new(store.clone(), JOBS, extract::path_segment(1)).wait(WAIT);
+    let layer = LockLayer::new(store.clone(), JOBS, extract::path_segment(1)).max_wait(WAIT);
     let app = Router::new()
         .route("/jobs/{id}", post(count))
         .route_layer(layer)

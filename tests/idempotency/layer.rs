@@ -182,7 +182,7 @@ async fn a_retry_while_the_first_runs_gets_409_with_retry_after(env: Backing) {
 
 async fn under_wait_a_retry_gets_the_first_response(env: Backing) {
     let (opener, app) = app();
-    let addr = replica(layer(&env.store).wait(Duration::from_secs(5)), &app).await;
+    let addr = replica(layer(&env.store).max_wait(Duration::from_secs(5)), &app).await;
     let http = Http::new();
     let first = tokio::spawn({
         let http = http.clone();
@@ -213,7 +213,7 @@ async fn waiting_retries_on_another_replica_are_woken_by_the_completion(env: Bac
     let one = replica(layer(&publisher), &app).await;
     let other = env.notified().await.expect("a store with notifications");
     let wait = Duration::from_secs(10);
-    let two = replica(IdempotencyLayer::new(other, PAYMENTS).wait(wait), &app).await;
+    let two = replica(IdempotencyLayer::new(other, PAYMENTS).max_wait(wait), &app).await;
     let http = Http::new();
     let first = tokio::spawn({
         let http = http.clone();
@@ -435,7 +435,7 @@ async fn two_replicas_share_keys(env: Backing) {
 async fn a_client_cut_mid_request_completes_and_its_retry_on_another_replica_replays(env: Backing) {
     let (opener, app) = app();
     let one = replica(layer(&env.store), &app).await;
-    let two = replica(layer(&env.store).wait(Duration::from_secs(5)), &app).await;
+    let two = replica(layer(&env.store).max_wait(Duration::from_secs(5)), &app).await;
     let mut stream = TcpStream::connect(one).await.unwrap();
     let request =
         "POST /slow HTTP/1.1\r\nhost: x\r\nidempotency-key: cut\r\ncontent-length: 0\r\n\r\n";
@@ -456,8 +456,8 @@ async fn a_client_cut_mid_request_completes_and_its_retry_on_another_replica_rep
 async fn a_hundred_concurrent_retries_run_the_handler_once(env: Backing) {
     let (opener, app) = app();
     let addrs = [
-        replica(layer(&env.store).wait(Duration::from_secs(10)), &app).await,
-        replica(layer(&env.store).wait(Duration::from_secs(10)), &app).await,
+        replica(layer(&env.store).max_wait(Duration::from_secs(10)), &app).await,
+        replica(layer(&env.store).max_wait(Duration::from_secs(10)), &app).await,
     ];
     let http = Http::new();
     let retries: Vec<_> = (0..100)

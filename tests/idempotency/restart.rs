@@ -94,7 +94,7 @@ async fn a_client_cut_during_the_look_up_leaves_no_orphaned_reservation() {
     let layer = IdempotencyLayer::new(store, SHORT.lease(Duration::from_secs(10)));
     let router = Router::new()
         .route("/pay", post(charge))
-        .route_layer(layer.wait(Duration::from_secs(3)))
+        .route_layer(layer.max_wait(Duration::from_secs(3)))
         .with_state(runs.clone());
     let addr = serve(router).await;
     let http = Http::new();

@@ -333,7 +333,7 @@ async fn a_dropped_write_still_releases_the_idle_share_it_ended() {
     let slow = Store::from_backend(SlowReleases(memory.clone()));
     let layer = RwLockLayer::new(slow, DOCS, extract::path_segment(1))
         .linger_reads(Duration::from_secs(5))
-        .wait(Duration::from_secs(2));
+        .max_wait(Duration::from_secs(2));
     let addr = app(layer, &gate).await;
     // The last read's answer waits for its share to settle; meanwhile the share lingers.
     let _read = overlap_and_leave(addr, "/docs/r", &opener, &gate).await;

@@ -139,7 +139,7 @@ async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
         let layer = LockLayer::new(store.clone(), JOBS, extract::path_segment(1));
         Router::new()
             .route("/jobs/{id}", post(handler.clone()))
-            .route_layer(layer.release_wait(wait))
+            .route_layer(layer.max_release_wait(wait))
     };
     let bounded = serve(app(Duration::from_millis(200))).await;
     let unbounded = serve(app(Duration::from_secs(10))).await;

@@ -168,7 +168,8 @@ async fn a_waiting_request_gets_the_permit_a_release_frees(env: Backing) {
             req.uri().path().strip_prefix("/exports/").map(String::from)
         }
     };
-    let layer = SemaphoreLayer::new(env.store.clone(), one, extractor).wait(Duration::from_secs(3));
+    let layer =
+        SemaphoreLayer::new(env.store.clone(), one, extractor).max_wait(Duration::from_secs(3));
     let addr = serve(routes().route_layer(layer).with_state(witness.clone())).await;
     let held = one.try_acquire(&env.store, "acme").await.unwrap().unwrap();
     let request = tokio::spawn(async move {
@@ -268,7 +269,7 @@ async fn a_cancellation_storm_leaves_no_permit_behind(env: Backing) {
         EXPORTS.with_permits(50).unwrap(),
         extract::path_segment(1),
     )
-    .wait(Duration::from_millis(200));
+    .max_wait(Duration::from_millis(200));
     let addr = serve(routes().route_layer(layer).with_state(witness.clone())).await;
     let http = Http::new();
     let (cut_holders, holders_cut) = tokio::sync::watch::channel(false);

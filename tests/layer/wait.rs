@@ -1,4 +1,4 @@
-//! `.wait(..)` and `.max_waiters(..)` over real TCP: a request waits for a held lock and runs
+//! `.max_wait(..)` and `.max_waiters(..)` over real TCP: a request waits for a held lock and runs
 //! when it is released, gets 409 with `Retry-After` when its wait runs out, is answered at once
 //! beyond the cap, and leaves nothing behind when its client goes away.
 
@@ -43,7 +43,7 @@ async fn a_waiting_request_runs_once_the_holder_releases(env: Backing) {
     // two apart; the mean of ten can, with room for a loaded machine's pauses.
     const ROUNDS: u32 = 10;
     let runs = Arc::new(AtomicUsize::new(0));
-    let addr = serve(app(layer(&env).wait(Duration::from_secs(2)), &runs)).await;
+    let addr = serve(app(layer(&env).max_wait(Duration::from_secs(2)), &runs)).await;
     let mut afters = Vec::new();
     for round in 0..ROUNDS {
         let name = format!("w{round}");
@@ -71,7 +71,7 @@ async fn a_waiting_request_runs_once_the_holder_releases(env: Backing) {
 
 async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let addr = serve(app(layer(&env).wait(Duration::from_millis(150)), &runs)).await;
+    let addr = serve(app(layer(&env).max_wait(Duration::from_millis(150)), &runs)).await;
     let _holder = JOBS.try_lock(&env.store, "2").await.unwrap().unwrap();
     let started = Instant::now();
     let reply = Http::new().post(addr, "/jobs/2").await;
@@ -88,7 +88,7 @@ async fn a_wait_that_runs_out_answers_409_with_retry_after(env: Backing) {
 
 async fn beyond_max_waiters_a_request_is_answered_at_once(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let capped = layer(&env).wait(Duration::from_secs(1)).max_waiters(1);
+    let capped = layer(&env).max_wait(Duration::from_secs(1)).max_waiters(1);
     let addr = serve(app(capped, &runs)).await;
     let holder = JOBS.try_lock(&env.store, "3").await.unwrap().unwrap();
     let waiting = tokio::spawn(async move { Http::new().post(addr, "/jobs/3").await });
@@ -109,7 +109,7 @@ async fn beyond_max_waiters_a_request_is_answered_at_once(env: Backing) {
 
 async fn a_client_gone_while_waiting_leaves_nothing_behind(env: Backing) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let capped = layer(&env).wait(Duration::from_secs(2)).max_waiters(1);
+    let capped = layer(&env).max_wait(Duration::from_secs(2)).max_waiters(1);
     let addr = serve(app(capped, &runs)).await;
     let holder = JOBS.try_lock(&env.store, "4").await.unwrap().unwrap();
     let http = Http::new();

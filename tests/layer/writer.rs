@@ -58,7 +58,7 @@ async fn contend(
 ) -> (StatusCode, Duration, Witness) {
     let witness = Witness::default();
     let layer = RwLockLayer::new(env.store.clone(), lock, extract::path_segment(1))
-        .wait(Duration::from_secs(1))
+        .max_wait(Duration::from_secs(1))
         .coalesce_reads(coalesce);
     let app = Router::new()
         .route("/docs/{id}", get(read).put(write))
@@ -148,7 +148,7 @@ async fn a_plain_writer_starves_while_reads_overlap(env: Backing) {
         let wait = Duration::from_secs(1);
         let layer = |wait| {
             RwLockLayer::new(env.store.clone(), PLAIN, extract::path_segment(1))
-                .wait(wait)
+                .max_wait(wait)
                 .coalesce_reads(coalesce)
         };
         // Reads are answered at once (a read that waited would hold up its relay rather
@@ -212,7 +212,7 @@ const WINDOW: Duration = Duration::from_millis(500);
 
 async fn a_waiting_put_whose_client_left_lets_reads_in_at_once(env: Backing) {
     let layer =
-        |wait| RwLockLayer::new(env.store.clone(), LONG, extract::path_segment(1)).wait(wait);
+        |wait| RwLockLayer::new(env.store.clone(), LONG, extract::path_segment(1)).max_wait(wait);
     // Reads answer at once; writes wait up to 5 s.
     let app = Router::new()
         .route("/docs/{id}", get(|| async { "read" }))
