@@ -11,7 +11,7 @@ use super::deadline::{Beat, Deadline};
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::problem::Problem;
-use super::rejection::Renderer;
+use super::rejection::{Rejection, Renderer};
 use super::shared_read::{Linger, SharedReads};
 use crate::Store;
 use crate::lease::heartbeat::Heartbeat;
@@ -135,7 +135,11 @@ impl Config {
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.busy_status);
-        self.renderer.respond(problem, status, self.spec.namespace)
+        let rejection = Rejection::new(problem, status, self.spec.namespace);
+        match self.renderer.render(&rejection) {
+            Some(response) => response.map(LeaseBody::rendered),
+            None => rejection.problem_response().map(LeaseBody::problem),
+        }
     }
 }
 

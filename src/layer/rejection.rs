@@ -11,7 +11,6 @@ use http::{Response, StatusCode};
 
 use http_body_util::{BodyExt, Full};
 
-use super::body::LeaseBody;
 use super::boxed::{BoxError, RejectionBody};
 use super::problem::Problem;
 use super::refusal::Reason;
@@ -175,24 +174,16 @@ impl Renderer {
         Self(Some(Arc::new(Hook(hook, PhantomData))))
     }
 
-    /// The response to `problem` with `status`, for a lock in `namespace`.
-    pub(crate) fn respond<B: http_body::Body>(
-        &self,
-        problem: Problem,
-        status: StatusCode,
-        namespace: &'static str,
-    ) -> Response<LeaseBody<B>> {
-        let rejection = Rejection::new(problem, status, namespace);
-        match &self.0 {
-            Some(hook) => hook.render(&rejection).map(LeaseBody::rendered),
-            None => rejection.problem_response().map(LeaseBody::problem),
-        }
+    /// The hook's response to `rejection`, or `None` when the layer has no hook (and answers
+    /// [`Rejection::problem_response`]).
+    pub(crate) fn render(&self, rejection: &Rejection) -> Option<Response<RejectionBody>> {
+        self.0.as_ref().map(|hook| hook.render(rejection))
     }
 }
 
 impl Renderer {
     /// The response to `problem` with `status` as one boxed body, for layers whose bodies are
-    /// not [`LeaseBody`].
+    /// not the lock layers' `LeaseBody`.
     pub(crate) fn respond_boxed(
         &self,
         problem: Problem,

@@ -14,7 +14,9 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use http::{Method, StatusCode};
 use tokio::sync::watch;
-use tower_lease::{Lock, LockLayer, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract};
+use tower_lease::{
+    Lock, LockLayer, RwLock, RwLockLayer, Semaphore, SemaphoreLayer, Store, extract,
+};
 
 use crate::support::http::{Http, Reply, serve};
 use crate::support::{Env, Gate, Witness};
@@ -132,7 +134,11 @@ async fn reads_then_write(env: &Env, layer: fn(Store) -> RwLockLayer<extract::Pa
             ),
         }
         let during = http.get(addrs[(round + 1) % 3], "/catalog/shop").await;
-        assert_eq!(during.status, StatusCode::LOCKED, "round {round}: {during:?}");
+        assert_eq!(
+            during.status,
+            StatusCode::LOCKED,
+            "round {round}: {during:?}"
+        );
         opener.send_replace(true);
         let put = put.await.unwrap();
         assert_eq!((put.status, put.text()), (StatusCode::OK, "written"));

@@ -16,7 +16,8 @@ async fn warnings(store: Store) -> Vec<String> {
 
 async fn sentinel(topology: &Topology, n: u32) -> Store {
     let wait = Duration::from_millis(300);
-    topology.through_sentinels()
+    topology
+        .through_sentinels()
         .await
         .wait_for_replicas(n, wait)
         .into()

@@ -22,7 +22,8 @@ const FENCED: Lock<str> = Lock::new("fenced-jobs", LEASE).fenced();
 #[tokio::test]
 async fn a_replicated_lease_survives_a_failover_and_is_released_through_the_new_primary() {
     let mut topology = Topology::with_sentinels(Link::Direct).await;
-    let holder: Store = topology.through_sentinels()
+    let holder: Store = topology
+        .through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(500))
         .into();

@@ -24,7 +24,8 @@ const JOBS: Lock<str> = Lock::new("jobs", TTL);
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 async fn replicated(topology: &Topology) -> Store {
-    topology.through_sentinels()
+    topology
+        .through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(300))
         .into()

@@ -177,7 +177,8 @@ async fn a_primary_killed_under_sentinel_mid_request_runs_the_handler_once() {
 #[tokio::test]
 async fn a_primary_killed_mid_request_with_wait_for_replicas_runs_the_handler_once() {
     let mut topology = Topology::two_replicas(Duration::from_secs(1)).await;
-    let store = topology.through_sentinels()
+    let store = topology
+        .through_sentinels()
         .await
         .wait_for_replicas(1, Duration::from_millis(300));
     runs_once_through_a_killed_primary(&mut topology, store.into()).await;

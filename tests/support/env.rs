@@ -103,7 +103,8 @@ impl Env {
     #[cfg(feature = "sentinel")]
     pub async fn sentinel() -> Self {
         use super::Endpoint;
-        let topology = super::sentinel::Topology::with_sentinels(super::sentinel::Link::Direct).await;
+        let topology =
+            super::sentinel::Topology::with_sentinels(super::sentinel::Link::Direct).await;
         let store = Self::through_sentinels(&topology).await;
         let conn = topology.primary.connection().await;
         Env {
@@ -123,7 +124,10 @@ impl Env {
     async fn through_sentinels(topology: &super::sentinel::Topology) -> Store {
         let replicated = Duration::from_millis(300);
         let store = topology.through_sentinels().await;
-        store.wait_for_replicas(1, replicated).timeout(STORE_TIMEOUT).into()
+        store
+            .wait_for_replicas(1, replicated)
+            .timeout(STORE_TIMEOUT)
+            .into()
     }
 
     /// A second store on the same Redis with release notifications, as `RedisStore::connect`
