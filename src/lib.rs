@@ -22,6 +22,7 @@ mod lease;
 mod lock;
 mod name;
 mod owned_name;
+pub mod rejection;
 mod semaphore;
 mod spec;
 pub mod store;

@@ -18,8 +18,8 @@ use super::cache::Replays;
 use super::config::Config;
 use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
-use crate::layer::Reason;
 use crate::lease::own::OwnLease;
+use crate::rejection::Reason;
 use crate::watchdog::Overdue;
 
 /// The first and the longest pause between two tries.

@@ -11,8 +11,8 @@ use super::background::Background;
 use super::body::IdempotentBody;
 use super::cache::Replays;
 use crate::Store;
-use crate::layer::{Problem, Reason, Renderer};
 use crate::lease::heartbeat::HeartbeatTiming;
+use crate::rejection::{Problem, Reason, Renderer};
 use crate::watchdog::Watchdog;
 
 /// The most request body bytes read for the fingerprint by default.

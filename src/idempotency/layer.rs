@@ -14,8 +14,8 @@ use super::config::{
 use super::service::IdempotencyService;
 use crate::Store;
 use crate::layer::extract::ExtractName;
-use crate::layer::{OnRejection, Renderer};
 use crate::lease::heartbeat::HeartbeatTiming;
+use crate::rejection::{OnRejection, Renderer};
 use crate::watchdog::Watchdog;
 
 /// The default scope of an [`IdempotencyLayer`]: every key is unique in the whole namespace.

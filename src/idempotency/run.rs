@@ -27,10 +27,10 @@ use super::extension::IdempotencyKey;
 use super::record;
 use crate::backend::{FINGERPRINT_LEN, Secret};
 use crate::holding::Holding;
-use crate::layer::{BoxError, Reason};
 use crate::lease::heartbeat::Heartbeat;
 use crate::lease::own::OwnLease;
 use crate::owned_name::OwnedName;
+use crate::rejection::{BoxError, Reason};
 use crate::telemetry::{self, IdempotencyOutcome};
 use crate::watchdog::Watchdog;
 

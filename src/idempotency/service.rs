@@ -28,8 +28,8 @@ use super::run::{Reserved, run};
 use crate::backend::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
 use crate::finish_on_drop::FinishOnDrop;
 use crate::layer::extract::ExtractName;
-use crate::layer::{BoxError, Reason};
 use crate::name::LockName;
+use crate::rejection::{BoxError, Reason};
 use crate::store::Watch;
 use crate::telemetry::{self, IdempotencyOutcome};
 

@@ -11,12 +11,12 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::boxed::{BoxError, RejectionBody};
 use super::guard::LeaseGuard;
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
 use crate::finish_on_drop::FinishOnDrop;
+use crate::rejection::{BoxError, RejectionBody};
 use crate::watchdog::{Overdue, Watchdog};
 
 pin_project! {

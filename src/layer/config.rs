@@ -10,11 +10,10 @@ use super::body::LeaseBody;
 use super::deadline::{Beat, Deadline};
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
-use super::problem::Problem;
-use super::rejection::{Rejection, Renderer};
 use super::shared_read::{Linger, SharedReads};
 use crate::Store;
 use crate::lease::heartbeat::Heartbeat;
+use crate::rejection::{Problem, Rejection, Renderer};
 use crate::spec::Spec;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
@@ -34,7 +33,7 @@ pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
     /// The status of a busy answer (for a semaphore: full), when the user chose one; the
-    /// [refusal table](super::refusal)'s otherwise.
+    /// [refusal table](crate::rejection::Reason)'s otherwise.
     pub(crate) busy_status: Option<StatusCode>,
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
@@ -131,7 +130,7 @@ impl Config {
         };
     }
 
-    /// The layer's answer to `problem`, with the status the [refusal table](super::refusal)
+    /// The layer's answer to `problem`, with the status the [refusal table](crate::rejection::Reason)
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.busy_status);

@@ -16,12 +16,11 @@ use super::body::LeaseBody;
 use super::config::Config;
 use super::guard::{Guarded, LeaseGuard};
 use super::lease_lost::LeaseLost;
-use super::problem::Problem;
-use super::refusal::Reason;
 use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
 use crate::attempt::Attempt;
 use crate::finish_on_drop::FinishOnDrop;
+use crate::rejection::{Problem, Reason};
 use crate::watchdog::Overdue;
 
 pin_project! {

@@ -291,7 +291,6 @@ mod config;
 mod deadline;
 
 mod body;
-mod boxed;
 mod buffer;
 pub mod extract;
 
@@ -300,9 +299,6 @@ mod guard;
 mod hold_times;
 mod lease_lost;
 mod options;
-mod problem;
-mod refusal;
-mod rejection;
 mod release_wait;
 mod semaphore;
 mod service;
@@ -310,16 +306,11 @@ mod shared_read;
 mod timeout_body;
 
 pub use self::body::{LeaseBody, LeaseLostError};
-pub use self::boxed::{BoxError, RejectionBody};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease_lost::LeaseLost;
-pub(crate) use self::problem::Problem;
-pub use self::refusal::Reason;
-pub(crate) use self::rejection::Renderer;
-pub use self::rejection::{AnyBody, BytesBody, OnRejection, Rejection};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LeaseService;
 pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};

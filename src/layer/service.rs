@@ -19,8 +19,6 @@ use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
-use super::problem::Problem;
-use super::refusal::Reason;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
@@ -30,6 +28,7 @@ use crate::backend::Mode;
 use crate::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::holding::Holding;
 use crate::owned_name::OwnedName;
+use crate::rejection::{Problem, Reason};
 use crate::spec::Spec;
 use crate::telemetry;
 

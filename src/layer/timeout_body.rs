@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::boxed::BoxError;
+use crate::rejection::BoxError;
 use crate::watchdog::{Overdue, Watchdog};
 
 pin_project! {

@@ -1,6 +1,6 @@
 //! The one table of the layers' refusals: for each [`Reason`], the status it is answered
 //! with, its problem `type` and its title. Every layer and [`IdempotencyLayer`] answer from
-//! it, and the table in [`Reason`]'s docs (`refusals.md`) is checked against it by the tests
+//! it, and the table in [`Reason`]'s docs (`reasons.md`) is checked against it by the tests
 //! below; the only status a user chooses is the one for a taken lock (`busy_status`,
 //! `full_status`).
 //!
@@ -15,7 +15,7 @@ use http::StatusCode;
 /// Each reason's status, problem `type` and title, as the layer answers it (an
 /// [`on_rejection`](crate::LockLayer::on_rejection) hook may answer otherwise):
 ///
-#[doc = include_str!("refusals.md")]
+#[doc = include_str!("reasons.md")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reason {
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn the_documented_table_is_the_code() {
-        let doc = include_str!("refusals.md");
+        let doc = include_str!("reasons.md");
         let rows: Vec<&str> = doc.lines().skip(2).collect();
         let reasons = every_reason();
         assert_eq!(rows.len(), reasons.len(), "one row per reason");

@@ -1,5 +1,5 @@
 //! The responses the layer makes itself: RFC 9457 `application/problem+json` documents, with
-//! the status, type and title [the refusal table](super::refusal) gives each reason.
+//! the status, type and title [the refusal table](super::reason) gives each reason.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::extract::NameDefect;
-use super::refusal::{Reason, Refusal};
+use super::reason::{Reason, Refusal};
+use crate::layer::extract::NameDefect;
 
 const PROBLEM_JSON: &str = "application/problem+json";
 

@@ -11,9 +11,9 @@ use http::{Response, StatusCode};
 
 use http_body_util::{BodyExt, Full};
 
-use super::boxed::{BoxError, RejectionBody};
+use super::body::{BoxError, RejectionBody};
 use super::problem::Problem;
-use super::refusal::Reason;
+use super::reason::Reason;
 
 /// A request the layer answered itself instead of running the inner service.
 ///
@@ -81,7 +81,7 @@ impl Rejection {
 /// ```
 /// use axum::response::{IntoResponse, Response};
 /// use http::StatusCode;
-/// use tower_lease::layer::{Reason, Rejection};
+/// use tower_lease::rejection::{Reason, Rejection};
 ///
 /// // The application's own error type, as its handlers return it.
 /// enum AppError { Busy, Other(StatusCode) }
