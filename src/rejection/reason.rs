@@ -310,7 +310,7 @@ mod tests {
     #[test]
     fn the_contract_tables_agree_with_the_table() {
         let docs = [
-            include_str!("mod.rs"),
+            include_str!("../layer/mod.rs"),
             include_str!("../idempotency/mod.rs"),
         ];
         let reasons = every_reason();
