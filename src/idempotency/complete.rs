@@ -18,9 +18,9 @@ use super::cache::Replays;
 use super::config::Config;
 use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
 use crate::rejection::Reason;
-use crate::watchdog::Overdue;
+use crate::wait::coarse_timer::Overdue;
 
 /// The first and the longest pause between two tries.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

@@ -151,7 +151,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::spec::Spec;
+use crate::locks::spec::Spec;
 
 mod background;
 mod body;

@@ -26,13 +26,13 @@ use super::config::Config;
 use super::extension::IdempotencyKey;
 use super::record;
 use crate::backend::{FINGERPRINT_LEN, Secret};
-use crate::holding::Holding;
 use crate::lease::heartbeat::Heartbeat;
-use crate::lease::own::OwnLease;
-use crate::owned_name::OwnedName;
+use crate::lease::kept::OwnLease;
+use crate::lease::raw::Holding;
+use crate::name::owned::OwnedName;
 use crate::rejection::{BoxError, Reason};
 use crate::telemetry::{self, IdempotencyOutcome};
-use crate::watchdog::Watchdog;
+use crate::wait::coarse_timer::Watchdog;
 
 /// A key the store reserved for this request.
 pub(crate) struct Reserved {

@@ -15,9 +15,9 @@ use super::guard::LeaseGuard;
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
-use crate::finish_on_drop::FinishOnDrop;
+use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::rejection::{BoxError, RejectionBody};
-use crate::watchdog::{Overdue, Watchdog};
+use crate::wait::coarse_timer::{Overdue, Watchdog};
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and

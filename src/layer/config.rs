@@ -13,8 +13,8 @@ use super::lease_lost::LeaseLost;
 use super::shared_read::{Linger, SharedReads};
 use crate::Store;
 use crate::lease::heartbeat::Heartbeat;
+use crate::locks::spec::Spec;
 use crate::rejection::{Problem, Rejection, Renderer};
-use crate::spec::Spec;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -65,7 +65,7 @@ pub(crate) struct Config {
     /// How long the response waits for the release before it goes out anyway (see
     /// [`Overdue`]).
     ///
-    /// [`Overdue`]: crate::watchdog::Overdue
+    /// [`Overdue`]: crate::wait::coarse_timer::Overdue
     pub(crate) release_wait: Deadline,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].

@@ -12,14 +12,14 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::shared_read::SharedRead;
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::holding::Holding;
+use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
+use crate::lease::raw::Holding;
 use crate::lease::{Lease, LeaseState};
-use crate::watchdog::Watchdog;
+use crate::locks::attempt::Attempt;
+use crate::wait::coarse_timer::Watchdog;
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;

@@ -22,15 +22,15 @@ use super::guard::{Guarded, LeaseGuard};
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
-use crate::acquire_within::acquire_within;
-use crate::attempt::{Attempt, outcome};
 use crate::backend::Mode;
-use crate::finish_on_drop::{FinishOnDrop, SentAt};
-use crate::holding::Holding;
-use crate::owned_name::OwnedName;
+use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
+use crate::lease::raw::Holding;
+use crate::locks::attempt::{Attempt, outcome};
+use crate::locks::spec::Spec;
+use crate::name::owned::OwnedName;
 use crate::rejection::{Problem, Reason};
-use crate::spec::Spec;
 use crate::telemetry;
+use crate::wait::acquire_within::acquire_within;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]

@@ -14,11 +14,11 @@ use tokio_util::sync::WaitForCancellationFuture;
 
 use super::handle::Lease;
 use super::heartbeat::HeartbeatTiming;
-use super::own::OwnLease;
+use super::kept::OwnLease;
 use super::state::LeaseState;
 use crate::Result;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::holding::Holding;
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::lease::raw::Holding;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
 /// ([`LockToken::keep_alive`](crate::LockToken::keep_alive),

@@ -9,7 +9,7 @@ use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::holding::{Holding, valid_for};
+use crate::lease::raw::{Holding, valid_for};
 use crate::telemetry::{self, LossReason};
 
 /// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held

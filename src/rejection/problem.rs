@@ -9,7 +9,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::reason::{Reason, Refusal};
-use crate::layer::extract::NameDefect;
+use crate::name::from_request::NameDefect;
 
 const PROBLEM_JSON: &str = "application/problem+json";
 

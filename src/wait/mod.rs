@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
+pub(crate) mod acquire_within;
+pub(crate) mod coarse_timer;
 pub(crate) mod rooms;
+pub(crate) mod write_intent;
 
 /// The first wait between polls for a release in another process; it doubles up to
 /// [`MAX_POLL`], never past the holder's remaining lease.

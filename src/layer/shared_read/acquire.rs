@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
-use crate::attempt::Attempt;
-use crate::holding::Holding;
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
+use crate::lease::raw::Holding;
+use crate::locks::attempt::Attempt;
 use crate::{Error, Result};
 
 /// A request waiting for the acquisition another request of its share sent.

@@ -45,10 +45,10 @@ pub(crate) use self::linger::Linger;
 pub(crate) use self::read::SharedRead;
 
 use crate::Error;
-use crate::holding::Holding;
 use crate::lease::LeaseState;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
+use crate::lease::raw::Holding;
 use crate::store::IntentListener;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name

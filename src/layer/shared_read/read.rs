@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Held, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::heartbeat::Heartbeat;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
 use crate::lease::{Lease, LeaseState};
-use crate::watchdog::{Overdue, Watchdog};
+use crate::wait::coarse_timer::{Overdue, Watchdog};
 
 /// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {

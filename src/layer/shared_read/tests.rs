@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
 use crate::backend::Mode;
+use crate::locks::attempt::Attempt;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
 

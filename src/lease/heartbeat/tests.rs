@@ -12,11 +12,11 @@ use tokio::time::Instant;
 
 use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
 use crate::backend::{Acquisition, Backend, Extended, LeaseRef, LockRef, Mode};
-use crate::holding::Holding;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::OwnLease;
+use crate::lease::raw::Holding;
+use crate::locks::attempt::Attempt;
 use crate::store::MemoryStore;
 use crate::{Error, Lock, Store};
 

@@ -10,7 +10,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use super::RedisStore;
 use crate::backend::BoxFuture;
-use crate::watchdog;
+use crate::wait::coarse_timer as watchdog;
 use crate::{Error, Result};
 
 /// Who keeps a call's deadline.

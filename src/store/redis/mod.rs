@@ -14,7 +14,7 @@ use self::deadline::{Bound, multiplexed};
 use self::notify::Notifications;
 use self::replicas::Replicas;
 use crate::backend::{Acquisition, LockRef};
-use crate::watchdog;
+use crate::wait::coarse_timer as watchdog;
 use crate::{Error, Result};
 
 mod backend;

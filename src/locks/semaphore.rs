@@ -4,12 +4,12 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::attempt::Attempt;
 use crate::backend::Mode;
+use crate::locks::attempt::Attempt;
+use crate::locks::spec::Spec;
+use crate::locks::token::Permit;
 use crate::name::{LockName, check_name};
-use crate::spec::Spec;
 use crate::store::Store;
-use crate::token::Permit;
 use crate::{Error, Result};
 
 /// A counting lock: per name, at most `permits` holders at once across every process that

@@ -9,9 +9,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
-use crate::holding::Holding;
+use crate::lease::raw::Holding;
+use crate::locks::attempt::Attempt;
 
 /// An acquisition's answer, with the instant its command was sent.
 pub(crate) type Acquired = (Instant, Result<Attempt<Holding>>);

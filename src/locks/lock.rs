@@ -5,15 +5,15 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
-use crate::acquire_within::acquire_within;
-use crate::attempt::Attempt;
 use crate::backend::Mode;
-use crate::holding::Holding;
+use crate::lease::raw::Holding;
+use crate::locks::attempt::Attempt;
+use crate::locks::spec::Spec;
+use crate::locks::token::{LockToken, ReadToken};
 use crate::name::LockName;
-use crate::spec::Spec;
 use crate::store::Store;
 use crate::telemetry::AcquireOutcome;
-use crate::token::{LockToken, ReadToken};
+use crate::wait::acquire_within::acquire_within;
 
 impl Spec {
     /// Takes the lease on `name` if it is free.

@@ -5,9 +5,9 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::holding::Holding;
 use crate::lease::Held;
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::lease::raw::Holding;
 
 macro_rules! token {
     ($(#[$doc:meta])* $ty:ident) => {

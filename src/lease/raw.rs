@@ -9,11 +9,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::attempt::{Attempt, outcome};
 use crate::backend::{Acquisition, Extended, LeaseRef, Mode, Secret};
+use crate::locks::attempt::{Attempt, outcome};
+use crate::locks::spec::Spec;
 use crate::name::check_name;
-use crate::owned_name::OwnedName;
-use crate::spec::Spec;
+use crate::name::owned::OwnedName;
 use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome, ExtendOutcome, Moment};
 

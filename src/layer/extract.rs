@@ -35,9 +35,7 @@ use percent_encoding::percent_decode_str;
 
 use crate::LockName;
 
-mod name_rules;
-
-pub(crate) use self::name_rules::NameDefect;
+pub(crate) use crate::name::from_request::NameDefect;
 
 /// Picks the lock name for a request.
 ///

@@ -9,8 +9,8 @@ use super::handle::Lease;
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::state::LeaseState;
 use crate::backend::BoxFuture;
-use crate::holding::Holding;
-use crate::watchdog::{Overdue, Watchdog};
+use crate::lease::raw::Holding;
+use crate::wait::coarse_timer::{Overdue, Watchdog};
 
 /// Owns a lease the layer holds: its place in the store's heartbeat, and its release.
 ///

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 
-use crate::attempt::{Attempt, outcome};
 use crate::backend::{Mode, Secret};
-use crate::finish_on_drop::{Acquired, FinishOnDrop};
-use crate::holding::Holding;
-use crate::spec::Spec;
+use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::lease::raw::Holding;
+use crate::locks::attempt::{Attempt, outcome};
+use crate::locks::spec::Spec;
 use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome};
+use crate::wait::write_intent::KeptIntent;
 use crate::wait::{Backoff, MAX_POLL};
-use crate::write_intent::KeptIntent;
 
 /// With release notifications, attempts follow the notifications and the holder's lease end;
 /// a slow poll remains, in case a notification is lost (a subscription that raced its own

@@ -1,6 +1,10 @@
-//! What a lock is taken on: [`LockName`] and the length rule every name meets.
+//! What a lock is taken on: [`LockName`] and the length rule every name meets; a held lease's
+//! copy of its name ([`owned`]); the rules a name taken from a request meets ([`from_request`]).
 
 use std::borrow::Cow;
+
+pub(crate) mod from_request;
+pub(crate) mod owned;
 
 use crate::{Error, Result};
 
