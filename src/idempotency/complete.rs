@@ -18,7 +18,7 @@ use super::cache::Replays;
 use super::config::Config;
 use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
-use crate::lease::kept::OwnLease;
+use crate::lease::kept::KeptLease;
 use crate::rejection::Reason;
 use crate::wait::coarse_timer::Overdue;
 
@@ -36,7 +36,7 @@ struct Pending {
     replays: Arc<Replays>,
     /// The reservation, kept by the heartbeat while storing fails; stopped without a release
     /// when this is dropped (a release could free the key for a second run).
-    own: Option<OwnLease>,
+    own: Option<KeptLease>,
     fingerprint: [u8; FINGERPRINT_LEN],
     record: Bytes,
     retention: Duration,
@@ -133,7 +133,7 @@ impl Pending {
 /// key was taken).
 pub(super) async fn complete(
     config: &Config,
-    own: OwnLease,
+    own: KeptLease,
     fingerprint: [u8; FINGERPRINT_LEN],
     record: Bytes,
 ) -> Result<(), Reason> {

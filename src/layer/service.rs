@@ -24,7 +24,7 @@ use super::timeout_body::TimeoutBody;
 use crate::LockName;
 use crate::backend::Mode;
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
-use crate::lease::raw::Holding;
+use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
 use crate::locks::spec::Spec;
 use crate::name::owned::OwnedName;
@@ -188,7 +188,7 @@ where
                 None => {
                     let (store, timing) = (config.store.clone(), config.beat.timing());
                     let on_store_error = Some(on_store_error);
-                    let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
+                    let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error);
                     // A named future rather than an `async` block around `attempt`, which would
                     // hold it twice (see `SentAt`): this is boxed for every request in flight.
                     let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
@@ -236,7 +236,7 @@ async fn shared_read(
                 let (store, spec) = (config.store.clone(), config.spec);
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
-                let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error).await;
+                let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }

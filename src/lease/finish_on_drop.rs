@@ -10,11 +10,11 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::backend::BoxFuture;
-use crate::lease::raw::Holding;
+use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
 
 /// An acquisition's answer, with the instant its command was sent.
-pub(crate) type Acquired = (Instant, Result<Attempt<Holding>>);
+pub(crate) type Acquired = (Instant, Result<Attempt<RawLease>>);
 
 pin_project! {
     /// An acquisition that also answers when it was first polled, which is before its command

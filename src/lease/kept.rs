@@ -1,4 +1,4 @@
-//! [`OwnLease`]: owns one held lease: its place in the store's heartbeat, and its release.
+//! [`KeptLease`]: owns one held lease: its place in the store's heartbeat, and its release.
 
 use std::sync::Arc;
 use std::task::Context;
@@ -9,15 +9,15 @@ use super::handle::Lease;
 use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::state::LeaseState;
 use crate::backend::BoxFuture;
-use crate::lease::raw::Holding;
-use crate::wait::coarse_timer::{Overdue, Watchdog};
+use crate::lease::raw::RawLease;
+use crate::wait::coarse_timer::{CoarseTimer, Overdue};
 
 /// Owns a lease the layer holds: its place in the store's heartbeat, and its release.
 ///
 /// Dropped without [`release`](Self::release) (the client went away, the future or body was
 /// dropped), it withdraws the lease from the heartbeat and spawns the release, so the lock is
 /// free in about one round trip instead of after the TTL.
-pub(crate) struct OwnLease {
+pub(crate) struct KeptLease {
     pub(crate) state: Arc<LeaseState>,
     enrolment: Enrolment,
 }
@@ -43,9 +43,9 @@ enum Enrolment {
     Released,
 }
 
-impl OwnLease {
+impl KeptLease {
     /// Takes charge of `holding`, acquired by a command sent at `sent_at`.
-    pub(crate) fn new(holding: Holding, sent_at: Instant, timing: HeartbeatTiming) -> Self {
+    pub(crate) fn new(holding: RawLease, sent_at: Instant, timing: HeartbeatTiming) -> Self {
         let state = Arc::new(LeaseState::new(holding, sent_at));
         tracing::debug!(
             namespace = state.holding.namespace(),
@@ -53,7 +53,7 @@ impl OwnLease {
             fence = state.holding.fence(),
             "lease acquired"
         );
-        OwnLease {
+        KeptLease {
             state,
             enrolment: Enrolment::Pending {
                 first_beat: None,
@@ -70,7 +70,7 @@ impl OwnLease {
         &mut self,
         cx: &mut Context<'_>,
         heartbeat: &Heartbeat,
-        timer: &Arc<Watchdog>,
+        timer: &Arc<CoarseTimer>,
     ) {
         let Enrolment::Pending {
             first_beat,
@@ -142,7 +142,7 @@ impl OwnLease {
     }
 }
 
-impl OwnLease {
+impl KeptLease {
     /// Stops the heartbeat for a release the caller makes itself, and answers the state to
     /// release: dropped after this, the lease spawns no release of its own.
     pub(crate) fn stop(mut self) -> Arc<LeaseState> {
@@ -157,7 +157,7 @@ impl OwnLease {
     }
 }
 
-impl Drop for OwnLease {
+impl Drop for KeptLease {
     fn drop(&mut self) {
         if !self.withdraw() {
             return;

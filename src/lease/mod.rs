@@ -4,7 +4,7 @@
 //! - [`LeaseState`] is what everyone knows about one held lease: until when it is valid on the
 //!   monotonic clock, and whether it ended (released, or lost and why).
 //! - [`Lease`] is the cloneable handle on it that handlers and jobs read.
-//! - [`kept::OwnLease`] owns one lease: its place in the store's heartbeat and its release,
+//! - [`kept::KeptLease`] owns one lease: its place in the store's heartbeat and its release,
 //!   spawned when it is dropped.
 //! - [`heartbeat`] is one task per [`Store`](crate::Store) that extends every lease enrolled in
 //!   it, in batches.

@@ -1,4 +1,4 @@
-//! [`Holding`]: a lease we hold, of any mode, and how it is taken, extended and released.
+//! [`RawLease`]: a lease we hold, of any mode, and how it is taken, extended and released.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -24,7 +24,7 @@ pub(crate) fn valid_for(ttl: Duration) -> Duration {
 }
 
 /// A lease we hold, of any mode: what both token types and the layer are built on.
-pub(crate) struct Holding {
+pub(crate) struct RawLease {
     store: Store,
     spec: Spec,
     mode: Mode,
@@ -43,14 +43,14 @@ pub(crate) struct Holding {
     counted: std::sync::atomic::AtomicBool,
 }
 
-impl Holding {
+impl RawLease {
     /// Takes the lease on `name` if it is free; a store failure counts as `store_error`.
     pub(crate) fn acquire(
         store: Store,
         spec: Spec,
         mode: Mode,
         name: Cow<'_, [u8]>,
-    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send + '_ {
+    ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send + '_ {
         Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError))
     }
 
@@ -74,7 +74,7 @@ impl Holding {
         mode: Mode,
         name: N,
         on_store_error: Option<AcquireOutcome>,
-    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
     {
@@ -95,7 +95,7 @@ impl Holding {
         name: N,
         on_store_error: Option<AcquireOutcome>,
         secret: Secret,
-    ) -> impl Future<Output = Result<Attempt<Holding>>> + Send
+    ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
     {
@@ -134,7 +134,7 @@ impl Holding {
                 let key = store.intent_key(namespace, name.as_ref());
                 store.intents().raise(&key);
             }
-            Ok(answer?.map(|fence| Holding {
+            Ok(answer?.map(|fence| RawLease {
                 store,
                 spec,
                 mode,
@@ -160,7 +160,7 @@ impl Holding {
         secret: Secret,
         fence: Option<u64>,
         sent_at: Instant,
-    ) -> Holding {
+    ) -> RawLease {
         let answered = Moment::now();
         telemetry::store_answered(
             spec.namespace,
@@ -170,7 +170,7 @@ impl Holding {
             answered,
             answered,
         );
-        Holding {
+        RawLease {
             store,
             spec,
             mode: Mode::Reservation,
@@ -188,11 +188,11 @@ impl Holding {
     /// The same lease for a new owner, when the old one (a [`Held`](crate::Held)'s state,
     /// which handles may keep alive) stops holding it without a release: same secret, fence
     /// and confirmed time. The lease ends once in the metrics, when the new owner is done.
-    pub(crate) fn hand_over(&self) -> Holding {
+    pub(crate) fn hand_over(&self) -> RawLease {
         #[cfg(feature = "metrics")]
         self.counted
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        Holding {
+        RawLease {
             store: self.store.clone(),
             spec: self.spec,
             mode: self.mode,
@@ -287,7 +287,7 @@ impl Holding {
 }
 
 #[cfg(feature = "metrics")]
-impl Drop for Holding {
+impl Drop for RawLease {
     fn drop(&mut self) {
         if *self.counted.get_mut() {
             telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
@@ -295,7 +295,7 @@ impl Drop for Holding {
     }
 }
 
-impl Holding {
+impl RawLease {
     /// Writes this holding as `type_name { namespace, name, mode, fence, .. }`: a token prints
     /// as what it is (`LockToken { .. }`), not as the lease inside it.
     pub(crate) fn debug_as(&self, f: &mut fmt::Formatter<'_>, type_name: &str) -> fmt::Result {
@@ -309,8 +309,8 @@ impl Holding {
     }
 }
 
-impl fmt::Debug for Holding {
+impl fmt::Debug for RawLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.debug_as(f, "Holding")
+        self.debug_as(f, "RawLease")
     }
 }

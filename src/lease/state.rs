@@ -9,7 +9,7 @@ use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::raw::{Holding, valid_for};
+use crate::lease::raw::{RawLease, valid_for};
 use crate::telemetry::{self, LossReason};
 
 /// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held
@@ -20,7 +20,7 @@ use crate::telemetry::{self, LossReason};
 /// token (any number of futures may wait on them), and few handlers call them, so it is made
 /// on first use.
 pub(crate) struct LeaseState {
-    pub(crate) holding: Holding,
+    pub(crate) holding: RawLease,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
     /// [`LIVE`], [`RELEASED`] or [`LOST`]; it leaves `LIVE` once.
@@ -42,7 +42,7 @@ const LOST: u8 = 2;
 
 impl LeaseState {
     /// The state of `holding`, acquired by a command sent at `sent_at`.
-    pub(crate) fn new(holding: Holding, sent_at: Instant) -> Self {
+    pub(crate) fn new(holding: RawLease, sent_at: Instant) -> Self {
         let state = Self {
             holding,
             valid_until: Mutex::new(sent_at),

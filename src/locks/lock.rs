@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::backend::Mode;
-use crate::lease::raw::Holding;
+use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
 use crate::locks::spec::Spec;
 use crate::locks::token::{LockToken, ReadToken};
@@ -22,11 +22,11 @@ impl Spec {
         store: &Store,
         mode: Mode,
         name: &N,
-    ) -> Result<Attempt<Holding>>
+    ) -> Result<Attempt<RawLease>>
     where
         N: LockName + ?Sized,
     {
-        Holding::acquire(store.clone(), self, mode, name.lock_name()).await
+        RawLease::acquire(store.clone(), self, mode, name.lock_name()).await
     }
 
     /// Acquires, waiting up to `wait` while the lock is busy; a zero wait is one attempt.
@@ -36,7 +36,7 @@ impl Spec {
         mode: Mode,
         name: &N,
         wait: Duration,
-    ) -> Result<Attempt<Holding>>
+    ) -> Result<Attempt<RawLease>>
     where
         N: LockName + ?Sized,
     {

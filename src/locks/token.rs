@@ -7,19 +7,19 @@ use std::time::Duration;
 use crate::Result;
 use crate::lease::Held;
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::lease::raw::Holding;
+use crate::lease::raw::RawLease;
 
 macro_rules! token {
     ($(#[$doc:meta])* $ty:ident) => {
         $(#[$doc])*
         #[must_use = "a lease that is not released blocks others until its TTL runs out"]
         pub struct $ty<L> {
-            holding: Holding,
+            holding: RawLease,
             lock: PhantomData<fn() -> L>,
         }
 
         impl<L> $ty<L> {
-            pub(crate) fn new(holding: Holding) -> Self {
+            pub(crate) fn new(holding: RawLease) -> Self {
                 Self { holding, lock: PhantomData }
             }
 

@@ -9,7 +9,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Mode, Secret};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
-use crate::lease::raw::Holding;
+use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
 use crate::locks::spec::Spec;
 use crate::store::Store;
@@ -182,7 +182,7 @@ async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8], secret: &Se
         // Taken before the command leaves, so the lease's end is never overestimated.
         let sent_at = Instant::now();
         let name = Cow::Owned(name);
-        let attempt = Holding::acquire_with(store, spec, mode, name, None, secret).await;
+        let attempt = RawLease::acquire_with(store, spec, mode, name, None, secret).await;
         (sent_at, attempt)
     });
     FinishOnDrop::acquisition(call).await

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// The shared timer of one store (and its clones), or of one layer's releases.
 #[derive(Debug)]
-pub(crate) struct Watchdog {
+pub(crate) struct CoarseTimer {
     tick: Duration,
     /// Ticks until a call that starts now is overdue: at least the whole deadline, since
     /// the clock may be up to one tick behind.
@@ -38,7 +38,7 @@ struct Waiting {
     started: u64,
 }
 
-impl Watchdog {
+impl CoarseTimer {
     pub(crate) fn new(timeout: Duration) -> Arc<Self> {
         let tick = (timeout / 32).clamp(Duration::from_millis(1), Duration::from_millis(25));
         Arc::new(Self {
@@ -103,12 +103,12 @@ fn ticks_for(wait: Duration, tick: Duration) -> u64 {
 
 /// Clears `ticking` however ticking task `id` ends, dropped with its runtime included, so
 /// that the next call starts another.
-struct Ticking(Weak<Watchdog>, u64);
+struct Ticking(Weak<CoarseTimer>, u64);
 
 impl Drop for Ticking {
     fn drop(&mut self) {
-        if let Some(watchdog) = self.0.upgrade() {
-            let mut waiting = watchdog.lock();
+        if let Some(timer) = self.0.upgrade() {
+            let mut waiting = timer.lock();
             if waiting.ticking == Some(self.1) {
                 waiting.ticking = None;
             }
@@ -116,10 +116,10 @@ impl Drop for Ticking {
     }
 }
 
-/// Ticking task `id`: advances the clock of `watchdog` and wakes the calls that are overdue.
-async fn tick(watchdog: Weak<Watchdog>, id: u64) {
-    let _ticking = Ticking(watchdog.clone(), id);
-    let Some(period) = watchdog.upgrade().map(|watchdog| watchdog.tick) else {
+/// Ticking task `id`: advances the clock of `timer` and wakes the calls that are overdue.
+async fn tick(timer: Weak<CoarseTimer>, id: u64) {
+    let _ticking = Ticking(timer.clone(), id);
+    let Some(period) = timer.upgrade().map(|timer| timer.tick) else {
         return;
     };
     let mut interval = tokio::time::interval(period);
@@ -127,15 +127,15 @@ async fn tick(watchdog: Weak<Watchdog>, id: u64) {
     interval.tick().await;
     loop {
         interval.tick().await;
-        let Some(watchdog) = watchdog.upgrade() else {
+        let Some(timer) = timer.upgrade() else {
             return;
         };
-        let mut waiting = watchdog.lock();
+        let mut waiting = timer.lock();
         if waiting.ticking != Some(id) {
             return;
         }
         // Advanced under the lock: only the one live task moves the clock.
-        let now = watchdog.now.fetch_add(1, Ordering::AcqRel) + 1;
+        let now = timer.now.fetch_add(1, Ordering::AcqRel) + 1;
         if waiting.free.len() == waiting.slots.len() {
             // Nothing waits: end, and let the next call start the clock again. Cleared
             // here, under the lock, so that a call registering now starts a new task.
@@ -155,7 +155,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct Deadline<'a, F> {
         #[pin]
         call: F,
-        watchdog: &'a Arc<Watchdog>,
+        timer: &'a Arc<CoarseTimer>,
         // The slot, deadline (in ticks) and waker once registered.
         registered: Option<(usize, u64, Waker)>,
     }
@@ -164,19 +164,19 @@ pin_project_lite::pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((slot, _, _)) = this.registered.take() {
-                this.watchdog.remove(slot);
+                this.timer.remove(slot);
             }
         }
     }
 }
 
-// Only a Redis store bounds its calls with the watchdog; every other user asks `Overdue`.
+// Only a Redis store bounds its calls with the timer; every other user asks `Overdue`.
 #[cfg(feature = "redis")]
 impl<'a, F> Deadline<'a, F> {
-    pub(crate) fn new(watchdog: &'a Arc<Watchdog>, call: F) -> Self {
+    pub(crate) fn new(timer: &'a Arc<CoarseTimer>, call: F) -> Self {
         Self {
             call,
-            watchdog,
+            timer,
             registered: None,
         }
     }
@@ -189,77 +189,77 @@ impl<F: Future> Future for Deadline<'_, F> {
         let this = self.project();
         if let Poll::Ready(reply) = this.call.poll(cx) {
             if let Some((slot, _, _)) = this.registered.take() {
-                this.watchdog.remove(slot);
+                this.timer.remove(slot);
             }
             return Poll::Ready(Some(reply));
         }
-        let ticks = this.watchdog.ticks;
-        poll_overdue(this.watchdog, ticks, this.registered, cx).map(|()| None)
+        let ticks = this.timer.ticks;
+        poll_overdue(this.timer, ticks, this.registered, cx).map(|()| None)
     }
 }
 
 /// Ready once the deadline of `registered` has passed; on the first call, registers `cx` for a
 /// deadline `ticks` from now.
 fn poll_overdue(
-    watchdog: &Arc<Watchdog>,
+    timer: &Arc<CoarseTimer>,
     ticks: u64,
     registered: &mut Option<(usize, u64, Waker)>,
     cx: &mut Context<'_>,
 ) -> Poll<()> {
-    let now = watchdog.now.load(Ordering::Acquire);
+    let now = timer.now.load(Ordering::Acquire);
     match registered {
         None => {
             let deadline = now + ticks;
-            let slot = watchdog.register(deadline, cx.waker());
+            let slot = timer.register(deadline, cx.waker());
             *registered = Some((slot, deadline, cx.waker().clone()));
         }
         Some((slot, deadline, _)) if *deadline <= now => {
             let slot = *slot;
             *registered = None;
-            watchdog.remove(slot);
+            timer.remove(slot);
             return Poll::Ready(());
         }
         Some((slot, _, waker)) => {
             // The task moved (another waker): the timer must wake the new one.
             if !waker.will_wake(cx.waker()) {
                 waker.clone_from(cx.waker());
-                watchdog.update(*slot, cx.waker());
+                timer.update(*slot, cx.waker());
             }
         }
     }
     Poll::Pending
 }
 
-/// A wait of a watchdog's deadline, counted from its first poll, that owns its handle on the
-/// watchdog: for the layer's response future and body, which cannot borrow one. A tokio timer
+/// A wait of a timer's deadline, counted from its first poll, that owns its handle on the
+/// timer: for the layer's response future and body, which cannot borrow one. A tokio timer
 /// per wait costs about a thousand instructions to register and remove; this, two uncontended
 /// lock round trips.
 #[derive(Debug)]
 pub(crate) struct Overdue {
-    watchdog: Arc<Watchdog>,
+    timer: Arc<CoarseTimer>,
     /// Ticks from the first poll to the deadline.
     ticks: u64,
     registered: Option<(usize, u64, Waker)>,
 }
 
 impl Overdue {
-    /// A wait of the watchdog's own deadline.
-    pub(crate) fn new(watchdog: Arc<Watchdog>) -> Self {
-        let ticks = watchdog.ticks;
+    /// A wait of the timer's own deadline.
+    pub(crate) fn new(timer: Arc<CoarseTimer>) -> Self {
+        let ticks = timer.ticks;
         Self {
-            watchdog,
+            timer,
             ticks,
             registered: None,
         }
     }
 
-    /// A wait until `deadline` on the watchdog's clock (at most two of its ticks late): the
+    /// A wait until `deadline` on the timer's clock (at most two of its ticks late): the
     /// coarse `sleep_until`. Poll it at once, as its ticks count from now.
-    pub(crate) fn until(watchdog: Arc<Watchdog>, deadline: tokio::time::Instant) -> Self {
+    pub(crate) fn until(timer: Arc<CoarseTimer>, deadline: tokio::time::Instant) -> Self {
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let ticks = watchdog.ticks_for(wait);
+        let ticks = timer.ticks_for(wait);
         Self {
-            watchdog,
+            timer,
             ticks,
             registered: None,
         }
@@ -267,14 +267,14 @@ impl Overdue {
 
     /// Ready once the deadline has passed; the task of `cx` is woken then.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        poll_overdue(&self.watchdog, self.ticks, &mut self.registered, cx)
+        poll_overdue(&self.timer, self.ticks, &mut self.registered, cx)
     }
 }
 
 impl Drop for Overdue {
     fn drop(&mut self) {
         if let Some((slot, _, _)) = self.registered.take() {
-            self.watchdog.remove(slot);
+            self.timer.remove(slot);
         }
     }
 }

@@ -108,7 +108,7 @@ impl SharedReads {
     /// Ends the linger of `name`'s share, if it has no request left: the lease to release, so
     /// that a write of the name in this layer never waits for (or is refused by) the layer's
     /// own idle share.
-    pub(crate) fn end_linger(&self, name: &[u8]) -> Option<crate::lease::kept::OwnLease> {
+    pub(crate) fn end_linger(&self, name: &[u8]) -> Option<crate::lease::kept::KeptLease> {
         let mut shares = self.lock();
         let share = shares.get(name)?;
         if share.members.load(Ordering::Relaxed) != 0 {

@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Held, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::heartbeat::Heartbeat;
-use crate::lease::kept::OwnLease;
+use crate::lease::kept::KeptLease;
 use crate::lease::{Lease, LeaseState};
-use crate::wait::coarse_timer::{Overdue, Watchdog};
+use crate::wait::coarse_timer::{CoarseTimer, Overdue};
 
 /// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {
@@ -63,7 +63,7 @@ impl SharedRead {
         &mut self,
         cx: &mut Context<'_>,
         heartbeat: &Heartbeat,
-        timer: &Arc<Watchdog>,
+        timer: &Arc<CoarseTimer>,
     ) {
         let share = self.share.clone();
         let held = share.held().expect("a shared read holds a lease");
@@ -101,7 +101,7 @@ impl SharedRead {
     }
 
     /// Leaves the share: the lease to release when this was its last request.
-    fn leave(&mut self) -> Option<OwnLease> {
+    fn leave(&mut self) -> Option<KeptLease> {
         if self.left.is_cancelled() {
             return None;
         }

@@ -10,13 +10,13 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use super::RedisStore;
 use crate::backend::BoxFuture;
-use crate::wait::coarse_timer as watchdog;
+use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
 /// Who keeps a call's deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Bound {
-    /// The store's own coarse timer ([`watchdog`]) around each call: for a deadline set with
+    /// The store's own coarse timer ([`coarse_timer`]) around each call: for a deadline set with
     /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
     /// set (a `ConnectionManager` waits for its reconnections outside it).
     Own,
@@ -42,7 +42,7 @@ where
         match self.bound {
             Bound::Connection => Box::pin(call),
             Bound::Own => Box::pin(async move {
-                let call = watchdog::Deadline::new(&self.watchdog, call);
+                let call = coarse_timer::Deadline::new(&self.timer, call);
                 call.await
                     .unwrap_or_else(|| Err(Error::Timeout(self.timeout)))
             }),

@@ -14,7 +14,7 @@ use self::deadline::{Bound, multiplexed};
 use self::notify::Notifications;
 use self::replicas::Replicas;
 use crate::backend::{Acquisition, LockRef};
-use crate::wait::coarse_timer as watchdog;
+use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
 mod backend;
@@ -114,7 +114,7 @@ pub struct RedisStore<C> {
     layout: KeyLayout,
     timeout: Duration,
     bound: Bound,
-    watchdog: Arc<watchdog::Watchdog>,
+    timer: Arc<coarse_timer::CoarseTimer>,
     /// The subscriber for release notifications, when the store was given a client for it.
     notifier: Option<Arc<notify::Notifier>>,
     /// Whether the scripts publish with `SPUBLISH`, for a sharded subscriber on a cluster.
@@ -165,7 +165,7 @@ where
             layout: KeyLayout::default(),
             timeout: DEFAULT_TIMEOUT,
             bound,
-            watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
+            timer: coarse_timer::CoarseTimer::new(DEFAULT_TIMEOUT),
             notifier: None,
             sharded: false,
             contended: Arc::new(ContendedNames::new()),
@@ -259,7 +259,7 @@ where
         // The store's own timer keeps this deadline, over however many round trips a call makes
         // and whatever else the connection waits for.
         self.bound = Bound::Own;
-        self.watchdog = watchdog::Watchdog::new(timeout);
+        self.timer = coarse_timer::CoarseTimer::new(timeout);
         if let Some(conn) = multiplexed(&mut self.conn) {
             conn.set_response_timeout(timeout);
         }
