@@ -1,6 +1,10 @@
-//! The lease engine: what keeps a held lease alive and says when it is lost, for the layers'
-//! requests and for any code through [`Held`].
+//! The lease we hold, at each layer: as the store has it, kept alive by the heartbeat, owned by
+//! a job, and read by a request's handler; what keeps it alive and says when it is lost.
 //!
+//! - [`raw::RawLease`] is the lease as the store has it, of any mode: taken, extended and
+//!   released, with its fence; tokens, [`Held`] and the layers are built on it.
+//! - [`finish_on_drop`] runs a store call (an acquisition, a release) to its end when its caller
+//!   is dropped.
 //! - [`LeaseState`] is what everyone knows about one held lease: until when it is valid on the
 //!   monotonic clock, and whether it ended (released, or lost and why).
 //! - [`Lease`] is the cloneable handle on it that handlers and jobs read.
