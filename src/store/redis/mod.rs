@@ -8,37 +8,28 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use self::cas::Native;
-use self::contended::ContendedNames;
-use self::deadline::{Bound, multiplexed};
+use self::connection::deadline::{Bound, multiplexed};
+use self::connection::replicas::Replicas;
+use self::native::cas::Native;
 use self::notify::Notifications;
-use self::replicas::Replicas;
+use self::set_nx::contended::ContendedNames;
 use crate::backend::{Acquisition, LockRef};
 use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
 mod backend;
-mod cas;
-mod check;
-mod connect;
-mod contended;
-mod deadline;
+#[cfg(feature = "cluster")]
+mod cluster;
+mod connection;
 mod extend_many;
-#[cfg(feature = "sentinel")]
-mod follow;
 mod idempotency;
 mod keys;
 mod native;
 pub(super) mod notify;
-mod replicas;
-mod script_call;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod set_nx;
-#[cfg(feature = "cluster")]
-mod sharded;
-mod subscriber;
 
 pub use self::keys::{KeyLayout, KeyRole};
 #[cfg(feature = "sentinel")]
@@ -326,6 +317,3 @@ where
         crate::Store::from_backend(store).with_notifications(notifications)
     }
 }
-
-#[cfg(test)]
-mod tests;

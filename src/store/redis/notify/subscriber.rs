@@ -5,7 +5,7 @@
 use redis::aio::{PubSubSink, PubSubStream};
 
 #[cfg(feature = "cluster")]
-use super::sharded::Sharded;
+use crate::store::redis::cluster::sharded::Sharded;
 
 /// Where a notifier's subscriber connection comes from.
 // One per store, inside its notifier's `Arc`: boxing a variant would save nothing.
@@ -14,7 +14,7 @@ pub(crate) enum Subscriber {
     /// `SUBSCRIBE` on one server: a single Redis, or any node of a cluster whose scripts
     /// `PUBLISH` (the cluster bus copies every message to every node).
     Plain(redis::Client),
-    /// `SUBSCRIBE` on the primary a [`SentinelConnection`](super::SentinelConnection) follows,
+    /// `SUBSCRIBE` on the primary a [`SentinelConnection`](crate::store::redis::SentinelConnection) follows,
     /// moving with it after a failover.
     #[cfg(feature = "sentinel")]
     Following(tokio::sync::watch::Receiver<Option<redis::ConnectionInfo>>),
@@ -25,7 +25,7 @@ pub(crate) enum Subscriber {
 
 /// The live subscriber connection's handle for subscribing and unsubscribing.
 #[derive(Clone)]
-pub(super) enum Sink {
+pub(in crate::store::redis) enum Sink {
     Plain(PubSubSink),
     #[cfg(feature = "cluster")]
     Sharded(redis::cluster_async::ClusterConnection),
@@ -33,7 +33,10 @@ pub(super) enum Sink {
 
 impl Sink {
     /// Resolves once the server confirmed the subscription.
-    pub(super) async fn subscribe(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
+    pub(in crate::store::redis) async fn subscribe(
+        &mut self,
+        channels: &[Vec<u8>],
+    ) -> redis::RedisResult<()> {
         match self {
             Sink::Plain(sink) => sink.subscribe(channels).await,
             // One channel per command: a cluster routes each by its own slot.
@@ -47,7 +50,10 @@ impl Sink {
         }
     }
 
-    pub(super) async fn unsubscribe(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
+    pub(in crate::store::redis) async fn unsubscribe(
+        &mut self,
+        channel: &[u8],
+    ) -> redis::RedisResult<()> {
         match self {
             Sink::Plain(sink) => sink.unsubscribe(channel).await,
             #[cfg(feature = "cluster")]
@@ -59,7 +65,7 @@ impl Sink {
 /// Where a plain subscriber connects again after its connection ended.
 // One per subscriber task, inside its reader's box: boxing a variant would save nothing.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Source {
+pub(in crate::store::redis) enum Source {
     Client(redis::Client),
     /// The primary, as a Sentinel connection follows it.
     #[cfg(feature = "sentinel")]
@@ -68,7 +74,9 @@ pub(super) enum Source {
 
 impl Source {
     /// A new subscriber connection, to the primary as it is now.
-    pub(super) async fn pubsub(&mut self) -> redis::RedisResult<redis::aio::PubSub> {
+    pub(in crate::store::redis) async fn pubsub(
+        &mut self,
+    ) -> redis::RedisResult<redis::aio::PubSub> {
         match self {
             Source::Client(client) => client.get_async_pubsub().await,
             #[cfg(feature = "sentinel")]
@@ -85,7 +93,7 @@ impl Source {
     /// Resolves when the primary moved, so the connection made before is to the wrong node
     /// (an old primary stays up, and keeps its subscribers, for a while after a graceful
     /// failover); never for a fixed client.
-    pub(super) async fn moved(&mut self) {
+    pub(in crate::store::redis) async fn moved(&mut self) {
         match self {
             Source::Client(_) => std::future::pending().await,
             #[cfg(feature = "sentinel")]
@@ -100,7 +108,7 @@ impl Source {
 }
 
 /// What reads the messages of a connection just made.
-pub(super) enum Reader {
+pub(in crate::store::redis) enum Reader {
     /// A plain connection's messages, and where to connect again when it ends.
     Plain(Box<(Source, PubSubStream)>),
     /// A sharded subscriber's pushes.
@@ -113,7 +121,7 @@ pub(super) enum Reader {
 
 impl Subscriber {
     /// A connection to subscribe on, and what reads its messages.
-    pub(super) async fn connect(&self) -> redis::RedisResult<(Sink, Reader)> {
+    pub(in crate::store::redis) async fn connect(&self) -> redis::RedisResult<(Sink, Reader)> {
         match self {
             Subscriber::Plain(client) => {
                 let mut source = Source::Client(client.clone());

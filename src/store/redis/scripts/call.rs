@@ -4,32 +4,32 @@
 
 use redis::aio::ConnectionLike;
 
-use super::RedisStore;
-use super::keys::{Key, KeyRole};
-use super::replicas::{Replicas, split_wait, then_wait};
-use super::scripts::{Lua, NO_SCRIPT};
 use crate::Result;
 use crate::backend::{LockRef, Secret};
+use crate::store::redis::RedisStore;
+use crate::store::redis::connection::replicas::{Replicas, split_wait, then_wait};
+use crate::store::redis::keys::{Key, KeyRole};
+use crate::store::redis::scripts::{Lua, NO_SCRIPT};
 
 /// Room for the short arguments of a command besides its keys and script: verb, secret, TTL,
 /// key count, `NX PX`.
-pub(super) const ARGS_LEN: usize = 64;
+pub(in crate::store::redis) const ARGS_LEN: usize = 64;
 
 /// What [`RedisStore::run`] runs: a script, its keys and its arguments.
 #[derive(Clone, Copy)]
-pub(super) struct Call<'a> {
-    pub(super) script: &'a Lua,
-    pub(super) lock: LockRef<'a>,
-    pub(super) roles: &'a [KeyRole],
-    pub(super) fence: Option<KeyRole>,
-    pub(super) secret: Option<&'a Secret>,
-    pub(super) last: LastArg<'a>,
+pub(in crate::store::redis) struct Call<'a> {
+    pub(in crate::store::redis) script: &'a Lua,
+    pub(in crate::store::redis) lock: LockRef<'a>,
+    pub(in crate::store::redis) roles: &'a [KeyRole],
+    pub(in crate::store::redis) fence: Option<KeyRole>,
+    pub(in crate::store::redis) secret: Option<&'a Secret>,
+    pub(in crate::store::redis) last: LastArg<'a>,
 }
 
 /// The arguments of a script after the secret: the TTL to take or extend for, or the channel a
 /// release publishes on.
 #[derive(Clone, Copy)]
-pub(super) enum LastArg<'a> {
+pub(in crate::store::redis) enum LastArg<'a> {
     Ttl,
     /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
     /// acquisition, the most permits live at once for a permit's.
@@ -47,7 +47,7 @@ where
 {
     /// Runs `script` with the keys of `roles` (the fence key last, and only when fenced), then
     /// the secret and `last` as arguments when there is a secret.
-    pub(super) async fn run(
+    pub(in crate::store::redis) async fn run(
         &self,
         script: &Lua,
         lock: LockRef<'_>,
@@ -69,7 +69,7 @@ where
 
     /// [`run`](Self::run), followed by `WAIT` in the same pipeline when `wait` is given;
     /// answers the script's reply and `WAIT`'s.
-    pub(super) async fn run_waiting(
+    pub(in crate::store::redis) async fn run_waiting(
         &self,
         call: Call<'_>,
         wait: Option<Replicas>,
@@ -120,7 +120,7 @@ where
     /// Sends the call of `script` that `command(verb, body)` builds: `EVALSHA`, then `EVAL`
     /// after a `NOSCRIPT`, once more after a lost connection, and with `WAIT` in the same
     /// pipeline when `wait` is given; answers the script's reply and `WAIT`'s.
-    pub(super) async fn send_script(
+    pub(in crate::store::redis) async fn send_script(
         &self,
         script: &Lua,
         command: impl Fn(&str, &str) -> redis::Cmd,
@@ -160,7 +160,11 @@ where
         Ok((self.reply(reply)?, Some(waited)))
     }
 
-    pub(super) fn key_arg<'a>(&'a self, role: KeyRole, lock: LockRef<'a>) -> Key<'a> {
+    pub(in crate::store::redis) fn key_arg<'a>(
+        &'a self,
+        role: KeyRole,
+        lock: LockRef<'a>,
+    ) -> Key<'a> {
         Key(self.layout().parts(role, lock.namespace, lock.name))
     }
 }

@@ -16,7 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::check::at_least;
+use crate::store::redis::connection::check::at_least;
 
 /// The first Redis with sharded channels (`SPUBLISH`, `SSUBSCRIBE`).
 const MIN_VERSION: (u32, u32) = (7, 0);

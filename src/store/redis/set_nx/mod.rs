@@ -2,16 +2,18 @@
 //! a refusal, in a second round trip or, for a name refused lately ([`ContendedNames`]), in the
 //! same one.
 //!
-//! [`ContendedNames`]: super::contended::ContendedNames
+//! [`ContendedNames`]: crate::store::redis::set_nx::contended::ContendedNames
+
+pub(in crate::store::redis) mod contended;
 
 use std::future::Future;
 
 use redis::aio::ConnectionLike;
 
-use super::RedisStore;
-use super::keys::KeyRole;
-use super::script_call::ARGS_LEN;
 use crate::backend::{Acquisition, LockRef, Secret};
+use crate::store::redis::RedisStore;
+use crate::store::redis::keys::KeyRole;
+use crate::store::redis::scripts::call::ARGS_LEN;
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -35,7 +37,7 @@ where
         clippy::manual_async_fn,
         reason = "an async fn would keep its arguments twice"
     )]
-    pub(super) fn set_nx<'a>(
+    pub(in crate::store::redis) fn set_nx<'a>(
         &'a self,
         lock: LockRef<'a>,
         secret: &Secret,
@@ -73,7 +75,11 @@ where
     /// and its `PTTL`, in one pipeline. The `GET` tells a key our first `SET` took (its reply
     /// lost) from one someone else holds; `SET … NX GET` would say it in one command, but only
     /// from Redis 7.0, and the crate supports 5.0.
-    pub(super) fn set_nx_again(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Pipeline {
+    pub(in crate::store::redis) fn set_nx_again(
+        &self,
+        lock: LockRef<'_>,
+        secret: &Secret,
+    ) -> redis::Pipeline {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut get = redis::Cmd::with_capacity(2, key.len() + 8);
         get.arg("GET").arg(key);
@@ -91,7 +97,7 @@ where
         clippy::manual_async_fn,
         reason = "an async fn would keep its arguments twice"
     )]
-    pub(super) fn set_nx_and_pttl<'a>(
+    pub(in crate::store::redis) fn set_nx_and_pttl<'a>(
         &'a self,
         lock: LockRef<'a>,
         secret: &Secret,
@@ -116,7 +122,7 @@ where
     /// The answers of a pipelined `SET NX PX` and `PTTL` (or, for a retry, `SET NX PX`, `GET`
     /// and `PTTL`, with the `secret` the `GET` may find), remembered for the name's next
     /// acquisition.
-    pub(super) fn set_nx_answer(
+    pub(in crate::store::redis) fn set_nx_answer(
         &self,
         lock: LockRef<'_>,
         replies: Vec<redis::Value>,
@@ -149,19 +155,23 @@ where
         let redis::Value::Int(pttl) = pttl else {
             return Err(Error::UnexpectedReply(format!("PTTL answered {pttl:?}")));
         };
-        let retry_after = super::busy_for(pttl, lock);
+        let retry_after = crate::store::redis::busy_for(pttl, lock);
         self.contended
             .refused(lock.namespace, lock.name, retry_after);
         Ok(Acquisition::Busy { retry_after })
     }
 
     /// `SET <key> <secret> NX PX <ttl>`.
-    pub(super) fn set_nx_command(&self, lock: LockRef<'_>, secret: &Secret) -> redis::Cmd {
+    pub(in crate::store::redis) fn set_nx_command(
+        &self,
+        lock: LockRef<'_>,
+        secret: &Secret,
+    ) -> redis::Cmd {
         self.set_nx_on(KeyRole::Lock, lock, secret)
     }
 
     /// `SET NX PX` of `role`'s key: a lock's, or an idempotency key's reservation.
-    pub(super) fn set_nx_on(
+    pub(in crate::store::redis) fn set_nx_on(
         &self,
         role: KeyRole,
         lock: LockRef<'_>,
@@ -179,7 +189,7 @@ where
     }
 
     /// `PTTL <key>`.
-    pub(super) fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
+    pub(in crate::store::redis) fn pttl_command(&self, lock: LockRef<'_>) -> redis::Cmd {
         let key = self.key_arg(KeyRole::Lock, lock);
         let mut pttl = redis::Cmd::with_capacity(2, key.len() + 8);
         pttl.arg("PTTL").arg(key);
@@ -188,7 +198,7 @@ where
 }
 
 /// Whether a `SET NX` took the key (`OK`) rather than finding it taken (nil).
-pub(super) fn set_nx_acquired(reply: redis::Value) -> Result<bool> {
+pub(in crate::store::redis) fn set_nx_acquired(reply: redis::Value) -> Result<bool> {
     match reply {
         redis::Value::Okay => Ok(true),
         redis::Value::Nil => Ok(false),

@@ -17,17 +17,21 @@
 //! these commands (a failover or a rolling downgrade to an older one) sends the store back to
 //! the scripts for good, and the call that found out runs its script at once.
 
+pub(in crate::store::redis) mod cas;
+
 use redis::aio::ConnectionLike;
 
-use super::answered_one;
-use super::cas::{Cas, commands_found, out_of_memory, set_ifeq_extended, unknown};
-use super::extend_many::{extend_keys, extended};
-use super::keys::KeyRole;
-use super::replicas::split_wait;
-use super::script_call::{Call, LastArg};
-use super::scripts::{Holder, holder_script};
-use super::{RedisStore, notify};
 use crate::backend::{Completion, Extended, LeaseRef, Mode};
+use crate::store::redis::answered_one;
+use crate::store::redis::connection::replicas::split_wait;
+use crate::store::redis::extend_many::{extend_keys, extended};
+use crate::store::redis::keys::KeyRole;
+use crate::store::redis::native::cas::{
+    Cas, commands_found, out_of_memory, set_ifeq_extended, unknown,
+};
+use crate::store::redis::scripts::call::{Call, LastArg};
+use crate::store::redis::scripts::{Holder, holder_script};
+use crate::store::redis::{RedisStore, notify};
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -44,7 +48,7 @@ where
 
     /// Asks the server which compare-and-set commands it has, remembers the answer unless
     /// none came, and says in a debug event which path the store takes.
-    pub(super) async fn probe_native(&self) -> Cas {
+    pub(in crate::store::redis) async fn probe_native(&self) -> Cas {
         let cas = self.ask_native().await;
         if cas != Cas::Unknown {
             self.native.set(cas);
@@ -87,7 +91,10 @@ where
     /// Extends `lease` with `SET key secret IFEQ secret PX ttl` (and `WAIT` in the same
     /// pipeline when the store waits for replicas); `None` when the server has no `IFEQ`,
     /// for the script to do it.
-    pub(super) async fn extend_native(&self, lease: LeaseRef<'_>) -> Result<Option<Extended>> {
+    pub(in crate::store::redis) async fn extend_native(
+        &self,
+        lease: LeaseRef<'_>,
+    ) -> Result<Option<Extended>> {
         if !self.cas().await.extends() {
             return Ok(None);
         }
@@ -123,7 +130,7 @@ where
     }
 
     /// `SET key secret IFEQ secret PX ttl` for `lease`'s key.
-    pub(super) fn set_ifeq(&self, lease: LeaseRef<'_>) -> redis::Cmd {
+    pub(in crate::store::redis) fn set_ifeq(&self, lease: LeaseRef<'_>) -> redis::Cmd {
         let key = self.key_arg(role(lease.mode), lease.lock);
         let secret = lease.secret.as_bytes();
         let mut set = redis::Cmd::with_capacity(7, key.len() + 2 * secret.len() + 24);
@@ -139,7 +146,10 @@ where
 
     /// Releases `lease` with `DELIFEQ` or `DELEX … IFEQ`, then publishes on its channel, in
     /// one pipeline; `None` when the server has neither, for the script to do it.
-    pub(super) async fn release_native(&self, lease: LeaseRef<'_>) -> Result<Option<bool>> {
+    pub(in crate::store::redis) async fn release_native(
+        &self,
+        lease: LeaseRef<'_>,
+    ) -> Result<Option<bool>> {
         let cas = self.cas().await;
         if !matches!(cas, Cas::DelIfEq | Cas::DelEx) {
             return Ok(None);
@@ -171,7 +181,7 @@ where
     /// after them when the store waits for replicas). `None` when the server has no `IFEQ` or
     /// the key no longer holds the secret (it ran out, or a retry of this call already wrote
     /// the record), for `idem_complete.lua` to tell those apart.
-    pub(super) async fn complete_native(
+    pub(in crate::store::redis) async fn complete_native(
         &self,
         lease: LeaseRef<'_>,
         completion: Completion<'_>,
@@ -254,7 +264,10 @@ where
 
     /// Extends `lease` with its script: every lease on a server without native
     /// compare-and-set, and readers and permits everywhere.
-    pub(super) async fn extend_script(&self, lease: LeaseRef<'_>) -> Result<Extended> {
+    pub(in crate::store::redis) async fn extend_script(
+        &self,
+        lease: LeaseRef<'_>,
+    ) -> Result<Extended> {
         let (script, _) = holder_script(lease.mode, Holder::Extend);
         let call = Call {
             script,
@@ -278,7 +291,11 @@ where
     /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends;
     /// `live` when its holder confirmed a reader or a permit live until after now (see
     /// [`Backend::release_live`](crate::backend::Backend::release_live)).
-    pub(super) async fn release_script(&self, lease: LeaseRef<'_>, live: bool) -> Result<bool> {
+    pub(in crate::store::redis) async fn release_script(
+        &self,
+        lease: LeaseRef<'_>,
+        live: bool,
+    ) -> Result<bool> {
         let (script, role) = holder_script(lease.mode, Holder::Release);
         let (lock, secret) = (lease.lock, Some(lease.secret));
         // A reader's or a permit's script names its channel from its key.

@@ -8,7 +8,7 @@ use crate::{Error, Result};
 
 /// Which compare-and-set commands the server has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cas {
+pub(in crate::store::redis) enum Cas {
     /// Not asked yet, or the question went unanswered (a lost connection, a timeout).
     Unknown,
     /// None of them: the scripts.
@@ -30,12 +30,12 @@ impl Cas {
         Cas::DelEx,
     ];
 
-    pub(super) fn extends(self) -> bool {
+    pub(in crate::store::redis) fn extends(self) -> bool {
         matches!(self, Cas::SetIfEq | Cas::DelIfEq | Cas::DelEx)
     }
 
     /// The path a store on this server takes, as its debug event says it.
-    pub(super) fn describe(self) -> &'static str {
+    pub(in crate::store::redis) fn describe(self) -> &'static str {
         match self {
             Cas::Unknown => "not asked yet: scripts until the server answers",
             Cas::Lua => "scripts (extend.lua, release.lua)",
@@ -48,14 +48,14 @@ impl Cas {
 
 /// What a store learned of its server, shared by its clones.
 #[derive(Debug, Default)]
-pub(super) struct Native(AtomicU8);
+pub(in crate::store::redis) struct Native(AtomicU8);
 
 impl Native {
-    pub(super) fn get(&self) -> Cas {
+    pub(in crate::store::redis) fn get(&self) -> Cas {
         Cas::ALL[usize::from(self.0.load(Ordering::Relaxed)).min(Cas::ALL.len() - 1)]
     }
 
-    pub(super) fn set(&self, cas: Cas) {
+    pub(in crate::store::redis) fn set(&self, cas: Cas) {
         let index = Cas::ALL.iter().position(|&c| c == cas).unwrap_or(0);
         self.0.store(index as u8, Ordering::Relaxed);
     }
@@ -64,13 +64,13 @@ impl Native {
 /// Whether a lease of `mode` is kept in a key that holds its secret alone, as the native
 /// commands compare it: an exclusive lock's (fenced or not: its fence has a key of its own)
 /// and a writer's.
-pub(super) fn native_mode(mode: Mode) -> bool {
+pub(in crate::store::redis) fn native_mode(mode: Mode) -> bool {
     matches!(mode, Mode::Exclusive | Mode::Write)
 }
 
 /// Whether `COMMAND INFO DELIFEQ DELEX` found each, from one server's answer or, on a
 /// cluster, every node's (all of them must have it); `None` for an answer that is neither.
-pub(super) fn commands_found(reply: redis::Value) -> Option<(bool, bool)> {
+pub(in crate::store::redis) fn commands_found(reply: redis::Value) -> Option<(bool, bool)> {
     match reply {
         redis::Value::Array(infos) if infos.len() == 2 => {
             Some((infos[0] != redis::Value::Nil, infos[1] != redis::Value::Nil))
@@ -88,7 +88,7 @@ pub(super) fn commands_found(reply: redis::Value) -> Option<(bool, bool)> {
 }
 
 /// Whether `reply` says the server does not know the command or its `IFEQ`.
-pub(super) fn unknown(reply: &redis::Value) -> bool {
+pub(in crate::store::redis) fn unknown(reply: &redis::Value) -> bool {
     let redis::Value::ServerError(e) = reply else {
         return false;
     };
@@ -98,12 +98,12 @@ pub(super) fn unknown(reply: &redis::Value) -> bool {
 
 /// Whether `reply` is an `OOM` refusal: `SET` is refused on a full server (`noeviction`), even
 /// when it would only move an expiry.
-pub(super) fn out_of_memory(reply: &redis::Value) -> bool {
+pub(in crate::store::redis) fn out_of_memory(reply: &redis::Value) -> bool {
     matches!(reply, redis::Value::ServerError(e) if e.code() == "OOM")
 }
 
 /// A `SET … IFEQ`'s answer: `OK` when it extended, nil when the lease was gone.
-pub(super) fn set_ifeq_extended(reply: redis::Value) -> Result<Extended> {
+pub(in crate::store::redis) fn set_ifeq_extended(reply: redis::Value) -> Result<Extended> {
     match reply.extract_error().map_err(Error::Redis)? {
         redis::Value::Okay => Ok(Extended::Held),
         redis::Value::Nil => Ok(Extended::Gone),

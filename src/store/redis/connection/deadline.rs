@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
-use super::RedisStore;
 use crate::backend::BoxFuture;
+use crate::store::redis::RedisStore;
 use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
 /// Who keeps a call's deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Bound {
+pub(in crate::store::redis) enum Bound {
     /// The store's own coarse timer ([`coarse_timer`]) around each call: for a deadline set with
     /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
     /// set (a `ConnectionManager` waits for its reconnections outside it).
@@ -35,7 +35,7 @@ where
     /// it is. Two boxes for
     /// two futures, so that a call without a timer does not carry room for one: a smaller
     /// future is a cheaper allocation.
-    pub(super) fn bounded<'a, T: 'a>(
+    pub(in crate::store::redis) fn bounded<'a, T: 'a>(
         &'a self,
         call: impl Future<Output = Result<T>> + Send + 'a,
     ) -> BoxFuture<'a, Result<T>> {
@@ -51,7 +51,10 @@ where
 
     /// A reply as this crate's result: a server error as an error, and the expiry of a response
     /// timeout that the store set (a `MultiplexedConnection`'s) as [`Error::Timeout`].
-    pub(super) fn reply<T: IntoResult>(&self, reply: redis::RedisResult<T>) -> Result<T> {
+    pub(in crate::store::redis) fn reply<T: IntoResult>(
+        &self,
+        reply: redis::RedisResult<T>,
+    ) -> Result<T> {
         match reply.and_then(IntoResult::into_result) {
             Ok(reply) => Ok(reply),
             Err(e) if e.is_timeout() && is_multiplexed::<C>() => Err(Error::Timeout(self.timeout)),
@@ -61,13 +64,17 @@ where
 
     /// When the call began, if it needs to know: only a deadline kept by the connection does,
     /// for a call's second round trip.
-    pub(super) fn started(&self) -> Option<Instant> {
+    pub(in crate::store::redis) fn started(&self) -> Option<Instant> {
         (self.bound == Bound::Connection).then(Instant::now)
     }
 
     /// Before a call's second round trip: with the deadline kept by the connection, gives that
     /// round trip only what is left of it, so the call as a whole stays within the deadline.
-    pub(super) fn second_trip(&self, conn: &mut C, started: Option<Instant>) -> Result<()> {
+    pub(in crate::store::redis) fn second_trip(
+        &self,
+        conn: &mut C,
+        started: Option<Instant>,
+    ) -> Result<()> {
         let Some(started) = started else {
             return Ok(());
         };
@@ -86,7 +93,7 @@ where
     /// what is left of the deadline. Every command a call sends is idempotent or made so (an
     /// acquisition recognises our own secret already in place), so a command that reached Redis
     /// before its reply was lost does no harm sent again.
-    pub(super) fn retry<T>(
+    pub(in crate::store::redis) fn retry<T>(
         &self,
         reply: &redis::RedisResult<T>,
         conn: &mut C,
@@ -107,13 +114,13 @@ where
 /// a connection reset), rather than that Redis answered or took too long: the one failure worth
 /// a second try at once, on the connection the connection manager or cluster client makes anew.
 /// A timeout is not one: the call's deadline is spent.
-pub(super) fn connection_lost(error: &redis::RedisError) -> bool {
+pub(in crate::store::redis) fn connection_lost(error: &redis::RedisError) -> bool {
     !error.is_timeout()
         && (error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error())
 }
 
 /// A reply whose server errors are still to be turned into errors.
-pub(super) trait IntoResult: Sized {
+pub(in crate::store::redis) trait IntoResult: Sized {
     fn into_result(self) -> redis::RedisResult<Self>;
 }
 
@@ -137,11 +144,13 @@ impl IntoResult for Vec<crate::backend::Warning> {
 }
 
 /// `conn` as a `MultiplexedConnection`, when it is one.
-pub(super) fn multiplexed<C: Any>(conn: &mut C) -> Option<&mut MultiplexedConnection> {
+pub(in crate::store::redis) fn multiplexed<C: Any>(
+    conn: &mut C,
+) -> Option<&mut MultiplexedConnection> {
     (conn as &mut dyn Any).downcast_mut()
 }
 
 /// Whether `C` is a `MultiplexedConnection`, whose response timeout the store sets itself.
-pub(super) fn is_multiplexed<C: Any>() -> bool {
+pub(in crate::store::redis) fn is_multiplexed<C: Any>() -> bool {
     std::any::TypeId::of::<C>() == std::any::TypeId::of::<MultiplexedConnection>()
 }

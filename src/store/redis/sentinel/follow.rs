@@ -1,4 +1,4 @@
-//! How a [`SentinelConnection`](super::SentinelConnection) finds the primary: asking every
+//! How a [`SentinelConnection`](crate::store::redis::SentinelConnection) finds the primary: asking every
 //! sentinel at once, and listening on each for the events it announces a failover with.
 //!
 //! The sentinels need not agree: one that missed a failover (it was cut off, or has not heard
@@ -20,11 +20,11 @@ const FIRST_RESUBSCRIBE: Duration = Duration::from_millis(50);
 const MAX_RESUBSCRIBE: Duration = Duration::from_secs(1);
 
 /// The primary the sentinels name, connected and checked.
-pub(super) struct Found {
-    pub(super) addr: ConnectionAddr,
-    pub(super) conn: MultiplexedConnection,
+pub(in crate::store::redis) struct Found {
+    pub(in crate::store::redis) addr: ConnectionAddr,
+    pub(in crate::store::redis) conn: MultiplexedConnection,
     /// The configuration epoch of the sentinel answer that named it.
-    pub(super) epoch: u64,
+    pub(in crate::store::redis) epoch: u64,
 }
 
 /// One sentinel's view of the master: where it is, and the epoch of that configuration.
@@ -36,7 +36,7 @@ struct Named {
 
 /// Asks every sentinel at once for `master` and connects to the newest primary they name that
 /// says it is one; answers none older than `min_epoch`.
-pub(super) async fn primary(
+pub(in crate::store::redis) async fn primary(
     sentinels: &[ConnectionInfo],
     master: &str,
     config: &AsyncConnectionConfig,
@@ -127,7 +127,7 @@ async fn connect_primary(
 
 /// A connection to `addr` with the connection's own settings: for a second connection to the
 /// primary already found.
-pub(super) async fn connect(
+pub(in crate::store::redis) async fn connect(
     addr: &ConnectionAddr,
     config: &AsyncConnectionConfig,
 ) -> redis::RedisResult<MultiplexedConnection> {
@@ -149,7 +149,11 @@ const EVENTS: [&str; 2] = ["+failover-state-reconf-slaves", "+switch-master"];
 /// Listens on `sentinel` for the [`EVENTS`] of a failover of `master`, calling `switched` for
 /// each, until the task is cancelled; subscribes again, with a backoff, whenever the sentinel
 /// goes away.
-pub(super) async fn listen(sentinel: ConnectionInfo, master: String, switched: impl Fn()) {
+pub(in crate::store::redis) async fn listen(
+    sentinel: ConnectionInfo,
+    master: String,
+    switched: impl Fn(),
+) {
     let mut backoff = FIRST_RESUBSCRIBE;
     loop {
         let subscribed = tokio::time::timeout(ASK_TIMEOUT * 2, async {

@@ -13,6 +13,8 @@
 //!   asks the sentinels itself.
 //! - **Stops** when its last clone is dropped: the shared state owns the tasks' cancellation.
 
+mod follow;
+
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -24,10 +26,10 @@ use redis::{IntoConnectionInfo, RedisResult, Value};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::DEFAULT_TIMEOUT;
-use super::RedisStore;
-use super::deadline::connection_lost;
-use super::follow;
+use crate::store::redis::DEFAULT_TIMEOUT;
+use crate::store::redis::RedisStore;
+use crate::store::redis::connection::deadline::connection_lost;
+
 use crate::Result;
 
 /// How many spare connections for `WAIT` pipelines are kept between calls.
@@ -216,12 +218,12 @@ impl SentinelConnection {
     }
 
     /// The primary's address, now and after every failover this connection follows.
-    pub(super) fn primaries(&self) -> watch::Receiver<Option<ConnectionInfo>> {
+    pub(in crate::store::redis) fn primaries(&self) -> watch::Receiver<Option<ConnectionInfo>> {
         self.shared.primary.subscribe()
     }
 
     /// Sets the response timeout of every call: the store's deadline.
-    pub(super) fn set_response_timeout(&self, timeout: Duration) {
+    pub(in crate::store::redis) fn set_response_timeout(&self, timeout: Duration) {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -427,9 +429,10 @@ impl RedisStore<SentinelConnection> {
         T: IntoConnectionInfo,
     {
         let conn = SentinelConnection::connect(master_name, sentinel_urls).await?;
-        let subscriber = super::subscriber::Subscriber::Following(conn.primaries());
+        let subscriber =
+            crate::store::redis::notify::subscriber::Subscriber::Following(conn.primaries());
         let mut store = Self::new(conn);
-        store.notifier = Some(super::notify::Notifier::new(subscriber));
+        store.notifier = Some(crate::store::redis::notify::Notifier::new(subscriber));
         store.sharded = false;
         // Asked once here, as the other constructors do; a promoted replica that lacks the
         // commands refuses them, and the store falls back to the scripts for good.

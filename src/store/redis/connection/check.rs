@@ -1,4 +1,4 @@
-//! Startup checks of a [`RedisStore`](super::RedisStore): what about its Redis can break the
+//! Startup checks of a [`RedisStore`](crate::store::redis::RedisStore): what about its Redis can break the
 //! locks' guarantees, read from `INFO`.
 
 use redis::aio::ConnectionLike;
@@ -137,7 +137,7 @@ fn evicts(policy: &str) -> bool {
     policy.starts_with("allkeys-") || policy.starts_with("volatile-")
 }
 
-pub(super) fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
+pub(in crate::store::redis) fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     found >= (major, minor)

@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
-use super::RedisStore;
 use crate::Error;
 use crate::backend::{Backend, LeaseRef, LockRef, Mode, Secret};
+use crate::store::redis::RedisStore;
 
 /// A connection that never answers, as a blackholed Redis.
 #[derive(Clone)]

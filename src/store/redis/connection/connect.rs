@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::DEFAULT_TIMEOUT;
-use super::RedisStore;
 use crate::Result;
+use crate::store::redis::DEFAULT_TIMEOUT;
+use crate::store::redis::RedisStore;
 
 /// The longest wait between reconnect attempts: a lock store should be usable again within
 /// a fraction of a second of Redis coming back, not after a backoff that doubled for as long
@@ -91,7 +91,10 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
         let mut conn = client.get_async_connection().await?;
         let store = Self::new(conn.clone());
         store.probe_native().await;
-        if super::sharded::supported(&mut conn).await.unwrap_or(false) {
+        if crate::store::redis::cluster::sharded::supported(&mut conn)
+            .await
+            .unwrap_or(false)
+        {
             return store.sharded_notifications(cluster_client_builder(nodes));
         }
         Ok(match nodes.into_iter().next() {
@@ -109,9 +112,9 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
         mut self,
         builder: redis::cluster::ClusterClientBuilder,
     ) -> Result<Self> {
-        let sharded = super::sharded::Sharded::new(builder)?;
-        let subscriber = super::notify::Subscriber::Sharded(sharded);
-        self.notifier = Some(super::notify::Notifier::new(subscriber));
+        let sharded = crate::store::redis::cluster::sharded::Sharded::new(builder)?;
+        let subscriber = crate::store::redis::notify::Subscriber::Sharded(sharded);
+        self.notifier = Some(crate::store::redis::notify::Notifier::new(subscriber));
         self.sharded = true;
         Ok(self)
     }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// a process, and 4 KiB per store.
 const SLOTS: usize = 256;
 
-pub(super) struct ContendedNames {
+pub(in crate::store::redis) struct ContendedNames {
     /// Per slot, the hash of the name last refused there (0 for none).
     names: Box<[AtomicU64]>,
     /// Per slot, until when (milliseconds since `epoch`) that name counts as contended.
@@ -29,7 +29,7 @@ pub(super) struct ContendedNames {
 }
 
 impl ContendedNames {
-    pub(super) fn new() -> Self {
+    pub(in crate::store::redis) fn new() -> Self {
         Self {
             names: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             until: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
@@ -53,7 +53,7 @@ impl ContendedNames {
     }
 
     /// Whether `name` was refused lately, and its holder's lease has not ended since.
-    pub(super) fn is_contended(&self, namespace: &str, name: &[u8]) -> bool {
+    pub(in crate::store::redis) fn is_contended(&self, namespace: &str, name: &[u8]) -> bool {
         let (slot, tag) = Self::slot(namespace, name);
         // The clock is read only for a name that was refused: the common case is one load.
         self.names[slot].load(Ordering::Relaxed) == tag
@@ -61,7 +61,12 @@ impl ContendedNames {
     }
 
     /// Remembers that `name` was refused, its holder's lease ending in `retry_after`.
-    pub(super) fn refused(&self, namespace: &str, name: &[u8], retry_after: Duration) {
+    pub(in crate::store::redis) fn refused(
+        &self,
+        namespace: &str,
+        name: &[u8],
+        retry_after: Duration,
+    ) {
         let (slot, tag) = Self::slot(namespace, name);
         let until = self.now().saturating_add(retry_after.as_millis() as u64);
         // Two stores racing on one slot may pair one name with the other's time: a hint that
@@ -71,7 +76,7 @@ impl ContendedNames {
     }
 
     /// Forgets `name`: this store holds it now.
-    pub(super) fn acquired(&self, namespace: &str, name: &[u8]) {
+    pub(in crate::store::redis) fn acquired(&self, namespace: &str, name: &[u8]) {
         let (slot, tag) = Self::slot(namespace, name);
         let _ = self.names[slot].compare_exchange(tag, 0, Ordering::Relaxed, Ordering::Relaxed);
     }

@@ -1,28 +1,41 @@
-//! The Lua scripts a [`RedisStore`](super::RedisStore) runs, one `.lua` file each in `scripts/`
+//! The Lua scripts a [`RedisStore`](crate::store::redis::RedisStore) runs, one `.lua` file each in `scripts/`
 //! beside this module, and how they are sent.
+
+pub(in crate::store::redis) mod call;
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-use super::KeyRole;
 use crate::backend::Mode;
+use crate::store::redis::KeyRole;
 
-pub(super) static ACQUIRE: Lua = Lua::new(include_str!("scripts/acquire.lua"));
-pub(super) static EXTEND: Lua = Lua::new(include_str!("scripts/extend.lua"));
-pub(super) static RELEASE: Lua = Lua::new(include_str!("scripts/release.lua"));
-pub(super) static READ_ACQUIRE: Lua = Lua::new(include_str!("scripts/read_acquire.lua"));
-pub(super) static READ_EXTEND: Lua = Lua::new(include_str!("scripts/read_extend.lua"));
-pub(super) static READ_RELEASE: Lua = Lua::new(include_str!("scripts/read_release.lua"));
-pub(super) static WRITE_ACQUIRE: Lua = Lua::new(include_str!("scripts/write_acquire.lua"));
-pub(super) static WITHDRAW_INTENT: Lua = Lua::new(include_str!("scripts/withdraw_intent.lua"));
-pub(super) static PERMIT_ACQUIRE: Lua = Lua::new(include_str!("scripts/permit_acquire.lua"));
-pub(super) static PERMIT_RELEASE: Lua = Lua::new(include_str!("scripts/permit_release.lua"));
-pub(super) static IDEM_BEGIN: Lua = Lua::new(include_str!("scripts/idem_begin.lua"));
-pub(super) static IDEM_COMPLETE: Lua = Lua::new(include_str!("scripts/idem_complete.lua"));
-pub(super) static IDEM_BEGIN_ONCE: Lua = Lua::new(include_str!("scripts/idem_begin_once.lua"));
-pub(super) static IDEM_FREE: Lua = Lua::new(include_str!("scripts/idem_free.lua"));
-pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_in_use.lua"));
+pub(in crate::store::redis) static ACQUIRE: Lua = Lua::new(include_str!("lock/acquire.lua"));
+pub(in crate::store::redis) static EXTEND: Lua = Lua::new(include_str!("lock/extend.lua"));
+pub(in crate::store::redis) static RELEASE: Lua = Lua::new(include_str!("lock/release.lua"));
+pub(in crate::store::redis) static READ_ACQUIRE: Lua =
+    Lua::new(include_str!("rw/read_acquire.lua"));
+pub(in crate::store::redis) static READ_EXTEND: Lua = Lua::new(include_str!("rw/read_extend.lua"));
+pub(in crate::store::redis) static READ_RELEASE: Lua =
+    Lua::new(include_str!("rw/read_release.lua"));
+pub(in crate::store::redis) static WRITE_ACQUIRE: Lua =
+    Lua::new(include_str!("rw/write_acquire.lua"));
+pub(in crate::store::redis) static WITHDRAW_INTENT: Lua =
+    Lua::new(include_str!("rw/withdraw_intent.lua"));
+pub(in crate::store::redis) static PERMIT_ACQUIRE: Lua =
+    Lua::new(include_str!("permit/permit_acquire.lua"));
+pub(in crate::store::redis) static PERMIT_RELEASE: Lua =
+    Lua::new(include_str!("permit/permit_release.lua"));
+pub(in crate::store::redis) static IDEM_BEGIN: Lua =
+    Lua::new(include_str!("idempotency/idem_begin.lua"));
+pub(in crate::store::redis) static IDEM_COMPLETE: Lua =
+    Lua::new(include_str!("idempotency/idem_complete.lua"));
+pub(in crate::store::redis) static IDEM_BEGIN_ONCE: Lua =
+    Lua::new(include_str!("idempotency/idem_begin_once.lua"));
+pub(in crate::store::redis) static IDEM_FREE: Lua =
+    Lua::new(include_str!("idempotency/idem_free.lua"));
+pub(in crate::store::redis) static PERMITS_IN_USE: Lua =
+    Lua::new(include_str!("permit/permits_in_use.lua"));
 
 /// A script run with `EVALSHA`, and with `EVAL` when the server answers `NOSCRIPT`.
 ///
@@ -36,8 +49,8 @@ pub(super) static PERMITS_IN_USE: Lua = Lua::new(include_str!("scripts/permits_i
 /// `SCRIPT FLUSH` lands between the two, and in a cluster `SCRIPT LOAD` goes to every node, so
 /// one node down would fail calls for the slots of the others. `EVAL` runs the script in one
 /// command on the slot's node and caches it there for the next `EVALSHA`.
-pub(super) struct Lua {
-    pub(super) code: &'static str,
+pub(in crate::store::redis) struct Lua {
+    pub(in crate::store::redis) code: &'static str,
     sha: OnceLock<String>,
     /// The sharded variant's code and hash, made on first use.
     sharded: OnceLock<(String, String)>,
@@ -52,13 +65,13 @@ impl Lua {
         }
     }
 
-    pub(super) fn sha(&self) -> &str {
+    pub(in crate::store::redis) fn sha(&self) -> &str {
         let hash = || Script::new(self.code).get_hash().to_owned();
         self.sha.get_or_init(hash)
     }
 
     /// The variant's hash and code: sharded (`SPUBLISH`) or as written (`PUBLISH`).
-    pub(super) fn variant(&self, sharded: bool) -> (&str, &str) {
+    pub(in crate::store::redis) fn variant(&self, sharded: bool) -> (&str, &str) {
         if !sharded {
             return (self.sha(), self.code);
         }
@@ -74,13 +87,16 @@ impl Lua {
 
 /// What a holder asks of its lease.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Holder {
+pub(in crate::store::redis) enum Holder {
     Extend,
     Release,
 }
 
 /// The script for `action` on a lease held in `mode`, and the key it acts on.
-pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRole) {
+pub(in crate::store::redis) fn holder_script(
+    mode: Mode,
+    action: Holder,
+) -> (&'static Lua, KeyRole) {
     match (mode, action) {
         (Mode::Exclusive, Holder::Extend) => (&EXTEND, KeyRole::Lock),
         (Mode::Write, Holder::Extend) => (&EXTEND, KeyRole::Writer),
@@ -99,7 +115,8 @@ pub(super) fn holder_script(mode: Mode, action: Holder) -> (&'static Lua, KeyRol
 
 /// The error Redis answers an `EVALSHA` whose script it does not have (after `SCRIPT FLUSH`, a
 /// restart, or on a new cluster node): the call is sent again as `EVAL`.
-pub(super) const NO_SCRIPT: redis::ServerErrorKind = redis::ServerErrorKind::NoScript;
+pub(in crate::store::redis) const NO_SCRIPT: redis::ServerErrorKind =
+    redis::ServerErrorKind::NoScript;
 
 #[cfg(test)]
 mod tests {

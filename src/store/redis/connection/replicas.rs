@@ -12,20 +12,20 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::RedisStore;
 use crate::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
+use crate::store::redis::RedisStore;
 use crate::{Error, Result};
 
 /// How many replicas must acknowledge a lease's write, and how long `WAIT` waits for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Replicas {
-    pub(super) wanted: u32,
-    pub(super) timeout: Duration,
+pub(in crate::store::redis) struct Replicas {
+    pub(in crate::store::redis) wanted: u32,
+    pub(in crate::store::redis) timeout: Duration,
 }
 
 impl Replicas {
     /// `WAIT <wanted> <ms>`, never with 0 ms, which would wait for ever.
-    pub(super) fn command(self) -> redis::Cmd {
+    pub(in crate::store::redis) fn command(self) -> redis::Cmd {
         let ms = (self.timeout.as_millis() as u64).max(1);
         let mut wait = redis::Cmd::with_capacity(3, 16);
         wait.arg("WAIT").arg(self.wanted).arg(ms);
@@ -33,7 +33,7 @@ impl Replicas {
     }
 
     /// `Ok` when `WAIT` answered at least `wanted` replicas.
-    pub(super) fn check(self, reply: redis::Value) -> Result<()> {
+    pub(in crate::store::redis) fn check(self, reply: redis::Value) -> Result<()> {
         let acked = match reply.extract_error().map_err(Error::Redis)? {
             redis::Value::Int(n) => u32::try_from(n.max(0)).unwrap_or(u32::MAX),
             other => return Err(Error::UnexpectedReply(format!("WAIT answered {other:?}"))),
@@ -49,14 +49,17 @@ impl Replicas {
 }
 
 /// `command` then `WAIT`, in one pipeline.
-pub(super) fn then_wait(command: redis::Cmd, replicas: Replicas) -> redis::Pipeline {
+pub(in crate::store::redis) fn then_wait(
+    command: redis::Cmd,
+    replicas: Replicas,
+) -> redis::Pipeline {
     let mut pipe = redis::Pipeline::with_capacity(2);
     pipe.add_command(command).add_command(replicas.command());
     pipe
 }
 
 /// The last reply of a pipeline that ended with `WAIT`, taken off the others.
-pub(super) fn split_wait(
+pub(in crate::store::redis) fn split_wait(
     mut replies: Vec<redis::Value>,
 ) -> Result<(Vec<redis::Value>, redis::Value)> {
     match replies.pop() {
@@ -72,7 +75,7 @@ where
     /// An acquisition whose write reached too few replicas: its lease is released (on the
     /// primary, which is all that can be reached), so the name is free again, and the caller
     /// gets [`Error::NotReplicated`]. A refusal wrote nothing, and stands whatever `WAIT` said.
-    pub(super) async fn unless_replicated(
+    pub(in crate::store::redis) async fn unless_replicated(
         &self,
         lease: LeaseRef<'_>,
         acquisition: Acquisition,
@@ -98,7 +101,7 @@ where
     /// The unfenced exclusive acquire with `WAIT`: `SET NX PX`, `PTTL` and `WAIT` in one
     /// pipeline (the `PTTL` of a `SET` that took the key is read and ignored: a second round
     /// trip costs more than it).
-    pub(super) async fn set_nx_replicated(
+    pub(in crate::store::redis) async fn set_nx_replicated(
         &self,
         lock: LockRef<'_>,
         secret: &Secret,
