@@ -1,5 +1,5 @@
 //! Native compare-and-set: on servers that have it, an exclusive or writer lease is extended
-//! and released with plain commands instead of `extend.lua` and `release.lua`.
+//! and released with plain commands instead of `extend.lua` and `release.lua` (`scripts/held.rs` runs those).
 //!
 //! - extend: `SET key secret IFEQ secret PX ttl` (Valkey 8.1+, Redis 8.4+), which sets nothing
 //!   when the key is gone or holds another secret, so it never re-acquires;
@@ -22,15 +22,11 @@ pub(in crate::store::redis) mod cas;
 use redis::aio::ConnectionLike;
 
 use crate::backend::{Completion, Extended, LeaseRef, Mode};
-use crate::store::redis::answered_one;
 use crate::store::redis::connection::replicas::split_wait;
-use crate::store::redis::extend_many::{extend_keys, extended};
 use crate::store::redis::keys::KeyRole;
 use crate::store::redis::native::cas::{
     Cas, commands_found, out_of_memory, set_ifeq_extended, unknown,
 };
-use crate::store::redis::scripts::call::{Call, LastArg};
-use crate::store::redis::scripts::{Holder, holder_script};
 use crate::store::redis::{RedisStore, notify};
 use crate::{Error, Result};
 
@@ -260,55 +256,6 @@ where
             return Ok(None);
         }
         Ok(Some(replies))
-    }
-
-    /// Extends `lease` with its script: every lease on a server without native
-    /// compare-and-set, and readers and permits everywhere.
-    pub(in crate::store::redis) async fn extend_script(
-        &self,
-        lease: LeaseRef<'_>,
-    ) -> Result<Extended> {
-        let (script, _) = holder_script(lease.mode, Holder::Extend);
-        let call = Call {
-            script,
-            lock: lease.lock,
-            roles: extend_keys(lease.mode),
-            fence: None,
-            secret: Some(lease.secret),
-            last: LastArg::Ttl,
-        };
-        let (reply, waited) = self.run_waiting(call, self.replicas).await?;
-        let extended = extended(reply)?;
-        if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
-            // A lease found gone wrote nothing to wait for.
-            if extended != Extended::Gone {
-                replicas.check(waited)?;
-            }
-        }
-        Ok(extended)
-    }
-
-    /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends;
-    /// `live` when its holder confirmed a reader or a permit live until after now (see
-    /// [`Backend::release_live`](crate::backend::Backend::release_live)).
-    pub(in crate::store::redis) async fn release_script(
-        &self,
-        lease: LeaseRef<'_>,
-        live: bool,
-    ) -> Result<bool> {
-        let (script, role) = holder_script(lease.mode, Holder::Release);
-        let (lock, secret) = (lease.lock, Some(lease.secret));
-        // A reader's or a permit's script names its channel from its key.
-        let channel = match lease.mode {
-            Mode::Read | Mode::Permit => Vec::new(),
-            _ => notify::channel(self.layout(), lease.mode, lock.namespace, lock.name),
-        };
-        let last = match lease.mode {
-            Mode::Read | Mode::Permit if live => LastArg::Live,
-            Mode::Read | Mode::Permit => LastArg::None,
-            _ => LastArg::Channel(&channel),
-        };
-        answered_one(self.run(script, lock, &[role], None, secret, last).await?)
     }
 }
 

@@ -2,6 +2,7 @@
 //! beside this module, and how they are sent.
 
 pub(in crate::store::redis) mod call;
+mod held;
 
 use std::sync::OnceLock;
 
