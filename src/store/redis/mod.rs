@@ -1,7 +1,9 @@
-//! [`RedisStore`]: leases in Redis, through the Lua scripts in `scripts/`.
-//!
-//! How a call keeps its deadline, the call timer, the `SET NX` acquire, the extend pipeline and
-//! the tests live in files beside it.
+//! [`RedisStore`]: leases in Redis. Its lease operations are here: which command or script each
+//! call sends (`backend.rs`), the heartbeat's batched extends (`extend_many.rs`), idempotency
+//! keys (`idempotency.rs`) and the key layout (`keys.rs`). The folders: `set_nx/` (the unfenced
+//! acquire), `native/` (extend and release with native compare-and-set), `scripts/` (the Lua
+//! and how it is called), `connection/` (connecting, deadlines, `WAIT`, the startup check),
+//! `notify/` (release notifications), `sentinel/` and `cluster/`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +116,7 @@ pub struct RedisStore<C> {
     contended: Arc<ContendedNames>,
     /// The replicas an acquisition or extension waits for, if any.
     replicas: Option<Replicas>,
-    /// Which compare-and-set commands the server has (see `native.rs`).
+    /// Which compare-and-set commands the server has (see `native/`).
     native: Arc<Native>,
 }
 

@@ -1,4 +1,4 @@
-//! What a `RedisStore` knows of its server's compare-and-set commands (`native.rs` uses
+//! What a `RedisStore` knows of its server's compare-and-set commands (`mod.rs` here uses
 //! them), and how it reads their answers.
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -20,7 +20,7 @@
 //!
 //! # On a cluster
 //!
-//! With sharded notifications (`sharded.rs`: Redis 7.0 on every master) the subscriber is one
+//! With sharded notifications (`cluster/sharded.rs`: Redis 7.0 on every master) the subscriber is one
 //! cluster connection, which subscribes with `SSUBSCRIBE` on the master that owns each name and
 //! reconnects to its nodes by itself; it never ends, so the lifecycle above reads differently:
 //!

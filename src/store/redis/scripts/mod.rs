@@ -1,5 +1,6 @@
-//! The Lua scripts a [`RedisStore`](crate::store::redis::RedisStore) runs, one `.lua` file each in `scripts/`
-//! beside this module, and how they are sent.
+//! The Lua scripts a [`RedisStore`](crate::RedisStore) runs and how they are called: one
+//! `.lua` file each, by lock kind (`lock/`, `rw/`, `permit/`, `idempotency/`); how a script is
+//! sent ([`call`]); the scripts' extend and release of a held lease (`held.rs`).
 
 pub(in crate::store::redis) mod call;
 mod held;
