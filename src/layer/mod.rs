@@ -142,7 +142,7 @@
 //! | [`.release_wait(Duration)`](crate::LockLayer::release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
 //! | [`.body_timeout(Duration)`](crate::LockLayer::body_timeout) | 10 s | the longest the whole request body may take: under the lock (streamed, as a [`TimeoutBody`]), the handler's read fails after it, the lock is released and the answer is `408`; under `.buffer_body(..)`, before the lock |
-//! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
+//! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`](crate::rejection::OnRejection) hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
 //! | [`.coalesce_reads(bool)`](crate::RwLockLayer::coalesce_reads) (`RwLockLayer` only) | on | overlapping reads of one name in the layer share one reader lease in the store; `false` gives each read its own (see [shared reads](#shared-reads)) |
 //! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
 //!
@@ -278,7 +278,7 @@
 //!
 //! A lease is not a mutex: a holder that is paused or partitioned long enough loses it while it
 //! still works. Give the resource a fencing token ([`Lock::fenced`](crate::Lock::fenced),
-//! [`Lease::fence`]) when that must never cause a lost update; see
+//! [`Lease::fence`](crate::Lease::fence)) when that must never cause a lost update; see
 //! [what a lease cannot promise](crate#what-a-lease-cannot-promise).
 
 #[allow(

@@ -50,8 +50,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// |---|---|
 /// | [`connect`](Self::connect) | one Redis, by URL |
 /// | [`from_client`](Self::from_client) | one Redis, through a `redis::Client` you configured (TLS, credentials) |
-/// | [`connect_cluster`](Self::connect_cluster) | a Redis Cluster (feature `cluster`) |
-/// | [`connect_sentinel`](Self::connect_sentinel) | the primary Sentinel names, following failovers (feature `sentinel`) |
+/// | `connect_cluster` | a Redis Cluster (feature `cluster`) |
+/// | `connect_sentinel` | the primary Sentinel names, following failovers (feature `sentinel`) |
 ///
 /// then `.into()` a [`Store`](crate::Store). [`RedisStore::new`] takes a connection you built
 /// yourself, and lacks what those add unless you add it.
@@ -201,7 +201,7 @@ where
     /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
     /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
     /// them (`benches/README.md`): give a replicated store a connection of its own. A
-    /// [`SentinelConnection`](SentinelConnection) does so by itself: each `WAIT`
+    /// `SentinelConnection` does so by itself: each `WAIT`
     /// pipeline runs on a spare connection of its own, and the response timeout of each is the
     /// store's deadline.
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
@@ -217,7 +217,7 @@ where
     /// set it up themselves.
     ///
     /// On a Redis Cluster, `client` may name any node: the cluster bus forwards every plain
-    /// `PUBLISH` to all nodes ([`connect_cluster`](Self::connect_cluster) uses sharded
+    /// `PUBLISH` to all nodes (`connect_cluster` uses sharded
     /// channels instead where every master runs Redis 7.0).
     ///
     /// Every release publishes on its lock's channel (the lock's key without its role suffix),
