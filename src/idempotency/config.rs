@@ -7,9 +7,9 @@ use std::time::Duration;
 use http::Response;
 
 use super::Idempotency;
-use super::background::Background;
 use super::body::IdempotentBody;
-use super::cache::Replays;
+use super::record::background::Background;
+use super::record::cache::Replays;
 use crate::Store;
 use crate::lease::heartbeat::HeartbeatTiming;
 use crate::rejection::{Problem, Reason, Renderer};

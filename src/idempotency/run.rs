@@ -21,10 +21,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
-use super::complete::complete;
 use super::config::Config;
-use super::extension::IdempotencyKey;
+use super::key::extension::IdempotencyKey;
 use super::record;
+use super::record::complete::complete;
 use crate::backend::{FINGERPRINT_LEN, Secret};
 use crate::lease::heartbeat::Heartbeat;
 use crate::lease::kept::KeptLease;

@@ -15,9 +15,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::cache::Replays;
-use super::config::Config;
 use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
+use crate::idempotency::config::Config;
 use crate::lease::kept::KeptLease;
 use crate::rejection::Reason;
 use crate::wait::coarse_timer::Overdue;
@@ -131,7 +131,7 @@ impl Pending {
 /// Stores `record` under the reservation `own` within the layer's `complete_within`: `Ok`
 /// once stored, else the `503` to answer (storing then goes on in the background unless the
 /// key was taken).
-pub(super) async fn complete(
+pub(in crate::idempotency) async fn complete(
     config: &Config,
     own: KeptLease,
     fingerprint: [u8; FINGERPRINT_LEN],

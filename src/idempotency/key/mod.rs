@@ -1,5 +1,8 @@
 //! The `Idempotency-Key` header, and the store name a key gets within its scope.
 
+pub(super) mod extension;
+pub(super) mod fingerprint;
+
 use std::borrow::Cow;
 
 use http::HeaderValue;

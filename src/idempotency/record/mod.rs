@@ -2,6 +2,10 @@
 //! and its body (or a marker that it completed without them), in a compact binary form the
 //! store keeps as opaque bytes.
 
+pub(super) mod background;
+pub(super) mod cache;
+pub(super) mod complete;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, StatusCode};
