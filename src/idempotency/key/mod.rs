@@ -1,4 +1,6 @@
-//! The `Idempotency-Key` header, and the store name a key gets within its scope.
+//! The idempotency key: the `Idempotency-Key` header and the store name a key gets within its
+//! scope (here), the handler's [`IdempotencyKey`](extension::IdempotencyKey) and the request's
+//! [`fingerprint`](fingerprint::fingerprint).
 
 pub(super) mod extension;
 pub(super) mod fingerprint;

@@ -1,6 +1,8 @@
 //! What a completed request leaves for its retries: its status, the headers worth replaying
 //! and its body (or a marker that it completed without them), in a compact binary form the
-//! store keeps as opaque bytes.
+//! store keeps as opaque bytes (here); storing it before the response goes out ([`complete`]),
+//! then in the background ([`background`]); the in-process copy of completed records
+//! ([`cache`]).
 
 pub(super) mod background;
 pub(super) mod cache;
