@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::reason::{Reason, Refusal};
+use super::reason::{Reason, ReasonRow};
 use crate::name::from_request::NameDefect;
 
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -39,14 +39,14 @@ impl Problem {
         }
     }
 
-    /// The status the layer answers this problem with: the [table](Refusal)'s, or `busy`
+    /// The status the layer answers this problem with: the [table](ReasonRow)'s, or `busy`
     /// (the layer's [`busy_status`](crate::LockLayer::busy_status) or
     /// [`full_status`](crate::SemaphoreLayer::full_status)) when the user set one and the
     /// lock is taken.
     pub(crate) fn status(self, busy: Option<StatusCode>) -> StatusCode {
         match (self.reason, busy) {
             (Reason::Busy { .. } | Reason::Full { .. }, Some(status)) => status,
-            _ => Refusal::of(self.reason).status,
+            _ => ReasonRow::of(self.reason).status,
         }
     }
 
@@ -166,7 +166,7 @@ impl Problem {
     pub(crate) fn response(self, status: StatusCode, namespace: &str) -> Response<Bytes> {
         let mut json = String::with_capacity(256);
         json.push('{');
-        let refusal = Refusal::of(self.reason);
+        let refusal = ReasonRow::of(self.reason);
         field(&mut json, "type", refusal.problem_type);
         json.push(',');
         field(&mut json, "title", refusal.title);

@@ -102,7 +102,7 @@ pub enum Reason {
 
 /// What a refusal is answered with, by default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Refusal {
+pub(crate) struct ReasonRow {
     /// The status, unless the layer was given its own for a taken lock.
     pub(crate) status: StatusCode,
     /// The problem `type` URI: a stable identifier clients can match on. It is not meant to be
@@ -111,96 +111,96 @@ pub(crate) struct Refusal {
     pub(crate) title: &'static str,
 }
 
-impl Refusal {
+impl ReasonRow {
     /// The table.
-    pub(crate) const fn of(reason: Reason) -> Refusal {
+    pub(crate) const fn of(reason: Reason) -> ReasonRow {
         match reason {
-            Reason::Busy { .. } => Refusal {
+            Reason::Busy { .. } => ReasonRow {
                 status: StatusCode::CONFLICT,
                 problem_type: "urn:tower-lease:lock-busy",
                 title: "The resource is locked by another request",
             },
-            Reason::Full { .. } => Refusal {
+            Reason::Full { .. } => ReasonRow {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 problem_type: "urn:tower-lease:concurrency-limit",
                 title: "Too many requests for this resource are running",
             },
-            Reason::InvalidLimit => Refusal {
+            Reason::InvalidLimit => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:invalid-concurrency-limit",
                 title: "The request is allowed no concurrent requests",
             },
-            Reason::InvalidName => Refusal {
+            Reason::InvalidName => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:invalid-lock-name",
                 title: "The request names a resource that cannot be locked",
             },
-            Reason::MissingName => Refusal {
+            Reason::MissingName => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:missing-lock-name",
                 title: "The request does not name the resource to lock",
             },
-            Reason::StoreUnavailable => Refusal {
+            Reason::StoreUnavailable => ReasonRow {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 problem_type: "urn:tower-lease:lock-store-unavailable",
                 title: "The lock service is unavailable",
             },
-            Reason::NotReplicated => Refusal {
+            Reason::NotReplicated => ReasonRow {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 problem_type: "urn:tower-lease:not-replicated",
                 title: "The lock could not be replicated",
             },
-            Reason::LeaseLost => Refusal {
+            Reason::LeaseLost => ReasonRow {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 problem_type: "urn:tower-lease:lease-lost",
                 title: "The lock was lost while the request was being served",
             },
-            Reason::HandlerFailed => Refusal {
+            Reason::HandlerFailed => ReasonRow {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
                 problem_type: "urn:tower-lease:handler-failed",
                 title: "The request's handler failed",
             },
-            Reason::BodyTooLarge { .. } => Refusal {
+            Reason::BodyTooLarge { .. } => ReasonRow {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 problem_type: "urn:tower-lease:body-too-large",
                 title: "The request body is too large",
             },
-            Reason::BodyTimeout { .. } => Refusal {
+            Reason::BodyTimeout { .. } => ReasonRow {
                 status: StatusCode::REQUEST_TIMEOUT,
                 problem_type: "urn:tower-lease:body-timeout",
                 title: "The request body did not arrive in time",
             },
-            Reason::BodyUnreadable => Refusal {
+            Reason::BodyUnreadable => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:body-unreadable",
                 title: "The request body could not be read",
             },
-            Reason::IdempotencyKeyInvalid => Refusal {
+            Reason::IdempotencyKeyInvalid => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:idempotency-key-invalid",
                 title: "The Idempotency-Key header is invalid",
             },
-            Reason::IdempotencyKeyMissing => Refusal {
+            Reason::IdempotencyKeyMissing => ReasonRow {
                 status: StatusCode::BAD_REQUEST,
                 problem_type: "urn:tower-lease:idempotency-key-missing",
                 title: "The request needs an Idempotency-Key header",
             },
-            Reason::IdempotencyInFlight { .. } => Refusal {
+            Reason::IdempotencyInFlight { .. } => ReasonRow {
                 status: StatusCode::CONFLICT,
                 problem_type: "urn:tower-lease:idempotency-in-flight",
                 title: "A request with this idempotency key is running",
             },
-            Reason::IdempotencyKeyReused => Refusal {
+            Reason::IdempotencyKeyReused => ReasonRow {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 problem_type: "urn:tower-lease:idempotency-key-reused",
                 title: "The idempotency key was used for another request",
             },
-            Reason::IdempotencyNotStored { .. } => Refusal {
+            Reason::IdempotencyNotStored { .. } => ReasonRow {
                 status: StatusCode::GONE,
                 problem_type: "urn:tower-lease:idempotency-not-stored",
                 title: "The request with this idempotency key completed, but its response was not kept",
             },
-            Reason::IdempotencyOutcomeUnknown { retry_after } => Refusal {
+            Reason::IdempotencyOutcomeUnknown { retry_after } => ReasonRow {
                 status: match retry_after {
                     Some(_) => StatusCode::SERVICE_UNAVAILABLE,
                     None => StatusCode::CONFLICT,
@@ -280,7 +280,7 @@ mod tests {
     fn statuses(reason: Reason) -> Vec<u16> {
         match reason {
             Reason::IdempotencyOutcomeUnknown { .. } => vec![503, 409],
-            _ => vec![Refusal::of(reason).status.as_u16()],
+            _ => vec![ReasonRow::of(reason).status.as_u16()],
         }
     }
 
@@ -291,7 +291,7 @@ mod tests {
         let reasons = every_reason();
         assert_eq!(rows.len(), reasons.len(), "one row per reason");
         for (name, reason) in reasons {
-            let refusal = Refusal::of(reason);
+            let refusal = ReasonRow::of(reason);
             let row = rows
                 .iter()
                 .find(|row| row.starts_with(&format!("| [`{name}`]")))
@@ -320,7 +320,7 @@ mod tests {
                 continue;
             }
             for (name, reason) in &reasons {
-                let problem_type = Refusal::of(*reason).problem_type;
+                let problem_type = ReasonRow::of(*reason).problem_type;
                 if !line.contains(&format!("{problem_type}`")) {
                     continue;
                 }
