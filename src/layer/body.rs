@@ -257,7 +257,7 @@ impl<B: Body> fmt::Debug for LeaseBody<B> {
 
 /// The error a body streamed under
 /// [`hold_through_body`](crate::LockLayer::hold_through_body) ends with when its lease is lost
-/// under [`LeaseLost::Abort`](crate::LeaseLost::Abort).
+/// under [`LeaseLost::Abort`].
 #[derive(Debug)]
 pub struct LeaseLostError(());
 

@@ -31,7 +31,7 @@ pub(crate) struct RawLease {
     name: OwnedName,
     secret: Secret,
     fence: Option<u64>,
-    /// When the last confirmed acquire or extend of this lease was sent: a [`Held`] made from
+    /// When the last confirmed acquire or extend of this lease was sent: a [`Held`](crate::Held) made from
     /// the token counts the lease's validity from there.
     confirmed_at: Mutex<Instant>,
     /// When the store confirmed the lease, for `tower_lease_hold_seconds`.

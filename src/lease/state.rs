@@ -29,7 +29,7 @@ pub(crate) struct LeaseState {
     /// body streams (the response future or the body, one at a time), woken when it ends. The
     /// requests sharing a read lease wait on the token instead (see `LeaseGuard::poll_lost`).
     end_waker: AtomicWaker,
-    /// Cancelled when the lease ends, for [`Lease::lost`], [`Lease::ended`] and shared reads.
+    /// Cancelled when the lease ends, for [`Lease::lost`](crate::Lease::lost), [`Lease::ended`](crate::Lease::ended) and shared reads.
     ended: OnceLock<CancellationToken>,
     /// Set when an extension found a writer waiting (a write intent): a shared read lease
     /// admits no more requests.
@@ -94,7 +94,7 @@ impl LeaseState {
         self.over.load(Ordering::Acquire) == LOST
     }
 
-    /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve. Only the first end
+    /// Says the lease is lost: [`Lease::lost`](crate::Lease::lost) and [`Lease::ended`](crate::Lease::ended) resolve. Only the first end
     /// counts: a lease already lost or released is left as it is, and counted once.
     pub(crate) fn declare_lost(&self, reason: LossReason) {
         if !self.finish(LOST) {

@@ -9,7 +9,7 @@ use crate::{Error, Result};
 /// The longest namespace, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
 
-/// What a lock definition is made of, shared by [`Lock`] and [`RwLock`].
+/// What a lock definition is made of, shared by [`Lock`](crate::Lock) and [`RwLock`](crate::RwLock).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Spec {
     pub(crate) namespace: &'static str,
@@ -20,7 +20,7 @@ pub(crate) struct Spec {
     pub(crate) permits: u32,
 }
 
-/// Why a definition is invalid; `const` so that [`Lock::new`] fails at compile time.
+/// Why a definition is invalid; `const` so that [`Lock::new`](crate::Lock::new) fails at compile time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Invalid {
     EmptyNamespace,
