@@ -32,9 +32,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
-    /// The status of a busy answer (for a semaphore: full), when the user chose one; the
-    /// [refusal table](crate::rejection::Reason)'s otherwise.
-    pub(crate) busy_status: Option<StatusCode>,
+    /// The status for a taken lock (busy, or for a semaphore full), when the user chose one; the
+    /// [reasons' table](crate::rejection::Reason)'s otherwise.
+    pub(crate) taken_status: Option<StatusCode>,
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
@@ -89,7 +89,7 @@ impl Config {
         Self {
             store,
             spec,
-            busy_status: None,
+            taken_status: None,
             hold_times: Arc::default(),
             fail_open: false,
             beat: Beat::for_ttl(spec.ttl),
@@ -130,10 +130,10 @@ impl Config {
         };
     }
 
-    /// The layer's answer to `problem`, with the status the [refusal table](crate::rejection::Reason)
+    /// The layer's answer to `problem`, with the status the [reasons' table](crate::rejection::Reason)
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
-        let status = problem.status(self.busy_status);
+        let status = problem.status(self.taken_status);
         let rejection = Rejection::new(problem, status, self.spec.namespace);
         match self.renderer.render(&rejection) {
             Some(response) => response.map(LeaseBody::rendered),
@@ -144,7 +144,7 @@ impl Config {
 
 /// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
 /// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn refusal_status(option: &str, status: StatusCode) -> Option<StatusCode> {
+pub(super) fn taken_status(option: &str, status: StatusCode) -> Option<StatusCode> {
     assert!(
         status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
         "tower-lease: {option} must be a 4xx status or 503, got {status}"

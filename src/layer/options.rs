@@ -173,7 +173,7 @@ macro_rules! busy_status {
             ///
             /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
             pub fn busy_status(mut self, status: StatusCode) -> Self {
-                self.config.busy_status = super::config::refusal_status("busy_status", status);
+                self.config.taken_status = super::config::taken_status("busy_status", status);
                 self
             }
         }

@@ -39,12 +39,12 @@ impl Problem {
         }
     }
 
-    /// The status the layer answers this problem with: the [table](ReasonRow)'s, or `busy`
+    /// The status the layer answers this problem with: the [table](ReasonRow)'s, or `taken`
     /// (the layer's [`busy_status`](crate::LockLayer::busy_status) or
     /// [`full_status`](crate::SemaphoreLayer::full_status)) when the user set one and the
     /// lock is taken.
-    pub(crate) fn status(self, busy: Option<StatusCode>) -> StatusCode {
-        match (self.reason, busy) {
+    pub(crate) fn status(self, taken: Option<StatusCode>) -> StatusCode {
+        match (self.reason, taken) {
             (Reason::Busy { .. } | Reason::Full { .. }, Some(status)) => status,
             _ => ReasonRow::of(self.reason).status,
         }
