@@ -169,7 +169,9 @@ pub(crate) async fn held_jobs(redis: &Redis, leases: usize, hold: Duration) -> S
 pub(crate) async fn batched(redis: &Redis, leases: usize, hold: Duration) -> Stats {
     const BATCH: usize = 500;
     static EXTEND: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(include_str!("../../src/store/redis/scripts/extend.lua"))
+        redis::Script::new(include_str!(
+            "../../src/store/redis/scripts/lock/extend.lua"
+        ))
     });
     let mut conn = redis.connection().await;
     let ttl = TTL.as_millis() as u64;
@@ -250,5 +252,7 @@ pub(crate) async fn batched(redis: &Redis, leases: usize, hold: Duration) -> Sta
 }
 
 static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(include_str!("../../src/store/redis/scripts/release.lua"))
+    redis::Script::new(include_str!(
+        "../../src/store/redis/scripts/lock/release.lua"
+    ))
 });

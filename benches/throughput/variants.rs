@@ -459,8 +459,11 @@ fn lock_cycle(store: Store) -> Op {
     })
 }
 
-static ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../src/store/redis/scripts/acquire.lua")));
+static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(include_str!(
+        "../../src/store/redis/scripts/lock/acquire.lua"
+    ))
+});
 
 /// Where the cost of a cycle goes: the minimum with one change each.
 fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::MultiplexedConnection) {

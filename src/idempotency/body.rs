@@ -9,7 +9,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::layer::{BoxError, RejectionBody};
+use crate::rejection::{BoxError, RejectionBody};
 
 pin_project! {
     /// The response body of [`IdempotencyLayer`](super::IdempotencyLayer): the inner

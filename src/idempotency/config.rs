@@ -7,13 +7,13 @@ use std::time::Duration;
 use http::Response;
 
 use super::Idempotency;
-use super::background::Background;
 use super::body::IdempotentBody;
-use super::cache::Replays;
+use super::record::background::Background;
+use super::record::cache::Replays;
 use crate::Store;
-use crate::layer::{Problem, Reason, Renderer};
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::watchdog::Watchdog;
+use crate::rejection::{Problem, Reason, Renderer};
+use crate::wait::coarse_timer::CoarseTimer;
 
 /// The most request body bytes read for the fingerprint by default.
 pub(super) const DEFAULT_MAX_BODY: usize = 1024 * 1024;
@@ -45,7 +45,7 @@ pub(crate) struct Config {
     pub(crate) renderer: Renderer,
     pub(crate) timing: HeartbeatTiming,
     /// The coarse timer of a reservation's first beat.
-    pub(crate) first_beat_timer: Arc<Watchdog>,
+    pub(crate) first_beat_timer: Arc<CoarseTimer>,
     /// Completed records seen lately, replayed without a store round trip.
     pub(crate) replays: Arc<Replays>,
 }

@@ -14,9 +14,9 @@ use super::config::{
 use super::service::IdempotencyService;
 use crate::Store;
 use crate::layer::extract::ExtractName;
-use crate::layer::{OnRejection, Renderer};
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::watchdog::Watchdog;
+use crate::rejection::{OnRejection, Renderer};
+use crate::wait::coarse_timer::CoarseTimer;
 
 /// The default scope of an [`IdempotencyLayer`]: every key is unique in the whole namespace.
 #[derive(Clone, Copy, Debug, Default)]
@@ -70,7 +70,7 @@ impl IdempotencyLayer {
             background: Default::default(),
             renderer: Renderer::default(),
             timing,
-            first_beat_timer: Watchdog::new(timing.every),
+            first_beat_timer: CoarseTimer::new(timing.every),
             replays: Arc::default(),
         };
         Self {

@@ -151,15 +151,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::spec::Spec;
+use crate::locks::spec::Spec;
 
-mod background;
 mod body;
-mod cache;
-mod complete;
 mod config;
-mod extension;
-mod fingerprint;
 mod future;
 mod key;
 mod layer;
@@ -168,8 +163,8 @@ mod run;
 mod service;
 
 pub use self::body::IdempotentBody;
-pub use self::extension::IdempotencyKey;
 pub use self::future::ResponseFuture;
+pub use self::key::extension::IdempotencyKey;
 pub use self::layer::{IdempotencyLayer, Unscoped};
 pub use self::service::IdempotencyService;
 

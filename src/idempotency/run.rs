@@ -21,18 +21,18 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
-use super::complete::complete;
 use super::config::Config;
-use super::extension::IdempotencyKey;
+use super::key::extension::IdempotencyKey;
 use super::record;
+use super::record::complete::complete;
 use crate::backend::{FINGERPRINT_LEN, Secret};
-use crate::holding::Holding;
-use crate::layer::{BoxError, Reason};
 use crate::lease::heartbeat::Heartbeat;
-use crate::lease::own::OwnLease;
-use crate::owned_name::OwnedName;
+use crate::lease::kept::KeptLease;
+use crate::lease::raw::RawLease;
+use crate::name::owned::OwnedName;
+use crate::rejection::{BoxError, Reason};
 use crate::telemetry::{self, IdempotencyOutcome};
-use crate::watchdog::Watchdog;
+use crate::wait::coarse_timer::CoarseTimer;
 
 /// A key the store reserved for this request.
 pub(crate) struct Reserved {
@@ -76,7 +76,7 @@ where
     B::Error: Into<BoxError>,
 {
     let spec = config.idempotency.spec;
-    let holding = Holding::reserved(
+    let holding = RawLease::reserved(
         config.store.clone(),
         spec,
         reserved.name,
@@ -84,7 +84,7 @@ where
         reserved.fence,
         reserved.sent_at,
     );
-    let own = OwnLease::new(holding, reserved.sent_at, config.timing);
+    let own = KeptLease::new(holding, reserved.sent_at, config.timing);
     req.extensions_mut().insert(own.lease());
     req.extensions_mut().insert(reserved.key);
     let call = inner.call(req);
@@ -94,7 +94,7 @@ where
 /// The work under the lease, then storing or freeing the key.
 async fn finish<F, B, E>(
     config: Arc<Config>,
-    own: OwnLease,
+    own: KeptLease,
     call: F,
     fingerprint: [u8; FINGERPRINT_LEN],
 ) -> Answer<B, E>
@@ -172,7 +172,7 @@ where
 }
 
 /// Frees the key of a response that is not stored, with an at-most-once key's marker.
-async fn free(config: &Config, own: OwnLease) {
+async fn free(config: &Config, own: KeptLease) {
     if !config.idempotency.at_most_once {
         return own.release().await;
     }
@@ -258,16 +258,16 @@ pin_project! {
     /// The deadline is checked before every poll of the work, as
     /// [`Held::run`](crate::Held::run) does.
     struct UnderLease<F> {
-        own: Option<OwnLease>,
+        own: Option<KeptLease>,
         heartbeat: Heartbeat,
-        timer: Arc<Watchdog>,
+        timer: Arc<CoarseTimer>,
         #[pin]
         work: F,
     }
 }
 
 impl<F: Future> Future for UnderLease<F> {
-    type Output = (OwnLease, Worked<F::Output>);
+    type Output = (KeptLease, Worked<F::Output>);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();

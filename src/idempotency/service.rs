@@ -17,19 +17,19 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotentBody;
-use super::cache::Cached;
 use super::config::Config;
-use super::extension::IdempotencyKey;
-use super::fingerprint::fingerprint;
 use super::future::ResponseFuture;
 use super::key;
+use super::key::extension::IdempotencyKey;
+use super::key::fingerprint::fingerprint;
+use super::record::cache::Cached;
 use super::record::{self, Record};
 use super::run::{Reserved, run};
 use crate::backend::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
-use crate::finish_on_drop::FinishOnDrop;
 use crate::layer::extract::ExtractName;
-use crate::layer::{BoxError, Reason};
+use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::name::LockName;
+use crate::rejection::{BoxError, Reason};
 use crate::store::Watch;
 use crate::telemetry::{self, IdempotencyOutcome};
 

@@ -11,13 +11,13 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::boxed::{BoxError, RejectionBody};
 use super::guard::LeaseGuard;
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
 use super::release_wait::poll_release;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::watchdog::{Overdue, Watchdog};
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::rejection::{BoxError, RejectionBody};
+use crate::wait::coarse_timer::{CoarseTimer, Overdue};
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and
@@ -47,7 +47,7 @@ pin_project! {
             body: B,
         },
         // The inner service's body, holding the lease until it ends.
-        Holding {
+        RawLease {
             #[pin]
             body: B,
             lease: BodyLease<B::Data>,
@@ -64,14 +64,14 @@ pin_project! {
     }
 }
 
-/// Where the lease of a [`Kind::Holding`] body stands.
+/// Where the lease of a [`Kind::RawLease`] body stands.
 enum BodyLease<D> {
     Held {
         guard: LeaseGuard,
         /// What a loss while the body streams does to it.
         on_loss: LeaseLost,
         /// The layer's timer of its `release_wait`.
-        release_timer: Arc<Watchdog>,
+        release_timer: Arc<CoarseTimer>,
         /// The layer's hold times, and when this hold began.
         timed: (Arc<HoldTimes>, Instant),
     },
@@ -101,7 +101,7 @@ impl<B: Body> LeaseBody<B> {
         body: B,
         guard: LeaseGuard,
         on_loss: LeaseLost,
-        release_timer: Arc<Watchdog>,
+        release_timer: Arc<CoarseTimer>,
         timed: (Arc<HoldTimes>, Instant),
     ) -> Self {
         let lease = BodyLease::Held {
@@ -111,7 +111,7 @@ impl<B: Body> LeaseBody<B> {
             timed,
         };
         Self {
-            kind: Kind::Holding { body, lease },
+            kind: Kind::RawLease { body, lease },
         }
     }
 
@@ -149,7 +149,7 @@ where
             KindProj::Rendered { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map(|f| f.map_data(Into::into)))),
-            KindProj::Holding { mut body, lease } => loop {
+            KindProj::RawLease { mut body, lease } => loop {
                 match lease {
                     BodyLease::Held { guard, on_loss, .. } => {
                         // The deadline first, as before every poll of the inner future: a
@@ -224,15 +224,15 @@ where
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Problem { data } => data.is_none(),
             Kind::Rendered { body } => body.is_end_stream(),
-            // Holding a lease, claim more is coming even if the inner body has ended, so the
+            // RawLease a lease, claim more is coming even if the inner body has ended, so the
             // server polls once more and the release is awaited there.
-            Kind::Holding { lease, .. } => matches!(lease, BodyLease::Ended),
+            Kind::RawLease { lease, .. } => matches!(lease, BodyLease::Ended),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } | Kind::Holding { body, .. } => body.size_hint(),
+            Kind::Inner { body } | Kind::RawLease { body, .. } => body.size_hint(),
             Kind::Problem { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -245,7 +245,7 @@ impl<B: Body> fmt::Debug for LeaseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",
-            Kind::Holding { .. } => "Holding",
+            Kind::RawLease { .. } => "RawLease",
             Kind::Problem { .. } => "Problem",
             Kind::Rendered { .. } => "Rendered",
         };
@@ -257,7 +257,7 @@ impl<B: Body> fmt::Debug for LeaseBody<B> {
 
 /// The error a body streamed under
 /// [`hold_through_body`](crate::LockLayer::hold_through_body) ends with when its lease is lost
-/// under [`LeaseLost::Abort`](crate::LeaseLost::Abort).
+/// under [`LeaseLost::Abort`].
 #[derive(Debug)]
 pub struct LeaseLostError(());
 

@@ -17,11 +17,9 @@ use tokio::time::error::Elapsed;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::boxed::BoxError;
 use super::config::Config;
-use super::problem::Problem;
-use super::refusal::Reason;
 use crate::backend::BoxFuture;
+use crate::rejection::{BoxError, Problem, Reason};
 
 /// The body policy of a layer that hands the request body to the inner service as it streams
 /// in, taking the lock before the body is read: the default.

@@ -10,12 +10,11 @@ use super::body::LeaseBody;
 use super::deadline::{Beat, Deadline};
 use super::hold_times::HoldTimes;
 use super::lease_lost::LeaseLost;
-use super::problem::Problem;
-use super::rejection::Renderer;
 use super::shared_read::{Linger, SharedReads};
 use crate::Store;
 use crate::lease::heartbeat::Heartbeat;
-use crate::spec::Spec;
+use crate::locks::spec::Spec;
+use crate::rejection::{Problem, Rejection, Renderer};
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -33,9 +32,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) spec: Spec,
-    /// The status of a busy answer (for a semaphore: full), when the user chose one; the
-    /// [refusal table](super::refusal)'s otherwise.
-    pub(crate) busy_status: Option<StatusCode>,
+    /// The status for a taken lock (busy, or for a semaphore full), when the user chose one; the
+    /// [reasons' table](crate::rejection::Reason)'s otherwise.
+    pub(crate) taken_status: Option<StatusCode>,
     /// How long this layer's leases were held lately, for the `Retry-After` of a busy answer.
     pub(crate) hold_times: Arc<HoldTimes>,
     pub(crate) fail_open: bool,
@@ -66,7 +65,7 @@ pub(crate) struct Config {
     /// How long the response waits for the release before it goes out anyway (see
     /// [`Overdue`]).
     ///
-    /// [`Overdue`]: crate::watchdog::Overdue
+    /// [`Overdue`]: crate::wait::coarse_timer::Overdue
     pub(crate) release_wait: Deadline,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
@@ -90,7 +89,7 @@ impl Config {
         Self {
             store,
             spec,
-            busy_status: None,
+            taken_status: None,
             hold_times: Arc::default(),
             fail_open: false,
             beat: Beat::for_ttl(spec.ttl),
@@ -131,17 +130,21 @@ impl Config {
         };
     }
 
-    /// The layer's answer to `problem`, with the status the [refusal table](super::refusal)
+    /// The layer's answer to `problem`, with the status the [reasons' table](crate::rejection::Reason)
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
-        let status = problem.status(self.busy_status);
-        self.renderer.respond(problem, status, self.spec.namespace)
+        let status = problem.status(self.taken_status);
+        let rejection = Rejection::new(problem, status, self.spec.namespace);
+        match self.renderer.render(&rejection) {
+            Some(response) => response.map(LeaseBody::rendered),
+            None => rejection.problem_response().map(LeaseBody::problem),
+        }
     }
 }
 
 /// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
 /// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn refusal_status(option: &str, status: StatusCode) -> Option<StatusCode> {
+pub(super) fn taken_status(option: &str, status: StatusCode) -> Option<StatusCode> {
     assert!(
         status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
         "tower-lease: {option} must be a 4xx status or 503, got {status}"

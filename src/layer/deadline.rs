@@ -5,21 +5,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::watchdog::Watchdog;
+use crate::wait::coarse_timer::CoarseTimer;
 
 /// A time limit of the layer (how long a request body may take, how long a response waits for
 /// its release), with the one coarse timer its requests share.
 #[derive(Clone, Debug)]
 pub(crate) struct Deadline {
     after: Duration,
-    timer: Arc<Watchdog>,
+    timer: Arc<CoarseTimer>,
 }
 
 impl Deadline {
     pub(crate) fn new(after: Duration) -> Self {
         Self {
             after,
-            timer: Watchdog::new(after),
+            timer: CoarseTimer::new(after),
         }
     }
 
@@ -29,7 +29,7 @@ impl Deadline {
     }
 
     /// The timer that enforces it.
-    pub(crate) fn timer(&self) -> &Arc<Watchdog> {
+    pub(crate) fn timer(&self) -> &Arc<CoarseTimer> {
         &self.timer
     }
 }
@@ -39,7 +39,7 @@ impl Deadline {
 #[derive(Clone, Debug)]
 pub(crate) struct Beat {
     timing: HeartbeatTiming,
-    first: Arc<Watchdog>,
+    first: Arc<CoarseTimer>,
 }
 
 impl Beat {
@@ -48,7 +48,7 @@ impl Beat {
         let timing = HeartbeatTiming::for_ttl(ttl);
         Self {
             timing,
-            first: Watchdog::new(timing.every),
+            first: CoarseTimer::new(timing.every),
         }
     }
 
@@ -57,14 +57,14 @@ impl Beat {
     }
 
     /// The timer of a lease's first beat, one interval after its acquisition.
-    pub(crate) fn first_beat_timer(&self) -> &Arc<Watchdog> {
+    pub(crate) fn first_beat_timer(&self) -> &Arc<CoarseTimer> {
         &self.first
     }
 
     /// Extends every `every`.
     pub(crate) fn set_every(&mut self, every: Duration) {
         self.timing.every = every;
-        self.first = Watchdog::new(every);
+        self.first = CoarseTimer::new(every);
     }
 
     /// Stops extending `max_hold` after the lease was taken.

@@ -16,13 +16,12 @@ use super::body::LeaseBody;
 use super::config::Config;
 use super::guard::{Guarded, LeaseGuard};
 use super::lease_lost::LeaseLost;
-use super::problem::Problem;
-use super::refusal::Reason;
 use super::release_wait::poll_release;
 use super::timeout_body::TimeoutBody;
-use crate::attempt::Attempt;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::watchdog::Overdue;
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::locks::attempt::Attempt;
+use crate::rejection::{Problem, Reason};
+use crate::wait::coarse_timer::Overdue;
 
 pin_project! {
     /// The response future of [`LeaseService`](super::LeaseService).

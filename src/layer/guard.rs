@@ -12,14 +12,14 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::shared_read::SharedRead;
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::holding::Holding;
+use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lease::own::OwnLease;
+use crate::lease::kept::KeptLease;
+use crate::lease::raw::RawLease;
 use crate::lease::{Lease, LeaseState};
-use crate::watchdog::Watchdog;
+use crate::locks::attempt::Attempt;
+use crate::wait::coarse_timer::CoarseTimer;
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;
@@ -42,7 +42,7 @@ pub(crate) struct LeaseGuard {
 }
 
 enum Kind {
-    Own(OwnLease),
+    Own(KeptLease),
     /// With the wait for the shared lease's end, once this request has polled for it.
     Shared(SharedRead, Option<Pin<Box<WaitForCancellationFutureOwned>>>),
 }
@@ -50,11 +50,11 @@ enum Kind {
 impl LeaseGuard {
     /// Takes charge of `holding`, acquired by a command sent at `sent_at`; its heartbeat starts
     /// when the first extension is due (see [`poll_first_beat`](Self::poll_first_beat)).
-    pub(crate) fn new(holding: Holding, sent_at: Instant, timing: HeartbeatTiming) -> Self {
-        Self::own(OwnLease::new(holding, sent_at, timing))
+    pub(crate) fn new(holding: RawLease, sent_at: Instant, timing: HeartbeatTiming) -> Self {
+        Self::own(KeptLease::new(holding, sent_at, timing))
     }
 
-    pub(super) fn own(lease: OwnLease) -> Self {
+    pub(super) fn own(lease: KeptLease) -> Self {
         let kind = Kind::Own(lease);
         Self { kind }
     }
@@ -71,7 +71,7 @@ impl LeaseGuard {
         &mut self,
         cx: &mut Context<'_>,
         heartbeat: &Heartbeat,
-        timer: &Arc<Watchdog>,
+        timer: &Arc<CoarseTimer>,
     ) {
         match &mut self.kind {
             Kind::Own(own) => own.poll_first_beat(cx, heartbeat, timer),

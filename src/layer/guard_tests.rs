@@ -4,9 +4,9 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use super::*;
-use crate::attempt::Attempt;
 use crate::backend::Mode;
-use crate::spec::Spec;
+use crate::locks::attempt::Attempt;
+use crate::locks::spec::Spec;
 use crate::{Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));
@@ -18,7 +18,7 @@ const EVERY_100_MS: HeartbeatTiming = HeartbeatTiming {
 async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) {
     let spec: Spec = LOCK.spec();
     let sent_at = Instant::now();
-    let held = match Holding::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
+    let held = match RawLease::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
         .await
         .unwrap()
     {
@@ -34,7 +34,7 @@ async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) 
 async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future() {
     let store = Store::memory();
     let timing = EVERY_100_MS;
-    let (held, sent_at) = match Holding::acquire(
+    let (held, sent_at) = match RawLease::acquire(
         store.clone(),
         LOCK.spec(),
         Mode::Exclusive,
@@ -51,7 +51,7 @@ async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future(
 
     // What the response future does while the handler runs: poll, and be woken on time.
     let heartbeat = Heartbeat::default();
-    let timer = crate::watchdog::Watchdog::new(timing.every);
+    let timer = crate::wait::coarse_timer::CoarseTimer::new(timing.every);
     let polling = std::future::poll_fn(|cx| {
         guard.poll_first_beat(cx, &heartbeat, &timer);
         std::task::Poll::<()>::Pending

@@ -133,7 +133,7 @@
 //! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or misses its deadline, run the request unlocked and log a warning |
 //! | [`.heartbeat(Duration)`](crate::LockLayer::heartbeat) | TTL / 3 | how often the lease is extended while the request runs (must be shorter than the TTL) |
 //! | [`.max_hold(Duration)`](crate::LockLayer::max_hold) | no limit | stop extending this long after acquiring: a stuck handler loses the lease at most one TTL later |
-//! | [`.on_lease_lost(LeaseLost)`](crate::LockLayer::on_lease_lost) | [`LeaseLost::Abort`] | `Abort`: drop the handler's future and answer `503`; `Continue`: only flag the [`Lease`] |
+//! | [`.on_lease_lost(LeaseLost)`](crate::LockLayer::on_lease_lost) | [`LeaseLost::Abort`] | `Abort`: drop the handler's future and answer `503`; `Continue`: only flag the [`Lease`](crate::Lease) |
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
 //! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
@@ -142,7 +142,7 @@
 //! | [`.max_release_wait(Duration)`](crate::LockLayer::max_release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
 //! | [`.body_timeout(Duration)`](crate::LockLayer::body_timeout) | 10 s | the longest the whole request body may take: under the lock (streamed, as a [`TimeoutBody`]), the handler's read fails after it, the lock is released and the answer is `408`; under `.buffer_body(..)`, before the lock |
-//! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`] hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
+//! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`](crate::rejection::OnRejection) hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
 //! | [`.coalesce_reads(bool)`](crate::RwLockLayer::coalesce_reads) (`RwLockLayer` only) | on | overlapping reads of one name in the layer share one reader lease in the store; `false` gives each read its own (see [shared reads](#shared-reads)) |
 //! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
 //!
@@ -198,7 +198,7 @@
 //!
 //! # While the request runs
 //!
-//! An acquired request carries a [`Lease`] extension (`Extension<Lease>` in axum):
+//! An acquired request carries a [`Lease`](crate::Lease) extension (`Extension<Lease>` in axum):
 //! `name()`, `namespace()`, `mode()`, `fence()`, `is_held()`, and two futures for handlers that
 //! stop cooperatively under [`LeaseLost::Continue`]:
 //! [`lost()`](crate::Lease::lost) resolves only when the lease is lost, and
@@ -247,7 +247,7 @@
 //!
 //! The guarantees are a reader's: a writer anywhere is refused while the shared lease lives. When
 //! it is lost (the store says it is gone, or no extension was confirmed in time) every request
-//! sharing it is told, each as above: `503` under `Abort`, the [`Lease`] flag under `Continue`;
+//! sharing it is told, each as above: `503` under `Abort`, the [`Lease`](crate::Lease) flag under `Continue`;
 //! and each response still needs the lease valid at the moment it was produced. A lost share
 //! takes no newcomer (they take a fresh lease), and neither does one that heard of a writer of
 //! a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then ask the
@@ -274,7 +274,7 @@
 //! only, since the limit counts from the shared lease's acquisition. With [`max_wait`](crate::LockLayer::max_wait),
 //! a read joins a held share or waits on its own, and shares the lease it gets.
 //!
-//! Each request's [`Lease`] is its own view: `is_held()` turns `false` and `ended()` resolves
+//! Each request's [`Lease`](crate::Lease) is its own view: `is_held()` turns `false` and `ended()` resolves
 //! when that request is done, even while others still share the lease; `fence()` is the shared
 //! lease's. With the `metrics` feature, a request that joins (or shared an acquisition) counts
 //! in `tower_lease_acquire_total` with the outcome it got (`acquired`, `busy`, `store_error`),
@@ -284,7 +284,7 @@
 //!
 //! A lease is not a mutex: a holder that is paused or partitioned long enough loses it while it
 //! still works. Give the resource a fencing token ([`Lock::fenced`](crate::Lock::fenced),
-//! [`Lease::fence`]) when that must never cause a lost update; see
+//! [`Lease::fence`](crate::Lease::fence)) when that must never cause a lost update; see
 //! [what a lease cannot promise](crate#what-a-lease-cannot-promise).
 
 #[allow(
@@ -297,7 +297,6 @@ mod config;
 mod deadline;
 
 mod body;
-mod boxed;
 mod buffer;
 pub mod extract;
 
@@ -306,9 +305,6 @@ mod guard;
 mod hold_times;
 mod lease_lost;
 mod options;
-mod problem;
-mod refusal;
-mod rejection;
 mod release_wait;
 mod semaphore;
 mod service;
@@ -316,17 +312,11 @@ mod shared_read;
 mod timeout_body;
 
 pub use self::body::{LeaseBody, LeaseLostError};
-pub use self::boxed::{BoxError, RejectionBody};
 pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::layer::{LockLayer, RwLockLayer};
 pub use self::lease_lost::LeaseLost;
-pub(crate) use self::problem::Problem;
-pub use self::refusal::Reason;
-pub(crate) use self::rejection::Renderer;
-pub use self::rejection::{AnyBody, BytesBody, OnRejection, Rejection};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LeaseService;
 pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};
-pub use crate::lease::Lease;

@@ -6,8 +6,8 @@ use http::StatusCode;
 
 use super::layer::{LockLayer, RwLockLayer};
 use super::lease_lost::LeaseLost;
-use super::rejection::{OnRejection, Renderer};
 use super::semaphore::SemaphoreLayer;
+use crate::rejection::{OnRejection, Renderer};
 
 /// The options every layer has, with the same docs.
 macro_rules! options {
@@ -98,8 +98,8 @@ macro_rules! options {
             /// lease lost, body too large or too slow) with `hook` instead of the default
             /// RFC 9457 `application/problem+json` documents: for an application's own error
             /// format or its own `Retry-After` policy. The hook gets a
-            /// [`Rejection`](crate::layer::Rejection), whose
-            /// [`problem_response`](crate::layer::Rejection::problem_response) is the default.
+            /// [`Rejection`](crate::rejection::Rejection), whose
+            /// [`problem_response`](crate::rejection::Rejection::problem_response) is the default.
             pub fn on_rejection<M: 'static>(mut self, hook: impl OnRejection<M>) -> Self {
                 self.config.renderer = Renderer::new(hook);
                 self
@@ -173,7 +173,7 @@ macro_rules! busy_status {
             ///
             /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
             pub fn busy_status(mut self, status: StatusCode) -> Self {
-                self.config.busy_status = super::config::refusal_status("busy_status", status);
+                self.config.taken_status = super::config::taken_status("busy_status", status);
                 self
             }
         }

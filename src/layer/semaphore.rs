@@ -93,7 +93,7 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
     ///
     /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
     pub fn full_status(mut self, status: StatusCode) -> Self {
-        self.config.busy_status = super::config::refusal_status("full_status", status);
+        self.config.taken_status = super::config::taken_status("full_status", status);
         self
     }
 

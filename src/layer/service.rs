@@ -19,19 +19,18 @@ use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::guard::{Guarded, LeaseGuard};
-use super::problem::Problem;
-use super::refusal::Reason;
 use super::shared_read::{Entry, SharedRead, SharedReads};
 use super::timeout_body::TimeoutBody;
 use crate::LockName;
-use crate::acquire_within::acquire_within;
-use crate::attempt::{Attempt, outcome};
 use crate::backend::Mode;
-use crate::finish_on_drop::{FinishOnDrop, SentAt};
-use crate::holding::Holding;
-use crate::owned_name::OwnedName;
-use crate::spec::Spec;
+use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
+use crate::lease::raw::RawLease;
+use crate::locks::attempt::{Attempt, outcome};
+use crate::locks::spec::Spec;
+use crate::name::owned::OwnedName;
+use crate::rejection::{Problem, Reason};
 use crate::telemetry;
+use crate::wait::acquire_within::acquire_within;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]
@@ -189,7 +188,7 @@ where
                 None => {
                     let (store, timing) = (config.store.clone(), config.beat.timing());
                     let on_store_error = Some(on_store_error);
-                    let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error);
+                    let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error);
                     // A named future rather than an `async` block around `attempt`, which would
                     // hold it twice (see `SentAt`): this is boxed for every request in flight.
                     let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
@@ -237,7 +236,7 @@ async fn shared_read(
                 let (store, spec) = (config.store.clone(), config.spec);
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
-                let attempt = Holding::acquire_as(store, spec, mode, name, on_store_error).await;
+                let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }

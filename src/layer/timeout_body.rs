@@ -13,8 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::boxed::BoxError;
-use crate::watchdog::{Overdue, Watchdog};
+use crate::rejection::BoxError;
+use crate::wait::coarse_timer::{CoarseTimer, Overdue};
 
 pin_project! {
     /// The request body the inner service of [`LockLayer`](crate::LockLayer),
@@ -44,7 +44,7 @@ pin_project! {
 /// The deadline of one body, and where it stands.
 struct Deadline {
     at: Instant,
-    timer: Arc<Watchdog>,
+    timer: Arc<CoarseTimer>,
     /// Made the first time the body has nothing to give: a body that arrives at once never
     /// costs a timer.
     wait: Option<Overdue>,
@@ -70,7 +70,7 @@ impl<B: Body> TimeoutBody<B> {
     pub(crate) fn within(
         body: B,
         timeout: Duration,
-        timer: &Arc<Watchdog>,
+        timer: &Arc<CoarseTimer>,
     ) -> (Self, Option<Arc<AtomicBool>>) {
         let at = Instant::now().checked_add(timeout);
         let Some(at) = at.filter(|_| !body.is_end_stream()) else {

@@ -14,11 +14,11 @@ use tokio_util::sync::WaitForCancellationFuture;
 
 use super::handle::Lease;
 use super::heartbeat::HeartbeatTiming;
-use super::own::OwnLease;
+use super::kept::KeptLease;
 use super::state::LeaseState;
 use crate::Result;
-use crate::finish_on_drop::FinishOnDrop;
-use crate::holding::Holding;
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::lease::raw::RawLease;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
 /// ([`LockToken::keep_alive`](crate::LockToken::keep_alive),
@@ -61,17 +61,17 @@ use crate::holding::Holding;
 /// out one TTL after its last extension.
 #[must_use = "dropping a Held releases its lease at once"]
 pub struct Held<T> {
-    own: OwnLease,
+    own: KeptLease,
     token: PhantomData<fn() -> T>,
 }
 
 impl<T> Held<T> {
     /// Keeps `holding` alive in its store's heartbeat, from its last confirmed acquire or
     /// extend on.
-    pub(crate) fn new(holding: Holding) -> Self {
+    pub(crate) fn new(holding: RawLease) -> Self {
         let timing = HeartbeatTiming::for_ttl(holding.ttl());
         let (sent_at, heartbeat) = (holding.confirmed_at(), holding.store().heartbeat().clone());
-        let mut own = OwnLease::new(holding, sent_at, timing);
+        let mut own = KeptLease::new(holding, sent_at, timing);
         own.enrol_now(&heartbeat);
         Self {
             own,
@@ -140,7 +140,7 @@ impl<T> Held<T> {
     }
 
     /// Stops the heartbeat and answers the lease, still held, for a token (`into_token`).
-    pub(crate) fn into_holding(self) -> Holding {
+    pub(crate) fn into_holding(self) -> RawLease {
         let state = self.own.stop();
         state.holding.hand_over()
     }

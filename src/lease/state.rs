@@ -9,7 +9,7 @@ use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::holding::{Holding, valid_for};
+use crate::lease::raw::{RawLease, valid_for};
 use crate::telemetry::{self, LossReason};
 
 /// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held
@@ -20,7 +20,7 @@ use crate::telemetry::{self, LossReason};
 /// token (any number of futures may wait on them), and few handlers call them, so it is made
 /// on first use.
 pub(crate) struct LeaseState {
-    pub(crate) holding: Holding,
+    pub(crate) holding: RawLease,
     /// The end of the lease as last confirmed, minus the drift margin.
     valid_until: Mutex<Instant>,
     /// [`LIVE`], [`RELEASED`] or [`LOST`]; it leaves `LIVE` once.
@@ -29,7 +29,7 @@ pub(crate) struct LeaseState {
     /// body streams (the response future or the body, one at a time), woken when it ends. The
     /// requests sharing a read lease wait on the token instead (see `LeaseGuard::poll_lost`).
     end_waker: AtomicWaker,
-    /// Cancelled when the lease ends, for [`Lease::lost`], [`Lease::ended`] and shared reads.
+    /// Cancelled when the lease ends, for [`Lease::lost`](crate::Lease::lost), [`Lease::ended`](crate::Lease::ended) and shared reads.
     ended: OnceLock<CancellationToken>,
     /// Set when an extension found a writer waiting (a write intent): a shared read lease
     /// admits no more requests.
@@ -42,7 +42,7 @@ const LOST: u8 = 2;
 
 impl LeaseState {
     /// The state of `holding`, acquired by a command sent at `sent_at`.
-    pub(crate) fn new(holding: Holding, sent_at: Instant) -> Self {
+    pub(crate) fn new(holding: RawLease, sent_at: Instant) -> Self {
         let state = Self {
             holding,
             valid_until: Mutex::new(sent_at),
@@ -94,7 +94,7 @@ impl LeaseState {
         self.over.load(Ordering::Acquire) == LOST
     }
 
-    /// Says the lease is lost: [`Lease::lost`] and [`Lease::ended`] resolve. Only the first end
+    /// Says the lease is lost: [`Lease::lost`](crate::Lease::lost) and [`Lease::ended`](crate::Lease::ended) resolve. Only the first end
     /// counts: a lease already lost or released is left as it is, and counted once.
     pub(crate) fn declare_lost(&self, reason: LossReason) {
         if !self.finish(LOST) {

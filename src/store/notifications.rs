@@ -1,7 +1,7 @@
 //! `Notifications`: the release notifications a [`Store`](crate::Store) hands its waiters, and
 //! the `Watch` a waiter holds on one name.
 //!
-//! Only a Redis store publishes releases (see `redis/notify.rs`); without the `redis` feature
+//! Only a Redis store publishes releases (see `redis/notify/`); without the `redis` feature
 //! both types are empty enums, so the waiters' code is the same with and without it, and polls.
 
 #[cfg(not(feature = "redis"))]

@@ -1,6 +1,8 @@
-//! What bounded waits share below the [`Store`](crate::Store) handle: the waiting rooms (a queue
-//! per name in this process) and the backoff between attempts. The wait itself,
-//! `acquire_within`, sits above the handle.
+//! The bounded wait: the attempt loop ([`acquire_within`]), a waiting writer's write intent
+//! ([`write_intent`]), the waiting rooms (a queue per name in this process, [`rooms`]), the
+//! backoff between attempts (here), and the coarse timer that bounds store calls and the layer's
+//! waits ([`coarse_timer`]). The rooms sit below the [`Store`](crate::Store) handle, the loop
+//! above it.
 //!
 //! Within one process only the first waiter of a name contends on the store; the others wait
 //! their turn, first come first served, so a release wakes one contender per process, never a
@@ -8,7 +10,10 @@
 
 use std::time::Duration;
 
+pub(crate) mod acquire_within;
+pub(crate) mod coarse_timer;
 pub(crate) mod rooms;
+pub(crate) mod write_intent;
 
 /// The first wait between polls for a release in another process; it doubles up to
 /// [`MAX_POLL`], never past the holder's remaining lease.

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_lease::layer::{Reason, Rejection};
+use tower_lease::rejection::{Reason, Rejection};
 use tower_lease::{Lease, Lock, LockLayer, extract};
 
 use tower_lease_harness::Backing;

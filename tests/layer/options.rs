@@ -188,8 +188,8 @@ impl axum::response::IntoResponse for AppError {
 /// layer's refusals come out in the application's format.
 async fn on_rejection_takes_an_axum_applications_own_error_type(env: Backing) {
     use axum::response::IntoResponse;
-    let render = |rejection: &tower_lease::layer::Rejection| match rejection.reason() {
-        tower_lease::layer::Reason::Busy { .. } => AppError::Busy.into_response(),
+    let render = |rejection: &tower_lease::rejection::Rejection| match rejection.reason() {
+        tower_lease::rejection::Reason::Busy { .. } => AppError::Busy.into_response(),
         _ => AppError::Other(rejection.status()).into_response(),
     };
     let layer = LockLayer::new(env.store.clone(), SEATS, extract::path_segment(1));

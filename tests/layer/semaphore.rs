@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 use http::{HeaderMap, Method, Request, StatusCode};
-use tower_lease::layer::{Reason, Rejection};
+use tower_lease::rejection::{Reason, Rejection};
 use tower_lease::store::KeyRole;
 use tower_lease::{Semaphore, SemaphoreLayer, extract};
 

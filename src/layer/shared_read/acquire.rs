@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
-use crate::attempt::Attempt;
-use crate::holding::Holding;
 use crate::lease::heartbeat::HeartbeatTiming;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::KeptLease;
+use crate::lease::raw::RawLease;
+use crate::locks::attempt::Attempt;
 use crate::{Error, Result};
 
 /// A request waiting for the acquisition another request of its share sent.
@@ -80,14 +80,14 @@ impl Leader {
     /// leading request.
     pub(crate) fn publish(
         mut self,
-        attempt: Result<Attempt<Holding>>,
+        attempt: Result<Attempt<RawLease>>,
         sent_at: Instant,
         timing: HeartbeatTiming,
     ) -> Result<Attempt<SharedRead>> {
         let share = self.share.take().expect("publishes once");
         let (outcome, answer) = match attempt {
             Ok(Attempt::Acquired(holding)) => {
-                let lease = OwnLease::new(holding, sent_at, timing);
+                let lease = KeptLease::new(holding, sent_at, timing);
                 let held = Held::new(lease, sent_at, timing);
                 self.reads.publish(&share, Outcome::Acquired(held));
                 let read = SharedRead::new(self.reads.clone(), share);

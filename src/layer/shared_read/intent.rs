@@ -1,5 +1,5 @@
 //! How a shared read lease hears of a write intent on its name at once: it listens on the
-//! store's [`Intents`](crate::store::Intents) while it holds the lease, and on a store with
+//! store's `Intents` (`store/intents.rs`) while it holds the lease, and on a store with
 //! notifications keeps the name's channel subscribed meanwhile, where other processes' writers
 //! publish theirs.
 //!

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{Share, SharedReads};
 use crate::backend::BoxFuture;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::KeptLease;
 
 /// How long a share whose requests overlapped (a name read by several requests at once) waits
 /// for the next read of its name after its last request finished: hot names keep their lease
@@ -120,13 +120,13 @@ impl SharedReads {
 pub(crate) struct IdleShare {
     share: Arc<Share>,
     /// Taken by the release.
-    lease: Option<OwnLease>,
+    lease: Option<KeptLease>,
 }
 
 impl IdleShare {
     /// Releases the lease; the future resolves when the store has answered.
     pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
-        let release = self.lease.take().map(OwnLease::release);
+        let release = self.lease.take().map(KeptLease::release);
         let share = self.share.clone();
         Box::pin(async move {
             if let Some(release) = release {

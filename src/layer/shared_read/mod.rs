@@ -23,7 +23,7 @@
 //! a share (the response, the body's end, a request dropped while waiting or running) goes
 //! through [`SharedRead`]'s or [`Waiter`]'s drop, so the count stays right.
 //!
-//! The shared lease is one [`OwnLease`]: one heartbeat enrolment, one extension per beat
+//! The shared lease is one [`KeptLease`]: one heartbeat enrolment, one extension per beat
 //! however many requests share it, and one [`LeaseState`] whose loss every request sees.
 //!
 //! This file keeps the registry and the held shares; [`acquire`] the requests that wait for a
@@ -49,10 +49,10 @@ pub(crate) use self::linger::Linger;
 pub(crate) use self::read::SharedRead;
 
 use crate::Error;
-use crate::holding::Holding;
 use crate::lease::LeaseState;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lease::own::OwnLease;
+use crate::lease::kept::KeptLease;
+use crate::lease::raw::RawLease;
 use crate::store::IntentListener;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
@@ -111,7 +111,7 @@ struct Held {
     /// Whether `lease` is in the heartbeat's care, read without its lock.
     enrolled: AtomicBool,
     /// The lease: taken out by the last request to leave, which releases it.
-    lease: Mutex<Option<OwnLease>>,
+    lease: Mutex<Option<KeptLease>>,
     /// Hears of a write intent on the name at once (writer-preferred locks only).
     intent: Option<IntentListener>,
 }
@@ -121,7 +121,7 @@ pub(super) enum Left {
     /// Other requests are still in the share.
     Others,
     /// The lease, for the last request out to release.
-    Lease(OwnLease),
+    Lease(KeptLease),
     /// The share lingers: the last request out answers once this idle spell is settled.
     Lingering(u64),
 }
@@ -195,11 +195,11 @@ impl SharedReads {
     /// (`Err`).
     pub(crate) fn adopt(
         self: &Arc<Self>,
-        holding: Holding,
+        holding: RawLease,
         sent_at: Instant,
         timing: HeartbeatTiming,
-    ) -> Result<SharedRead, OwnLease> {
-        let lease = OwnLease::new(holding, sent_at, timing);
+    ) -> Result<SharedRead, KeptLease> {
+        let lease = KeptLease::new(holding, sent_at, timing);
         let now = Instant::now();
         let mut shares = self.lock();
         let state = lease.state().clone();
@@ -329,7 +329,7 @@ impl Share {
         }
     }
 
-    fn take_lease(&self) -> Option<OwnLease> {
+    fn take_lease(&self) -> Option<KeptLease> {
         self.held()
             .and_then(|held| held.lease.lock().unwrap_or_else(|e| e.into_inner()).take())
     }
@@ -343,7 +343,7 @@ impl Share {
 }
 
 impl Held {
-    fn new(lease: OwnLease, acquired_at: Instant, timing: HeartbeatTiming) -> Self {
+    fn new(lease: KeptLease, acquired_at: Instant, timing: HeartbeatTiming) -> Self {
         Held {
             intent: intent::listen(lease.state()),
             state: lease.state().clone(),

@@ -11,7 +11,7 @@ use super::{Held, Left, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::heartbeat::Heartbeat;
 use crate::lease::{Lease, LeaseState};
-use crate::watchdog::{Overdue, Watchdog};
+use crate::wait::coarse_timer::{CoarseTimer, Overdue};
 
 /// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {
@@ -62,7 +62,7 @@ impl SharedRead {
         &mut self,
         cx: &mut Context<'_>,
         heartbeat: &Heartbeat,
-        timer: &Arc<Watchdog>,
+        timer: &Arc<CoarseTimer>,
     ) {
         let share = self.share.clone();
         let held = share.held().expect("a shared read holds a lease");

@@ -7,9 +7,9 @@ use tokio::task::JoinHandle;
 
 use super::*;
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
 use crate::backend::Mode;
+use crate::locks::attempt::Attempt;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
 
@@ -19,8 +19,8 @@ const TIMING: HeartbeatTiming = HeartbeatTiming {
     max_hold: None,
 };
 
-async fn holding(store: &Store) -> Result<Attempt<Holding>> {
-    Holding::acquire(store.clone(), DOCS.spec(), Mode::Read, Cow::Borrowed(b"d")).await
+async fn holding(store: &Store) -> Result<Attempt<RawLease>> {
+    RawLease::acquire(store.clone(), DOCS.spec(), Mode::Read, Cow::Borrowed(b"d")).await
 }
 
 /// Leads the share of `d` and publishes a fresh reader lease to it.
@@ -164,7 +164,7 @@ async fn shares_of_many_names_leave_no_entry_behind() {
         let Entry::Leading(leader) = reads.enter(name.as_bytes()) else {
             panic!("no share yet: this request leads")
         };
-        let attempt = Holding::acquire(
+        let attempt = RawLease::acquire(
             store.clone(),
             DOCS.spec(),
             Mode::Read,

@@ -12,11 +12,11 @@ use tokio::time::Instant;
 
 use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
-use crate::attempt::Attempt;
 use crate::backend::BoxFuture;
 use crate::backend::{Acquisition, Backend, Extended, LeaseRef, LockRef, Mode};
-use crate::holding::Holding;
-use crate::lease::own::OwnLease;
+use crate::lease::kept::KeptLease;
+use crate::lease::raw::RawLease;
+use crate::locks::attempt::Attempt;
 use crate::store::MemoryStore;
 use crate::{Error, Lock, Store};
 
@@ -77,10 +77,10 @@ fn scripted() -> (Arc<Scripted>, Store) {
 }
 
 /// Acquires `name` now and enrols it in `heartbeat` at once, as a body holding the lease does.
-async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> OwnLease {
+async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> KeptLease {
     let sent_at = Instant::now();
     let name = Cow::Owned(name.as_bytes().to_vec());
-    let held = match Holding::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
+    let held = match RawLease::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
         .await
         .unwrap()
     {
@@ -91,7 +91,7 @@ async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> OwnLease {
         every: EVERY,
         max_hold: None,
     };
-    let mut guard = OwnLease::new(held, sent_at, timing);
+    let mut guard = KeptLease::new(held, sent_at, timing);
     guard.enrol_now(heartbeat);
     guard
 }

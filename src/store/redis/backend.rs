@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::cas::{Cas, native_mode};
-use super::check;
-use super::script_call::{Call, LastArg};
+use super::connection::check;
+use super::native::cas::{Cas, native_mode};
+use super::scripts::call::{Call, LastArg};
 use super::scripts::{
     ACQUIRE, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT, WRITE_ACQUIRE,
 };

@@ -2,8 +2,8 @@
 
 use redis::aio::ConnectionLike;
 
-use super::cas::{Cas, native_mode, out_of_memory, set_ifeq_extended, unknown};
-use super::replicas::split_wait;
+use super::connection::replicas::split_wait;
+use super::native::cas::{Cas, native_mode, out_of_memory, set_ifeq_extended, unknown};
 use super::scripts::{Holder, Lua, NO_SCRIPT, holder_script};
 use super::{KeyRole, RedisStore};
 use crate::backend::{Backend, Extended, LeaseRef, Mode};

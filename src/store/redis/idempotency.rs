@@ -10,9 +10,9 @@ use bytes::Bytes;
 use redis::aio::ConnectionLike;
 
 use super::answered_one;
+use super::connection::replicas::{split_wait, then_wait};
 use super::keys::{Key, KeyRole};
-use super::replicas::{split_wait, then_wait};
-use super::script_call::ARGS_LEN;
+use super::scripts::call::ARGS_LEN;
 use super::scripts::{IDEM_BEGIN, IDEM_BEGIN_ONCE, IDEM_COMPLETE, IDEM_FREE, Lua};
 use super::set_nx::set_nx_acquired;
 use super::{RedisStore, notify};
@@ -272,7 +272,7 @@ where
         script: &Lua,
         keys: &[Key<'_>],
         args: &[&[u8]],
-        replicas: Option<super::replicas::Replicas>,
+        replicas: Option<super::connection::replicas::Replicas>,
     ) -> Result<(redis::Value, Option<redis::Value>)> {
         let command = |verb: &str, body: &str| {
             let len = verb.len()

@@ -1,44 +1,37 @@
-//! [`RedisStore`]: leases in Redis, through the Lua scripts in `scripts/`.
-//!
-//! How a call keeps its deadline, the call timer, the `SET NX` acquire, the extend pipeline and
-//! the tests live in files beside it.
+//! [`RedisStore`]: leases in Redis. Its lease operations are here: which command or script each
+//! call sends (`backend.rs`), the heartbeat's batched extends (`extend_many.rs`), idempotency
+//! keys (`idempotency.rs`) and the key layout (`keys.rs`). The folders: `set_nx/` (the unfenced
+//! acquire), `native/` (extend and release with native compare-and-set), `scripts/` (the Lua
+//! and how it is called), `connection/` (connecting, deadlines, `WAIT`, the startup check),
+//! `notify/` (release notifications), `sentinel/` and `cluster/`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use self::cas::Native;
-use self::contended::ContendedNames;
-use self::deadline::{Bound, multiplexed};
+use self::connection::deadline::{Bound, multiplexed};
+use self::connection::replicas::Replicas;
+use self::native::cas::Native;
 use self::notify::Notifications;
-use self::replicas::Replicas;
+use self::set_nx::contended::ContendedNames;
 use crate::backend::{Acquisition, LockRef};
-use crate::watchdog;
+use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
 mod backend;
-mod cas;
-mod check;
-mod connect;
-mod contended;
-mod deadline;
+#[cfg(feature = "cluster")]
+mod cluster;
+mod connection;
 mod extend_many;
-#[cfg(feature = "sentinel")]
-mod follow;
 mod idempotency;
 mod keys;
 mod native;
 pub(super) mod notify;
-mod replicas;
-mod script_call;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod set_nx;
-#[cfg(feature = "cluster")]
-mod sharded;
-mod subscriber;
 
 pub use self::keys::{KeyLayout, KeyRole};
 #[cfg(feature = "sentinel")]
@@ -57,8 +50,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// |---|---|
 /// | [`connect`](Self::connect) | one Redis, by URL |
 /// | [`from_client`](Self::from_client) | one Redis, through a `redis::Client` you configured (TLS, credentials) |
-/// | [`connect_cluster`](Self::connect_cluster) | a Redis Cluster (feature `cluster`) |
-/// | [`connect_sentinel`](Self::connect_sentinel) | the primary Sentinel names, following failovers (feature `sentinel`) |
+/// | `connect_cluster` | a Redis Cluster (feature `cluster`) |
+/// | `connect_sentinel` | the primary Sentinel names, following failovers (feature `sentinel`) |
 ///
 /// then `.into()` a [`Store`](crate::Store). [`RedisStore::new`] takes a connection you built
 /// yourself, and lacks what those add unless you add it.
@@ -114,7 +107,7 @@ pub struct RedisStore<C> {
     layout: KeyLayout,
     timeout: Duration,
     bound: Bound,
-    watchdog: Arc<watchdog::Watchdog>,
+    timer: Arc<coarse_timer::CoarseTimer>,
     /// The subscriber for release notifications, when the store was given a client for it.
     notifier: Option<Arc<notify::Notifier>>,
     /// Whether the scripts publish with `SPUBLISH`, for a sharded subscriber on a cluster.
@@ -123,7 +116,7 @@ pub struct RedisStore<C> {
     contended: Arc<ContendedNames>,
     /// The replicas an acquisition or extension waits for, if any.
     replicas: Option<Replicas>,
-    /// Which compare-and-set commands the server has (see `native.rs`).
+    /// Which compare-and-set commands the server has (see `native/`).
     native: Arc<Native>,
 }
 
@@ -165,7 +158,7 @@ where
             layout: KeyLayout::default(),
             timeout: DEFAULT_TIMEOUT,
             bound,
-            watchdog: watchdog::Watchdog::new(DEFAULT_TIMEOUT),
+            timer: coarse_timer::CoarseTimer::new(DEFAULT_TIMEOUT),
             notifier: None,
             sharded: false,
             contended: Arc::new(ContendedNames::new()),
@@ -208,7 +201,7 @@ where
     /// Under 64 tasks on one multiplexed connection, lock/release cycles run at about a quarter
     /// of the rate without it, and other calls on that connection wait for the `WAIT`s ahead of
     /// them (`benches/README.md`): give a replicated store a connection of its own. A
-    /// [`SentinelConnection`](SentinelConnection) does so by itself: each `WAIT`
+    /// `SentinelConnection` does so by itself: each `WAIT`
     /// pipeline runs on a spare connection of its own, and the response timeout of each is the
     /// store's deadline.
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
@@ -224,7 +217,7 @@ where
     /// set it up themselves.
     ///
     /// On a Redis Cluster, `client` may name any node: the cluster bus forwards every plain
-    /// `PUBLISH` to all nodes ([`connect_cluster`](Self::connect_cluster) uses sharded
+    /// `PUBLISH` to all nodes (`connect_cluster` uses sharded
     /// channels instead where every master runs Redis 7.0).
     ///
     /// Every release publishes on its lock's channel (the lock's key without its role suffix),
@@ -259,7 +252,7 @@ where
         // The store's own timer keeps this deadline, over however many round trips a call makes
         // and whatever else the connection waits for.
         self.bound = Bound::Own;
-        self.watchdog = watchdog::Watchdog::new(timeout);
+        self.timer = coarse_timer::CoarseTimer::new(timeout);
         if let Some(conn) = multiplexed(&mut self.conn) {
             conn.set_response_timeout(timeout);
         }
@@ -326,6 +319,3 @@ where
         crate::Store::from_backend(store).with_notifications(notifications)
     }
 }
-
-#[cfg(test)]
-mod tests;

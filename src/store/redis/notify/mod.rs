@@ -20,7 +20,7 @@
 //!
 //! # On a cluster
 //!
-//! With sharded notifications (`sharded.rs`: Redis 7.0 on every master) the subscriber is one
+//! With sharded notifications (`cluster/sharded.rs`: Redis 7.0 on every master) the subscriber is one
 //! cluster connection, which subscribes with `SSUBSCRIBE` on the master that owns each name and
 //! reconnects to its nodes by itself; it never ends, so the lifecycle above reads differently:
 //!
@@ -30,6 +30,8 @@
 //! - a slot that moved to another master ends its subscriptions there (an `sunsubscribe` the
 //!   server sends): the watcher is woken and the channel subscribed again, on the new owner.
 
+pub(in crate::store::redis) mod subscriber;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
@@ -37,11 +39,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::keys::Key;
 #[cfg(feature = "cluster")]
-use super::sharded::Push;
-pub(crate) use super::subscriber::Subscriber;
-use super::subscriber::{Reader, Sink, Source};
+use super::cluster::sharded::Push;
+use super::keys::Key;
+pub(crate) use super::notify::subscriber::Subscriber;
+use super::notify::subscriber::{Reader, Sink, Source};
 use super::{KeyLayout, KeyRole};
 use crate::backend::Mode;
 use crate::store::intents::Intents;

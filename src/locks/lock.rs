@@ -1,0 +1,337 @@
+//! Lock definitions: [`Lock`] and [`RwLock`], each a `const` namespace, TTL and fencing choice.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::Result;
+use crate::backend::Mode;
+use crate::lease::raw::RawLease;
+use crate::locks::attempt::Attempt;
+use crate::locks::spec::Spec;
+use crate::locks::token::{LockToken, ReadToken};
+use crate::name::LockName;
+use crate::store::Store;
+use crate::telemetry::AcquireOutcome;
+use crate::wait::acquire_within::acquire_within;
+
+impl Spec {
+    /// Takes the lease on `name` if it is free.
+    pub(crate) async fn acquire<N>(
+        self,
+        store: &Store,
+        mode: Mode,
+        name: &N,
+    ) -> Result<Attempt<RawLease>>
+    where
+        N: LockName + ?Sized,
+    {
+        RawLease::acquire(store.clone(), self, mode, name.lock_name()).await
+    }
+
+    /// Acquires, waiting up to `wait` while the lock is busy; a zero wait is one attempt.
+    pub(crate) async fn acquire_within<N>(
+        self,
+        store: &Store,
+        mode: Mode,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Attempt<RawLease>>
+    where
+        N: LockName + ?Sized,
+    {
+        if wait.is_zero() {
+            return self.acquire(store, mode, name).await;
+        }
+        let name = name.lock_name().into_owned().into_boxed_slice();
+        let on_store_error = AcquireOutcome::StoreError;
+        let (_, attempt) =
+            acquire_within(store.clone(), self, mode, name, wait, on_store_error).await;
+        attempt
+    }
+}
+
+macro_rules! definition {
+    ($(#[$doc:meta])* $ty:ident) => {
+        $(#[$doc])*
+        pub struct $ty<N: ?Sized> {
+            spec: Spec,
+            name: PhantomData<fn(&N)>,
+        }
+
+        impl<N: ?Sized> $ty<N> {
+            /// Defines a lock in `namespace` whose leases last `ttl` unless extended.
+            ///
+            /// The TTL is counted in whole milliseconds (rounded down).
+            ///
+            /// # Panics
+            ///
+            /// If `namespace` is empty, longer than 128 bytes, or holds anything but printable
+            /// ASCII without `:`, `{`, `}` and space, or if `ttl` is shorter than 1 ms. In a
+            /// `const` item this is a compile error. Use `try_new` for values read at run time.
+            pub const fn new(namespace: &'static str, ttl: Duration) -> Self {
+                Self { spec: Spec::new(namespace, ttl), name: PhantomData }
+            }
+
+            /// Like `new`, but answers
+            /// [`Error::InvalidNamespace`](crate::Error::InvalidNamespace) or
+            /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) instead of panicking, for
+            /// definitions built from configuration.
+            pub fn try_new(namespace: &'static str, ttl: Duration) -> Result<Self> {
+                Ok(Self { spec: Spec::try_new(namespace, ttl)?, name: PhantomData })
+            }
+
+            /// Makes every exclusive acquisition take a *fencing token*, available as `fence()` on
+            /// the token, that the protected resource can check to refuse writes from a holder
+            /// whose lease has already run out.
+            ///
+            /// Per name, each fence is larger than every fence before it: it is
+            /// `max(last + 1, the store's clock in µs)`, so it keeps growing even when Redis
+            /// loses the counter (a restart without persistence, a failover, a flush), as long
+            /// as the clock of the Redis that issues it is not behind the last one's.
+            pub const fn fenced(self) -> Self {
+                Self { spec: Spec { fenced: true, ..self.spec }, name: PhantomData }
+            }
+
+            /// How long a lease lasts unless extended.
+            pub const fn ttl(&self) -> Duration {
+                self.spec.ttl
+            }
+
+            /// The namespace this lock's names live in.
+            pub const fn namespace(&self) -> &'static str {
+                self.spec.namespace
+            }
+
+            /// Whether acquisitions take fencing tokens; see [`fenced`](Self::fenced).
+            pub const fn is_fenced(&self) -> bool {
+                self.spec.fenced
+            }
+
+            pub(crate) const fn spec(&self) -> Spec {
+                self.spec
+            }
+        }
+
+        impl<N: ?Sized> Clone for $ty<N> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<N: ?Sized> Copy for $ty<N> {}
+
+        impl<N: ?Sized> fmt::Debug for $ty<N> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("namespace", &self.spec.namespace)
+                    .field("ttl", &self.spec.ttl)
+                    .field("fenced", &self.spec.fenced)
+                    .finish()
+            }
+        }
+
+        impl<N: ?Sized> PartialEq for $ty<N> {
+            fn eq(&self, other: &Self) -> bool {
+                self.spec == other.spec
+            }
+        }
+
+        impl<N: ?Sized> Eq for $ty<N> {}
+    };
+}
+
+definition! {
+    /// A lock with at most one holder per name.
+    ///
+    /// A definition is a `const`: namespace, TTL and whether it is [fenced](Self::fenced).
+    /// The name type `N` is what callers lock on, encoded by [`LockName`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{Lock, Store};
+    ///
+    /// const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(30));
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lease::Error> {
+    /// let store = Store::memory();
+    /// let token = INVOICES.try_lock(&store, &42).await?.expect("nobody else holds it");
+    /// assert!(INVOICES.try_lock(&store, &42).await?.is_none());
+    /// assert!(token.release().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A bad definition does not compile:
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use tower_lease::Lock;
+    ///
+    /// const BAD: Lock<str> = Lock::new("with:colon", Duration::from_secs(1));
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use tower_lease::Lock;
+    ///
+    /// const BAD: Lock<str> = Lock::new("jobs", Duration::ZERO);
+    /// ```
+    Lock
+}
+
+definition! {
+    /// A readers–writer lock: per name, one writer or any number of readers, each reader holding
+    /// a lease of its own.
+    ///
+    /// Writers can starve while readers keep overlapping: a writer is refused as long as any
+    /// reader lease is live, unless the lock is [`writer_preferred`](Self::writer_preferred).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{RwLock, Store};
+    ///
+    /// const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lease::Error> {
+    /// let store = Store::memory();
+    /// let a = CATALOG.try_read(&store, "shop-1").await?.unwrap();
+    /// let b = CATALOG.try_read(&store, "shop-1").await?.unwrap();
+    /// assert!(CATALOG.try_write(&store, "shop-1").await?.is_none());
+    /// a.release().await?;
+    /// b.release().await?;
+    /// assert!(CATALOG.try_write(&store, "shop-1").await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    RwLock
+}
+
+impl<N: LockName + ?Sized> Lock<N> {
+    /// Takes the lease on `name` if nobody holds it, in one round trip.
+    ///
+    /// Answers `None` when it is held. Errors only when the name is invalid or the store fails.
+    pub async fn try_lock(&self, store: &Store, name: &N) -> Result<Option<LockToken<Self>>> {
+        Ok(self.attempt(store, name).await?.acquired())
+    }
+
+    /// Like [`try_lock`](Self::try_lock), but while the lock is busy, waits up to `wait` for it:
+    /// woken at once by a release in this process, or in any process when the store has
+    /// [release notifications](crate::RedisStore::notifications) (as `RedisStore::connect` makes
+    /// it); at the holder's lease end; and otherwise by polling (from 5 ms, backing off to
+    /// 100 ms, with jitter). Answers `None` when the wait ran out; it never waits much longer
+    /// than `wait` (one store round trip). A zero wait is exactly `try_lock`.
+    ///
+    /// Within one process, waiters of one name queue first come, first served, and only the
+    /// first of them asks the store; across processes no order is promised. Dropping the future
+    /// leaves nothing behind: a lease an attempt on the wire took is given back.
+    pub async fn try_lock_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<LockToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Exclusive, name, wait)
+            .await?;
+        Ok(attempt.map(LockToken::new).acquired())
+    }
+
+    /// Like [`try_lock`](Self::try_lock), but when the lock is busy it also says how long the
+    /// holder's lease has left.
+    pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Exclusive, name).await?;
+        Ok(attempt.map(LockToken::new))
+    }
+}
+
+impl<N: ?Sized> RwLock<N> {
+    /// Makes writers win over a stream of readers: a write attempt refused by live readers
+    /// leaves a *write intent* while which new readers are refused, with the intent's remaining
+    /// time as their `retry_after`. The readers already in finish, and the writer gets in.
+    ///
+    /// An intent lives only while its writer waits, or retries within a short window: each
+    /// refused attempt leaves it for 500 ms (the TTL, if shorter). A writer waiting with
+    /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least twice
+    /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
+    /// its wait runs out, the store fails, or its future is dropped (the client left; the
+    /// withdrawal then finishes in the background, within the store's deadline). An intent that
+    /// another writer has written since stays. A `try_write` that is refused, or a writer that
+    /// crashed, keeps readers out for one window at most; retried within the window (a client
+    /// that retries every 100 ms), the intent lasts.
+    ///
+    /// Without it, a writer is refused as long as any reader lease lives, and overlapping readers
+    /// can keep it out for good.
+    pub const fn writer_preferred(self) -> Self {
+        Self {
+            spec: Spec {
+                writer_preferred: true,
+                ..self.spec
+            },
+            name: PhantomData,
+        }
+    }
+
+    /// Whether writers win over new readers; see [`writer_preferred`](Self::writer_preferred).
+    pub const fn is_writer_preferred(&self) -> bool {
+        self.spec.writer_preferred
+    }
+}
+
+impl<N: LockName + ?Sized> RwLock<N> {
+    /// Takes a shared (reader) lease on `name` unless a writer holds it.
+    pub async fn try_read(&self, store: &Store, name: &N) -> Result<Option<ReadToken<Self>>> {
+        Ok(self.attempt_read(store, name).await?.acquired())
+    }
+
+    /// Takes the exclusive (writer) lease on `name` unless a writer or any live reader holds it.
+    pub async fn try_write(&self, store: &Store, name: &N) -> Result<Option<LockToken<Self>>> {
+        Ok(self.attempt_write(store, name).await?.acquired())
+    }
+
+    /// Like [`try_read`](Self::try_read), but waits up to `wait` while a writer holds the lock;
+    /// see [`Lock::try_lock_for`].
+    pub async fn try_read_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<ReadToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Read, name, wait)
+            .await?;
+        Ok(attempt.map(ReadToken::new).acquired())
+    }
+
+    /// Like [`try_write`](Self::try_write), but waits up to `wait` while a writer or readers
+    /// hold the lock; see [`Lock::try_lock_for`].
+    pub async fn try_write_for(
+        &self,
+        store: &Store,
+        name: &N,
+        wait: Duration,
+    ) -> Result<Option<LockToken<Self>>> {
+        let attempt = self
+            .spec
+            .acquire_within(store, Mode::Write, name, wait)
+            .await?;
+        Ok(attempt.map(LockToken::new).acquired())
+    }
+
+    /// Like [`try_read`](Self::try_read), also answering how long the writer's lease has left.
+    pub async fn attempt_read(&self, store: &Store, name: &N) -> Result<Attempt<ReadToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Read, name).await?;
+        Ok(attempt.map(ReadToken::new))
+    }
+
+    /// Like [`try_write`](Self::try_write), also answering how long until the blocking leases
+    /// (the writer's, or the last live reader's) end.
+    pub async fn attempt_write(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
+        let attempt = self.spec.acquire(store, Mode::Write, name).await?;
+        Ok(attempt.map(LockToken::new))
+    }
+}

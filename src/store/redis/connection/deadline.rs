@@ -1,0 +1,156 @@
+//! How a [`RedisStore`] keeps every call within its deadline: with a coarse timer of its own, or
+//! through the response timeout of a `MultiplexedConnection` it owns; and how replies and their
+//! timeouts become this crate's results.
+
+use std::any::Any;
+use std::future::Future;
+use std::time::Instant;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+
+use crate::backend::BoxFuture;
+use crate::store::redis::RedisStore;
+use crate::wait::coarse_timer;
+use crate::{Error, Result};
+
+/// Who keeps a call's deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::store::redis) enum Bound {
+    /// The store's own coarse timer ([`coarse_timer`]) around each call: for a deadline set with
+    /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
+    /// set (a `ConnectionManager` waits for its reconnections outside it).
+    Own,
+    /// The response timeout of the store's own clone of a `MultiplexedConnection`, set to the
+    /// deadline: redis-rs arms that timer for every request anyway, so a second one would only
+    /// cost time.
+    Connection,
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// `call` bounded by the store's deadline, boxed for [`Backend`](crate::backend::Backend): with a
+    /// timer of its own, or, when the connection keeps the deadline ([`Bound::Connection`]), as
+    /// it is. Two boxes for
+    /// two futures, so that a call without a timer does not carry room for one: a smaller
+    /// future is a cheaper allocation.
+    pub(in crate::store::redis) fn bounded<'a, T: 'a>(
+        &'a self,
+        call: impl Future<Output = Result<T>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T>> {
+        match self.bound {
+            Bound::Connection => Box::pin(call),
+            Bound::Own => Box::pin(async move {
+                let call = coarse_timer::Deadline::new(&self.timer, call);
+                call.await
+                    .unwrap_or_else(|| Err(Error::Timeout(self.timeout)))
+            }),
+        }
+    }
+
+    /// A reply as this crate's result: a server error as an error, and the expiry of a response
+    /// timeout that the store set (a `MultiplexedConnection`'s) as [`Error::Timeout`].
+    pub(in crate::store::redis) fn reply<T: IntoResult>(
+        &self,
+        reply: redis::RedisResult<T>,
+    ) -> Result<T> {
+        match reply.and_then(IntoResult::into_result) {
+            Ok(reply) => Ok(reply),
+            Err(e) if e.is_timeout() && is_multiplexed::<C>() => Err(Error::Timeout(self.timeout)),
+            Err(e) => Err(Error::Redis(e)),
+        }
+    }
+
+    /// When the call began, if it needs to know: only a deadline kept by the connection does,
+    /// for a call's second round trip.
+    pub(in crate::store::redis) fn started(&self) -> Option<Instant> {
+        (self.bound == Bound::Connection).then(Instant::now)
+    }
+
+    /// Before a call's second round trip: with the deadline kept by the connection, gives that
+    /// round trip only what is left of it, so the call as a whole stays within the deadline.
+    pub(in crate::store::redis) fn second_trip(
+        &self,
+        conn: &mut C,
+        started: Option<Instant>,
+    ) -> Result<()> {
+        let Some(started) = started else {
+            return Ok(());
+        };
+        let left = self.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(Error::Timeout(self.timeout));
+        }
+        if let Some(conn) = multiplexed(conn) {
+            conn.set_response_timeout(left);
+        }
+        Ok(())
+    }
+
+    /// Whether a call should send its command once more, at once, after the first `reply`:
+    /// only when the connection was found lost ([`connection_lost`]), and only once, within
+    /// what is left of the deadline. Every command a call sends is idempotent or made so (an
+    /// acquisition recognises our own secret already in place), so a command that reached Redis
+    /// before its reply was lost does no harm sent again.
+    pub(in crate::store::redis) fn retry<T>(
+        &self,
+        reply: &redis::RedisResult<T>,
+        conn: &mut C,
+        started: Option<Instant>,
+    ) -> Result<bool> {
+        match reply {
+            Err(e) if connection_lost(e) => {
+                tracing::debug!(error = %e, "the connection to Redis was lost; retrying once");
+                self.second_trip(conn, started)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Whether `error` says the connection was found dropped or could not be made (Redis restarted,
+/// a connection reset), rather than that Redis answered or took too long: the one failure worth
+/// a second try at once, on the connection the connection manager or cluster client makes anew.
+/// A timeout is not one: the call's deadline is spent.
+pub(in crate::store::redis) fn connection_lost(error: &redis::RedisError) -> bool {
+    !error.is_timeout()
+        && (error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error())
+}
+
+/// A reply whose server errors are still to be turned into errors.
+pub(in crate::store::redis) trait IntoResult: Sized {
+    fn into_result(self) -> redis::RedisResult<Self>;
+}
+
+impl IntoResult for redis::Value {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        self.extract_error()
+    }
+}
+
+impl IntoResult for Vec<redis::Value> {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        // A pipeline's replies: each command's error stays in its place.
+        Ok(self)
+    }
+}
+
+impl IntoResult for Vec<crate::backend::Warning> {
+    fn into_result(self) -> redis::RedisResult<Self> {
+        Ok(self)
+    }
+}
+
+/// `conn` as a `MultiplexedConnection`, when it is one.
+pub(in crate::store::redis) fn multiplexed<C: Any>(
+    conn: &mut C,
+) -> Option<&mut MultiplexedConnection> {
+    (conn as &mut dyn Any).downcast_mut()
+}
+
+/// Whether `C` is a `MultiplexedConnection`, whose response timeout the store sets itself.
+pub(in crate::store::redis) fn is_multiplexed<C: Any>() -> bool {
+    std::any::TypeId::of::<C>() == std::any::TypeId::of::<MultiplexedConnection>()
+}
