@@ -11,10 +11,10 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::guard::LeaseGuard;
-use super::hold_times::HoldTimes;
-use super::lease_lost::LeaseLost;
-use super::release_wait::poll_release;
+use super::hold::guard::LeaseGuard;
+use super::hold::hold_times::HoldTimes;
+use super::hold::lease_lost::LeaseLost;
+use super::hold::release_wait::poll_release;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::rejection::{BoxError, RejectionBody};
 use crate::wait::coarse_timer::{CoarseTimer, Overdue};

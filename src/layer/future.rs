@@ -13,11 +13,11 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::config::Config;
-use super::guard::{Guarded, LeaseGuard};
-use super::lease_lost::LeaseLost;
-use super::release_wait::poll_release;
-use super::timeout_body::TimeoutBody;
+use super::hold::guard::{Guarded, LeaseGuard};
+use super::hold::lease_lost::LeaseLost;
+use super::hold::release_wait::poll_release;
+use super::options::config::Config;
+use super::request_body::timeout_body::TimeoutBody;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::locks::attempt::Attempt;
 use crate::rejection::{Problem, Reason};

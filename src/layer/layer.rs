@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::buffer::{BufferBody, Buffered, Streamed};
-use super::config::{Config, ReadSharing};
 use super::extract::SafeMethods;
+use super::options::config::{Config, ReadSharing};
+use super::request_body::buffer::{BufferBody, Buffered, Streamed};
 use super::service::{Access, LeaseService};
 use super::shared_read::Linger;
 use crate::{Lock, RwLock, Store};

@@ -293,30 +293,22 @@
 )]
 mod layer;
 
-mod config;
-mod deadline;
-
 mod body;
-mod buffer;
 pub mod extract;
-
 mod future;
-mod guard;
-mod hold_times;
-mod lease_lost;
+mod hold;
 mod options;
-mod release_wait;
+mod request_body;
 mod semaphore;
 mod service;
 mod shared_read;
-mod timeout_body;
 
 pub use self::body::{LeaseBody, LeaseLostError};
-pub use self::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
+pub use self::hold::lease_lost::LeaseLost;
 pub use self::layer::{LockLayer, RwLockLayer};
-pub use self::lease_lost::LeaseLost;
+pub use self::request_body::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
+pub use self::request_body::timeout_body::{BodyTimeoutError, TimeoutBody};
 pub use self::semaphore::SemaphoreLayer;
 pub use self::service::LeaseService;
-pub use self::timeout_body::{BodyTimeoutError, TimeoutBody};

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use http::StatusCode;
 use tower_layer::Layer;
 
-use super::buffer::{BufferBody, Buffered, Streamed};
-use super::config::Config;
 use super::extract::{SafeMethods, SemaphorePermits};
+use super::options::config::Config;
+use super::request_body::buffer::{BufferBody, Buffered, Streamed};
 use super::service::{Access, LeaseService};
 use crate::{Semaphore, Store};
 
@@ -93,7 +93,7 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
     ///
     /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
     pub fn full_status(mut self, status: StatusCode) -> Self {
-        self.config.taken_status = super::config::taken_status("full_status", status);
+        self.config.taken_status = super::options::config::taken_status("full_status", status);
         self
     }
 

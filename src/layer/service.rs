@@ -14,13 +14,13 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::config::Config;
 use super::extract::NameDefect;
 use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
-use super::guard::{Guarded, LeaseGuard};
+use super::hold::guard::{Guarded, LeaseGuard};
+use super::options::config::Config;
+use super::request_body::timeout_body::TimeoutBody;
 use super::shared_read::{Entry, SharedRead, SharedReads};
-use super::timeout_body::TimeoutBody;
 use crate::LockName;
 use crate::backend::Mode;
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};

@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use super::shared_read::SharedRead;
 use crate::Result;
 use crate::backend::BoxFuture;
+use crate::layer::shared_read::SharedRead;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::kept::KeptLease;
@@ -35,7 +35,7 @@ impl FinishOnDrop<Guarded> {
 }
 
 /// What one request holds: a lease of its own, or its part in a read lease shared with other
-/// requests of the process ([`shared_read`](super::shared_read)). The response future and the
+/// requests of the process ([`shared_read`](crate::layer::shared_read)). The response future and the
 /// body see one interface for both.
 pub(crate) struct LeaseGuard {
     kind: Kind,
@@ -54,12 +54,12 @@ impl LeaseGuard {
         Self::own(KeptLease::new(holding, sent_at, timing))
     }
 
-    pub(super) fn own(lease: KeptLease) -> Self {
+    pub(in crate::layer) fn own(lease: KeptLease) -> Self {
         let kind = Kind::Own(lease);
         Self { kind }
     }
 
-    pub(super) fn shared(read: SharedRead) -> Self {
+    pub(in crate::layer) fn shared(read: SharedRead) -> Self {
         let kind = Kind::Shared(read, None);
         Self { kind }
     }
@@ -127,7 +127,7 @@ impl LeaseGuard {
     }
 
     #[cfg(test)]
-    pub(super) fn is_enrolled(&self) -> bool {
+    pub(in crate::layer) fn is_enrolled(&self) -> bool {
         match &self.kind {
             Kind::Own(own) => own.is_enrolled(),
             Kind::Shared(..) => false,

@@ -1,11 +1,14 @@
 //! The options [`LockLayer`], [`RwLockLayer`] and [`SemaphoreLayer`] share, written once.
 
+pub(crate) mod config;
+pub(crate) mod deadline;
+
 use std::time::Duration;
 
 use http::StatusCode;
 
+use super::hold::lease_lost::LeaseLost;
 use super::layer::{LockLayer, RwLockLayer};
-use super::lease_lost::LeaseLost;
 use super::semaphore::SemaphoreLayer;
 use crate::rejection::{OnRejection, Renderer};
 
@@ -136,7 +139,7 @@ macro_rules! options {
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
             /// turns the deadline off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = super::deadline::Deadline::new(timeout);
+                self.config.body_timeout = super::options::deadline::Deadline::new(timeout);
                 self
             }
 
@@ -148,7 +151,7 @@ macro_rules! options {
             /// response for the store's whole deadline; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = super::deadline::Deadline::new(wait);
+                self.config.release_wait = super::options::deadline::Deadline::new(wait);
                 self
             }
         }
@@ -173,7 +176,7 @@ macro_rules! busy_status {
             ///
             /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
             pub fn busy_status(mut self, status: StatusCode) -> Self {
-                self.config.taken_status = super::config::taken_status("busy_status", status);
+                self.config.taken_status = super::options::config::taken_status("busy_status", status);
                 self
             }
         }

@@ -16,9 +16,9 @@ use pin_project_lite::pin_project;
 use tokio::time::error::Elapsed;
 use tower_service::Service;
 
-use super::body::LeaseBody;
-use super::config::Config;
 use crate::backend::BoxFuture;
+use crate::layer::body::LeaseBody;
+use crate::layer::options::config::Config;
 use crate::rejection::{BoxError, Problem, Reason};
 
 /// The body policy of a layer that hands the request body to the inner service as it streams

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use http::{Response, StatusCode};
 
-use super::body::LeaseBody;
-use super::deadline::{Beat, Deadline};
-use super::hold_times::HoldTimes;
-use super::lease_lost::LeaseLost;
-use super::shared_read::{Linger, SharedReads};
 use crate::Store;
+use crate::layer::body::LeaseBody;
+use crate::layer::hold::hold_times::HoldTimes;
+use crate::layer::hold::lease_lost::LeaseLost;
+use crate::layer::options::deadline::{Beat, Deadline};
+use crate::layer::shared_read::{Linger, SharedReads};
 use crate::lease::heartbeat::Heartbeat;
 use crate::locks::spec::Spec;
 use crate::rejection::{Problem, Rejection, Renderer};
@@ -58,7 +58,7 @@ pub(crate) struct Config {
     /// How long the request body may take to arrive: before the lock for buffered layers,
     /// under it otherwise (see [`TimeoutBody`]).
     ///
-    /// [`TimeoutBody`]: super::timeout_body::TimeoutBody
+    /// [`TimeoutBody`]: crate::layer::request_body::timeout_body::TimeoutBody
     pub(crate) body_timeout: Deadline,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
@@ -144,7 +144,7 @@ impl Config {
 
 /// `status`, if a layer may answer a busy name (or a full semaphore) with it: a 4xx, or `503`.
 /// Anything else would tell clients the request failed on the server, or succeeded.
-pub(super) fn taken_status(option: &str, status: StatusCode) -> Option<StatusCode> {
+pub(in crate::layer) fn taken_status(option: &str, status: StatusCode) -> Option<StatusCode> {
     assert!(
         status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE,
         "tower-lease: {option} must be a 4xx status or 503, got {status}"
