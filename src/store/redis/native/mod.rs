@@ -1,5 +1,5 @@
 //! Native compare-and-set: on servers that have it, an exclusive or writer lease is extended
-//! and released with plain commands instead of `extend.lua` and `release.lua` (`scripts/held.rs` runs those).
+//! and released with plain commands instead of `extend.lua` and `release.lua` (`backend.rs` runs those).
 //!
 //! - extend: `SET key secret IFEQ secret PX ttl` (Valkey 8.1+, Redis 8.4+), which sets nothing
 //!   when the key is gone or holds another secret, so it never re-acquires;

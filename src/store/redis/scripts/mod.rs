@@ -1,9 +1,8 @@
 //! The Lua scripts a [`RedisStore`](crate::RedisStore) runs and how they are called: one
 //! `.lua` file each, by lock kind (`lock/`, `rw/`, `permit/`, `idempotency/`); how a script is
-//! sent ([`call`]); the scripts' extend and release of a held lease (`held.rs`).
+//! sent ([`call`]). `backend.rs` runs the extend and release scripts of a held lease.
 
 pub(in crate::store::redis) mod call;
-mod held;
 
 use std::sync::OnceLock;
 
