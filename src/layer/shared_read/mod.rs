@@ -17,11 +17,13 @@
 //! finds no share, and leads a fresh one). A share may instead [linger](linger) at zero for the
 //! next read of its name; its last request's answer then waits until the share is *settled*:
 //! handed to a read that joined it, or released. So an answered read never leaves a lease
-//! behind that nobody in flight holds, and a client's next request, to any replica, never meets
-//! it. A share that no longer admits newcomers is replaced
-//! in the registry by a fresh one; its own requests keep it until they leave. Every way out of
-//! a share (the response, the body's end, a request dropped while waiting or running) goes
-//! through [`SharedRead`]'s or [`Waiter`]'s drop, so the count stays right.
+//! behind that nobody in flight holds, and a client's next request, to any replica, never
+//! meets it.
+//!
+//! A share that no longer admits newcomers is replaced in the registry by a fresh one; its own
+//! requests keep it until they leave. Every way out of a share (the response, the body's end, a
+//! request dropped while waiting or running) goes through [`SharedRead`]'s or [`Waiter`]'s
+//! drop, so the count stays right.
 //!
 //! The shared lease is one [`KeptLease`]: one heartbeat enrolment, one extension per beat
 //! however many requests share it, and one [`LeaseState`] whose loss every request sees.
