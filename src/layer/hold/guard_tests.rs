@@ -15,16 +15,23 @@ const EVERY_100_MS: HeartbeatTiming = HeartbeatTiming {
     max_hold: None,
 };
 
-async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) {
+/// Acquires `name` on `LOCK`: the lease, and when its command was sent (taken before, as the
+/// layer does).
+async fn acquire(store: &Store, name: &'static [u8]) -> (RawLease, Instant) {
     let spec: Spec = LOCK.spec();
     let sent_at = Instant::now();
-    let held = match RawLease::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(b"x"))
+    match RawLease::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(name))
         .await
         .unwrap()
     {
-        Attempt::Acquired(held) => held,
+        Attempt::Acquired(held) => (held, sent_at),
         Attempt::Busy { .. } => panic!("free at first"),
-    };
+    }
+}
+
+/// A guard of `x`, enrolled in a heartbeat at once; and when its acquisition was sent.
+async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) {
+    let (held, sent_at) = acquire(store, b"x").await;
     let mut guard = LeaseGuard::new(held, sent_at, timing);
     guard.enrol_now(&Heartbeat::default());
     (guard, sent_at)
@@ -34,18 +41,7 @@ async fn guard(store: &Store, timing: HeartbeatTiming) -> (LeaseGuard, Instant) 
 async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future() {
     let store = Store::memory();
     let timing = EVERY_100_MS;
-    let (held, sent_at) = match RawLease::acquire(
-        store.clone(),
-        LOCK.spec(),
-        Mode::Exclusive,
-        Cow::Borrowed(b"lazy"),
-    )
-    .await
-    .unwrap()
-    {
-        Attempt::Acquired(held) => (held, Instant::now()),
-        Attempt::Busy { .. } => panic!("free at first"),
-    };
+    let (held, sent_at) = acquire(&store, b"lazy").await;
     let mut guard = LeaseGuard::new(held, sent_at, timing);
     assert!(!guard.is_enrolled(), "no task before it is due");
 
