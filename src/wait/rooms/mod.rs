@@ -193,5 +193,4 @@ impl Turn<'_> {
 }
 
 #[cfg(test)]
-#[path = "rooms_tests.rs"]
 mod tests;

@@ -172,5 +172,4 @@ impl fmt::Debug for LeaseGuard {
 }
 
 #[cfg(test)]
-#[path = "guard_tests.rs"]
 mod tests;
