@@ -203,7 +203,7 @@ where
             let _entered = this.span.enter();
             let config: &Config = this.config;
             let namespace = config.spec.namespace;
-            match this.state.as_mut().project() {
+            let next = match this.state.as_mut().project() {
                 StateProj::Acquiring {
                     acquire,
                     call,
@@ -211,48 +211,9 @@ where
                 } => {
                     let attempt = ready!(Pin::new(acquire).poll(cx));
                     let in_state = "taken once, on leaving the Acquiring state";
-                    let (mut inner, req) = call.take().expect(in_state);
-                    let full_at = *full_at;
-                    let next = match attempt {
-                        // Acquiring → Locked.
-                        Ok(Attempt::Acquired(guard)) => locked(guard, config, &mut inner, req),
-                        // Acquiring → Refusing: someone else holds it, or every permit is taken.
-                        Ok(Attempt::Busy { retry_after: lease }) => {
-                            // The holder extends its lease while it works, so the lease says
-                            // "about a TTL" whatever the work; the holds seen lately say more.
-                            let retry_after = config.hold_times.expected_wait(lease);
-                            tracing::debug!(
-                                namespace,
-                                ?retry_after,
-                                ?lease,
-                                "lock busy, request refused"
-                            );
-                            let problem = match full_at {
-                                Some(limit) => Problem::from(Reason::Full { retry_after, limit }),
-                                None => Problem::from(Reason::Busy { retry_after }),
-                            };
-                            State::Refusing { problem }
-                        }
-                        // Acquiring → Unlocked: the store failed and the layer fails open.
-                        Err(error) if config.fail_open => {
-                            tracing::warn!(namespace, %error, "lock store failed, running the request unlocked (fail_open)");
-                            State::Unlocked {
-                                inner: inner.call(req.map(TimeoutBody::new)),
-                            }
-                        }
-                        // Acquiring → Refusing: the store failed and the layer fails closed.
-                        Err(error) => {
-                            tracing::warn!(namespace, %error, "lock store failed, request refused");
-                            let reason = match error {
-                                crate::Error::NotReplicated { .. } => Reason::NotReplicated,
-                                _ => Reason::StoreUnavailable,
-                            };
-                            State::Refusing {
-                                problem: Problem::from(reason),
-                            }
-                        }
-                    };
-                    this.state.set(next);
+                    let (inner, req) = call.take().expect(in_state);
+                    // Acquiring → Locked, Refusing or Unlocked.
+                    acquired(attempt, inner, req, *full_at, config)
                 }
                 StateProj::Unlocked { inner } => {
                     let response = ready!(inner.poll(cx));
@@ -265,83 +226,15 @@ where
                     guard,
                     body_late,
                     since,
-                } => {
-                    let in_state = "taken once, on leaving the Locked state";
-                    let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
-                    let held = guard.as_mut().expect(in_state);
-                    // Before every poll of the work: a process frozen past its lease (SIGSTOP,
-                    // a pause, a starved executor) must not take the work's next step when it
-                    // wakes, whether or not the heartbeat has run since.
-                    if abort_on_loss && held.over_at(Instant::now()) {
-                        tracing::warn!(namespace, "lease lost, inner service cancelled");
-                        // Locked → ReleasingToRefuse: replacing the state drops the inner future,
-                        // which cancels the handler before the release is sent (when first
-                        // polled).
-                        let guard = guard.take().expect(in_state);
-                        this.state.set(releasing_lost(guard, config));
-                        continue;
-                    }
-                    let response = match inner.poll(cx) {
-                        Poll::Ready(response) => response,
-                        Poll::Pending => {
-                            held.poll_first_beat(
-                                cx,
-                                &config.heartbeat,
-                                config.beat.first_beat_timer(),
-                            );
-                            if abort_on_loss && held.poll_lost(cx).is_ready() {
-                                // Locked → ReleasingToRefuse, on the next turn of the loop.
-                                continue;
-                            }
-                            return Poll::Pending;
-                        }
-                    };
-                    let mut guard = guard.take().expect(in_state);
-                    let body_late = body_late
-                        .as_ref()
-                        .is_some_and(|late| late.load(Ordering::Relaxed));
-                    let now = Instant::now();
-                    // The success rule: a response is only worth passing on if the lease was
-                    // still ours when it was produced, however late the heartbeat runs.
-                    if abort_on_loss && guard.over_at(now) {
-                        tracing::warn!(
-                            namespace,
-                            "lease ran out before the inner service answered"
-                        );
-                        // Locked → ReleasingToRefuse.
-                        this.state.set(releasing_lost(guard, config));
-                    } else if body_late {
-                        let after = config.body_timeout.after();
-                        tracing::debug!(namespace, ?after, "request body too slow under the lock");
-                        // Locked → ReleasingToRefuse: the handler's answer to a body that never
-                        // came whole is replaced by the layer's 408.
-                        let problem = Problem::from(Reason::BodyTimeout { after });
-                        this.state.set(releasing_to_refuse(guard, config, problem));
-                    } else if config.hold_through_body {
-                        // Locked → Done: the body owns the lease from here on, and nobody may
-                        // poll it while the client reads slowly, so the heartbeat must run.
-                        guard.enrol_now(&config.heartbeat);
-                        let timed = (config.hold_times.clone(), *since);
+                } => match ready!(poll_locked(inner, guard, body_late, *since, config, cx)) {
+                    // Locked → Releasing or ReleasingToRefuse.
+                    Step::Next(next) => next,
+                    // Locked → Done: the body holds the lease from here on.
+                    Step::Answer(response) => {
                         this.state.set(State::Done);
-                        return Poll::Ready(response.map(|res| {
-                            res.map(|body| {
-                                let timer = config.release_wait.timer().clone();
-                                let on_loss = config.on_lease_lost;
-                                LeaseBody::holding(body, guard, on_loss, timer, timed)
-                            })
-                        }));
-                    } else {
-                        config.hold_times.record(now - *since);
-                        // Locked → Releasing: give the lease back before the head goes out.
-                        let release = FinishOnDrop::release(guard.release());
-                        let wait = Overdue::new(config.release_wait.timer().clone());
-                        this.state.set(State::Releasing {
-                            release,
-                            wait,
-                            response: Some(response),
-                        });
+                        return Poll::Ready(response);
                     }
-                }
+                },
                 StateProj::Releasing {
                     release,
                     wait,
@@ -371,9 +264,161 @@ where
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+/// Where a turn of a state ends: in the next state, or with the answer.
+enum Step<S, B, ResBody>
+where
+    S: Service<Request<TimeoutBody<B>>>,
+    ResBody: http_body::Body,
+{
+    Next(State<S, B>),
+    Answer(Result<Response<LeaseBody<ResBody>>, S::Error>),
+}
+
+/// The state after the acquisition's `attempt`: the request under its lease, the layer's
+/// refusal, or (failing open) the request without one.
+fn acquired<S, B>(
+    attempt: Guarded,
+    mut inner: S,
+    req: Request<B>,
+    full_at: Option<u32>,
+    config: &Config,
+) -> State<S, B>
+where
+    S: Service<Request<TimeoutBody<B>>>,
+    B: http_body::Body,
+{
+    let namespace = config.spec.namespace;
+    match attempt {
+        Ok(Attempt::Acquired(guard)) => locked(guard, config, &mut inner, req),
+        // Someone else holds it, or every permit is taken.
+        Ok(Attempt::Busy { retry_after: lease }) => {
+            // The holder extends its lease while it works, so the lease says "about a TTL"
+            // whatever the work; the holds seen lately say more.
+            let retry_after = config.hold_times.expected_wait(lease);
+            tracing::debug!(
+                namespace,
+                ?retry_after,
+                ?lease,
+                "lock busy, request refused"
+            );
+            let problem = match full_at {
+                Some(limit) => Problem::from(Reason::Full { retry_after, limit }),
+                None => Problem::from(Reason::Busy { retry_after }),
+            };
+            State::Refusing { problem }
+        }
+        // The store failed and the layer fails open.
+        Err(error) if config.fail_open => {
+            tracing::warn!(namespace, %error, "lock store failed, running the request unlocked (fail_open)");
+            State::Unlocked {
+                inner: inner.call(req.map(TimeoutBody::new)),
+            }
+        }
+        // The store failed and the layer fails closed.
+        Err(error) => {
+            tracing::warn!(namespace, %error, "lock store failed, request refused");
+            let reason = match error {
+                crate::Error::NotReplicated { .. } => Reason::NotReplicated,
+                _ => Reason::StoreUnavailable,
+            };
+            State::Refusing {
+                problem: Problem::from(reason),
             }
         }
     }
+}
+
+/// Polls the inner service under `guard`, the `Locked` state's turn: checks the lease before
+/// every poll of the work, and once the work answered, where the answer goes.
+fn poll_locked<S, B, ResBody>(
+    inner: Pin<&mut S::Future>,
+    guard: &mut Option<LeaseGuard>,
+    body_late: &Option<Arc<AtomicBool>>,
+    since: Instant,
+    config: &Config,
+    cx: &mut Context<'_>,
+) -> Poll<Step<S, B, ResBody>>
+where
+    S: Service<Request<TimeoutBody<B>>, Response = Response<ResBody>>,
+    B: http_body::Body,
+    ResBody: http_body::Body,
+{
+    let namespace = config.spec.namespace;
+    let in_state = "taken once, on leaving the Locked state";
+    let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
+    let held = guard.as_mut().expect(in_state);
+    // Before every poll of the work: a process frozen past its lease (SIGSTOP, a pause, a
+    // starved executor) must not take the work's next step when it wakes, whether or not the
+    // heartbeat has run since.
+    if abort_on_loss && held.over_at(Instant::now()) {
+        tracing::warn!(namespace, "lease lost, inner service cancelled");
+        // → ReleasingToRefuse: replacing the state drops the inner future, which cancels the
+        // handler before the release is sent (when first polled).
+        let guard = guard.take().expect(in_state);
+        return Poll::Ready(Step::Next(releasing_lost(guard, config)));
+    }
+    let response = match inner.poll(cx) {
+        Poll::Ready(response) => response,
+        Poll::Pending => {
+            held.poll_first_beat(cx, &config.heartbeat, config.beat.first_beat_timer());
+            if abort_on_loss && held.poll_lost(cx).is_ready() {
+                // The lease ended while the work waited: → ReleasingToRefuse, as above.
+                tracing::warn!(namespace, "lease lost, inner service cancelled");
+                let guard = guard.take().expect(in_state);
+                return Poll::Ready(Step::Next(releasing_lost(guard, config)));
+            }
+            return Poll::Pending;
+        }
+    };
+    let mut guard = guard.take().expect(in_state);
+    let body_late = body_late
+        .as_ref()
+        .is_some_and(|late| late.load(Ordering::Relaxed));
+    let now = Instant::now();
+    // The success rule: a response is only worth passing on if the lease was still ours when
+    // it was produced, however late the heartbeat runs.
+    let next = if abort_on_loss && guard.over_at(now) {
+        tracing::warn!(namespace, "lease ran out before the inner service answered");
+        // → ReleasingToRefuse.
+        releasing_lost(guard, config)
+    } else if body_late {
+        let after = config.body_timeout.after();
+        tracing::debug!(namespace, ?after, "request body too slow under the lock");
+        // → ReleasingToRefuse: the handler's answer to a body that never came whole is
+        // replaced by the layer's 408.
+        let problem = Problem::from(Reason::BodyTimeout { after });
+        releasing_to_refuse(guard, config, problem)
+    } else if config.hold_through_body {
+        // → Done: the body owns the lease from here on, and nobody may poll it while the
+        // client reads slowly, so the heartbeat must run.
+        guard.enrol_now(&config.heartbeat);
+        let timed = (config.hold_times.clone(), since);
+        let answer = response.map(|res| {
+            res.map(|body| {
+                let timer = config.release_wait.timer().clone();
+                let on_loss = config.on_lease_lost;
+                LeaseBody::holding(body, guard, on_loss, timer, timed)
+            })
+        });
+        return Poll::Ready(Step::Answer(answer));
+    } else {
+        config.hold_times.record(now - since);
+        // → Releasing: give the lease back before the head goes out.
+        let release = FinishOnDrop::release(guard.release());
+        let wait = Overdue::new(config.release_wait.timer().clone());
+        State::Releasing {
+            release,
+            wait,
+            response: Some(response),
+        }
+    };
+    Poll::Ready(Step::Next(next))
 }
 
 /// The state that gives `guard`'s lease back, then answers `problem`.

@@ -20,7 +20,7 @@ use super::future::ResponseFuture;
 use super::hold::guard::{Guarded, LeaseGuard};
 use super::options::config::Config;
 use super::request_body::timeout_body::TimeoutBody;
-use super::shared_read::{Entry, SharedRead, SharedReads};
+use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
 use crate::LockName;
 use crate::backend::Mode;
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
@@ -130,87 +130,116 @@ where
         // A refusal of a permit says the semaphore is full, at this request's limit.
         let full_at = (mode == Mode::Permit).then_some(spec.permits);
         let config = self.config.clone();
-        let on_store_error = match config.fail_open {
-            true => telemetry::AcquireOutcome::Unlocked,
-            false => telemetry::AcquireOutcome::StoreError,
-        };
-        let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
-        // A write ends this layer's own idle share of the name first, rather than wait for
-        // (or be refused by) its linger.
-        let idle = match (mode, &config.shared_reads) {
-            (Mode::Write, Some(reads)) => reads.end_linger(name.as_bytes()),
-            _ => None,
-        };
-        let acquire = match WaiterSlot::take(&config) {
-            // A bounded wait: dropped with the request (its attempts on the wire finish).
-            Some(slot) => FinishOnDrop::droppable(Box::pin(async move {
-                if let Some(idle) = idle {
-                    // Sent to its end even if the waiting request is dropped meanwhile.
-                    FinishOnDrop::release(idle.release()).await;
-                }
-                if let Some(read) = shared
-                    .as_ref()
-                    .and_then(|reads| reads.join(name.as_bytes()))
-                {
-                    let acquired = telemetry::AcquireOutcome::Acquired;
-                    telemetry::shared(config.spec.namespace, mode, acquired);
-                    return Ok(Attempt::Acquired(joined(read, &config)));
-                }
-                let (store, wait) = (config.store.clone(), config.wait);
-                let name = name.into_boxed();
-                let (sent_at, attempt) =
-                    acquire_within(store, spec, mode, name, wait, on_store_error).await;
-                drop(slot);
-                let timing = config.beat.timing();
-                attempt.map(|attempt| {
-                    attempt.map(|holding| match &shared {
-                        Some(reads) => match reads.adopt(holding, sent_at, timing) {
-                            Ok(read) => LeaseGuard::shared(read),
-                            Err(own) => LeaseGuard::own(own),
-                        },
-                        None => LeaseGuard::new(holding, sent_at, timing),
-                    })
-                })
-            })),
-            None => match shared {
-                Some(reads) => {
-                    let entry = reads.enter(name.as_bytes());
-                    if let Entry::Joined(read) = entry {
-                        // A held share: no store call, and the inner service runs now.
-                        let acquired = telemetry::AcquireOutcome::Acquired;
-                        telemetry::shared(namespace, mode, acquired);
-                        let guard = joined(read, &config);
-                        return ResponseFuture::locked(guard, config, &mut self.inner, req, span);
-                    }
-                    let read = shared_read(reads, entry, config, name, on_store_error);
-                    FinishOnDrop::guarded(Box::pin(read))
-                }
-                None => {
-                    let (store, timing) = (config.store.clone(), config.beat.timing());
-                    let on_store_error = Some(on_store_error);
-                    let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error);
-                    // A named future rather than an `async` block around `attempt`, which would
-                    // hold it twice (see `SentAt`): this is boxed for every request in flight.
-                    let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
-                        attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
-                    });
-                    match idle {
-                        None => FinishOnDrop::guarded(Box::pin(guarded)),
-                        // First polled after the idle share's release: the lease counts from
-                        // then.
-                        Some(idle) => FinishOnDrop::guarded(Box::pin(async move {
-                            FinishOnDrop::release(idle.release()).await;
-                            guarded.await
-                        })),
-                    }
-                }
-            },
-        };
-        // The clone may not be ready; the one `poll_ready` readied goes with this request.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(acquire, self.config.clone(), inner, req, full_at, span)
+        match acquire(&config, spec, mode, name) {
+            // A held share: no store call, and the inner service runs now.
+            Acquiring::Joined(guard) => {
+                ResponseFuture::locked(guard, config, &mut self.inner, req, span)
+            }
+            Acquiring::Pending(acquire) => {
+                // The clone may not be ready; the one `poll_ready` readied goes with this
+                // request.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::acquiring(acquire, config, inner, req, full_at, span)
+            }
+        }
     }
+}
+
+/// How a request's acquisition stands once the service has sent it on its way.
+enum Acquiring {
+    /// A read that joined a held share of the layer: its lease is there already.
+    Joined(LeaseGuard),
+    /// The store's answer (or a share's, or a bounded wait's) is still to come.
+    Pending(FinishOnDrop<Guarded>),
+}
+
+/// Sends a request's acquisition on one of three ways: a bounded wait (the layer waits and has
+/// a place free), a read under read coalescing, or one attempt of its own.
+fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acquiring {
+    let on_store_error = match config.fail_open {
+        true => telemetry::AcquireOutcome::Unlocked,
+        false => telemetry::AcquireOutcome::StoreError,
+    };
+    let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
+    // A write ends this layer's own idle share of the name first, rather than wait for (or be
+    // refused by) its linger.
+    let idle = match (mode, &config.shared_reads) {
+        (Mode::Write, Some(reads)) => reads.end_linger(name.as_bytes()),
+        _ => None,
+    };
+    if let Some(slot) = WaiterSlot::take(config) {
+        let wait = waiting(slot, config.clone(), spec, mode, name, idle, on_store_error);
+        // Dropped with the request (its attempts on the wire finish).
+        return Acquiring::Pending(FinishOnDrop::droppable(Box::pin(wait)));
+    }
+    if let Some(reads) = shared {
+        let entry = reads.enter(name.as_bytes());
+        if let Entry::Joined(read) = entry {
+            let acquired = telemetry::AcquireOutcome::Acquired;
+            telemetry::shared(config.spec.namespace, mode, acquired);
+            return Acquiring::Joined(joined(read, config));
+        }
+        let read = shared_read(reads, entry, config.clone(), name, on_store_error);
+        return Acquiring::Pending(FinishOnDrop::guarded(Box::pin(read)));
+    }
+    let (store, timing) = (config.store.clone(), config.beat.timing());
+    let on_store_error = Some(on_store_error);
+    let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error);
+    // A named future rather than an `async` block around `attempt`, which would hold it twice
+    // (see `SentAt`): this is boxed for every request in flight.
+    let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
+        attempt.map(|a| a.map(|holding| LeaseGuard::new(holding, sent_at, timing)))
+    });
+    Acquiring::Pending(match idle {
+        None => FinishOnDrop::guarded(Box::pin(guarded)),
+        // First polled after the idle share's release: the lease counts from then.
+        Some(idle) => FinishOnDrop::guarded(Box::pin(async move {
+            FinishOnDrop::release(idle.release()).await;
+            guarded.await
+        })),
+    })
+}
+
+/// A request's bounded wait for its lease, in its place among the layer's waiters (`slot`):
+/// after the release of the layer's idle share it ended (`idle`), a read joins a held share
+/// if there is one; otherwise the wait's attempts, and a read's lease is shared afterwards.
+async fn waiting(
+    slot: WaiterSlot,
+    config: Arc<Config>,
+    spec: Spec,
+    mode: Mode,
+    name: OwnedName,
+    idle: Option<IdleShare>,
+    on_store_error: telemetry::AcquireOutcome,
+) -> Guarded {
+    let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
+    if let Some(idle) = idle {
+        // Sent to its end even if the waiting request is dropped meanwhile.
+        FinishOnDrop::release(idle.release()).await;
+    }
+    if let Some(read) = shared
+        .as_ref()
+        .and_then(|reads| reads.join(name.as_bytes()))
+    {
+        let acquired = telemetry::AcquireOutcome::Acquired;
+        telemetry::shared(config.spec.namespace, mode, acquired);
+        return Ok(Attempt::Acquired(joined(read, &config)));
+    }
+    let (store, wait) = (config.store.clone(), config.wait);
+    let name = name.into_boxed();
+    let (sent_at, attempt) = acquire_within(store, spec, mode, name, wait, on_store_error).await;
+    drop(slot);
+    let timing = config.beat.timing();
+    attempt.map(|attempt| {
+        attempt.map(|holding| match &shared {
+            Some(reads) => match reads.adopt(holding, sent_at, timing) {
+                Ok(read) => LeaseGuard::shared(read),
+                Err(own) => LeaseGuard::own(own),
+            },
+            None => LeaseGuard::new(holding, sent_at, timing),
+        })
+    })
 }
 
 /// A read request's lease under read coalescing: joined, waited for, or acquired for the share

@@ -47,7 +47,7 @@ mod linger;
 mod read;
 
 pub(crate) use self::acquire::{Leader, Waiter};
-pub(crate) use self::linger::Linger;
+pub(crate) use self::linger::{IdleShare, Linger};
 pub(crate) use self::read::SharedRead;
 
 use crate::Error;
