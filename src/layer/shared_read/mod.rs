@@ -14,7 +14,7 @@
 //! Each share counts its requests. The count changes only under the registry's lock, and the
 //! request that takes it to zero removes the share from the registry under that same lock, then
 //! releases the lease: so a request never joins a share whose lease is being released (it
-//! finds no share, and leads a fresh one). A share may instead [linger](linger) at zero for the
+//! finds no share, and leads a fresh one). A share may instead [linger] at zero for the
 //! next read of its name; its last request's answer then waits until the share is *settled*:
 //! handed to a read that joined it, or released. So an answered read never leaves a lease
 //! behind that nobody in flight holds, and a client's next request, to any replica, never

@@ -230,7 +230,7 @@ where
 
     /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends;
     /// `live` when its holder confirmed a reader or a permit live until after now (see
-    /// [`Backend::release_live`](crate::backend::Backend::release_live)).
+    /// [`Backend::release_live`]).
     pub(in crate::store::redis) async fn release_script(
         &self,
         lease: LeaseRef<'_>,

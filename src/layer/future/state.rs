@@ -1,48 +1,34 @@
-//! [`ResponseFuture`]: acquire, run the inner service, release.
+//! The states of a [`ResponseFuture`](super::ResponseFuture), and the turns that move it
+//! from one to the next: the acquisition's answer, the inner service under the lease, the
+//! release before the answer.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::body::LeaseBody;
-use super::hold::guard::{Guarded, LeaseGuard};
-use super::hold::lease_lost::LeaseLost;
-use super::hold::release_wait::poll_release;
-use super::options::config::Config;
-use super::request_body::timeout_body::TimeoutBody;
+use crate::layer::body::LeaseBody;
+use crate::layer::hold::guard::{Guarded, LeaseGuard};
+use crate::layer::hold::lease_lost::LeaseLost;
+use crate::layer::options::config::Config;
+use crate::layer::request_body::timeout_body::TimeoutBody;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::locks::attempt::Attempt;
 use crate::rejection::{Problem, Reason};
 use crate::wait::coarse_timer::Overdue;
 
 pin_project! {
-    /// The response future of [`LeaseService`](super::LeaseService).
-    pub struct ResponseFuture<S, B>
-    where
-        S: Service<Request<TimeoutBody<B>>>,
-    {
-        #[pin]
-        state: State<S, B>,
-        config: Arc<Config>,
-        // `tower_lease.request`, entered while polled; none for a request without a lock.
-        span: tracing::Span,
-    }
-}
-
-pin_project! {
     // The fields a transition moves on are `Option`s taken out of the state, rather than the
     // state moved out whole with `project_replace`: that copies the whole state (as large as
     // the inner future plus the guard) in and out several times per request.
     #[project = StateProj]
-    enum State<S, B>
+    pub(super) enum State<S, B>
     where
         S: Service<Request<TimeoutBody<B>>>,
     {
@@ -96,77 +82,9 @@ pin_project! {
     }
 }
 
-impl<S, B> ResponseFuture<S, B>
-where
-    S: Service<Request<TimeoutBody<B>>>,
-{
-    /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
-    /// limit of a permit's acquisition, whose refusal says "full" rather than "busy".
-    pub(crate) fn acquiring(
-        acquire: FinishOnDrop<Guarded>,
-        config: Arc<Config>,
-        inner: S,
-        req: Request<B>,
-        full_at: Option<u32>,
-        span: tracing::Span,
-    ) -> Self {
-        let state = State::Acquiring {
-            acquire,
-            call: Some((inner, req)),
-            full_at,
-        };
-        Self {
-            state,
-            config,
-            span,
-        }
-    }
-
-    /// Runs the request under `guard`, a lease it already has (a read that joined a held
-    /// share): `inner` is called now.
-    pub(crate) fn locked(
-        guard: LeaseGuard,
-        config: Arc<Config>,
-        inner: &mut S,
-        req: Request<B>,
-        span: tracing::Span,
-    ) -> Self
-    where
-        B: http_body::Body,
-    {
-        let state = span.in_scope(|| locked(guard, &config, inner, req));
-        Self {
-            state,
-            config,
-            span,
-        }
-    }
-
-    /// Refuses the request without asking the store.
-    pub(crate) fn refused(problem: Problem, config: Arc<Config>, span: tracing::Span) -> Self {
-        let state = State::Refusing { problem };
-        Self {
-            state,
-            config,
-            span,
-        }
-    }
-
-    /// Runs the request without a lease.
-    pub(crate) fn unlocked(inner: S::Future, config: Arc<Config>) -> Self {
-        let state = State::Unlocked { inner };
-        let span = tracing::Span::none();
-        Self {
-            state,
-            config,
-            span,
-        }
-    }
-}
-
 /// The request under `guard`: its lease in the extensions, its body under the layer's deadline
 /// from now on (so a trickling client cannot hold the lock), and `inner` called.
-fn locked<S, B>(
+pub(super) fn locked<S, B>(
     guard: LeaseGuard,
     config: &Config,
     inner: &mut S,
@@ -189,89 +107,8 @@ where
     }
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
-where
-    S: Service<Request<TimeoutBody<B>>, Response = Response<ResBody>>,
-    B: http_body::Body,
-    ResBody: http_body::Body,
-{
-    type Output = Result<Response<LeaseBody<ResBody>>, S::Error>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            let mut this = self.as_mut().project();
-            let _entered = this.span.enter();
-            let config: &Config = this.config;
-            let namespace = config.spec.namespace;
-            let next = match this.state.as_mut().project() {
-                StateProj::Acquiring {
-                    acquire,
-                    call,
-                    full_at,
-                } => {
-                    let attempt = ready!(Pin::new(acquire).poll(cx));
-                    let in_state = "taken once, on leaving the Acquiring state";
-                    let (inner, req) = call.take().expect(in_state);
-                    // Acquiring → Locked, Refusing or Unlocked.
-                    acquired(attempt, inner, req, *full_at, config)
-                }
-                StateProj::Unlocked { inner } => {
-                    let response = ready!(inner.poll(cx));
-                    // Unlocked → Done.
-                    this.state.set(State::Done);
-                    return Poll::Ready(response.map(|res| res.map(LeaseBody::inner)));
-                }
-                StateProj::Locked {
-                    inner,
-                    guard,
-                    body_late,
-                    since,
-                } => match ready!(poll_locked(inner, guard, body_late, *since, config, cx)) {
-                    // Locked → Releasing or ReleasingToRefuse.
-                    Step::Next(next) => next,
-                    // Locked → Done: the body holds the lease from here on.
-                    Step::Answer(response) => {
-                        this.state.set(State::Done);
-                        return Poll::Ready(response);
-                    }
-                },
-                StateProj::Releasing {
-                    release,
-                    wait,
-                    response,
-                } => {
-                    ready!(poll_release(release, wait, cx, namespace));
-                    let response = response.take().expect("passed on once");
-                    // Releasing → Done; a release still in flight finishes in the background.
-                    this.state.set(State::Done);
-                    return Poll::Ready(response.map(|res| res.map(LeaseBody::inner)));
-                }
-                StateProj::ReleasingToRefuse {
-                    release,
-                    wait,
-                    problem,
-                } => {
-                    ready!(poll_release(release, wait, cx, namespace));
-                    let response = config.refuse(*problem);
-                    // ReleasingToRefuse → Done.
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
-                }
-                StateProj::Refusing { problem } => {
-                    let response = config.refuse(*problem);
-                    // Refusing → Done.
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
-                }
-                StateProj::Done => panic!("ResponseFuture polled after completion"),
-            };
-            this.state.set(next);
-        }
-    }
-}
-
 /// Where a turn of a state ends: in the next state, or with the answer.
-enum Step<S, B, ResBody>
+pub(super) enum Step<S, B, ResBody>
 where
     S: Service<Request<TimeoutBody<B>>>,
     ResBody: http_body::Body,
@@ -282,7 +119,7 @@ where
 
 /// The state after the acquisition's `attempt`: the request under its lease, the layer's
 /// refusal, or (failing open) the request without one.
-fn acquired<S, B>(
+pub(super) fn acquired<S, B>(
     attempt: Guarded,
     mut inner: S,
     req: Request<B>,
@@ -336,7 +173,7 @@ where
 
 /// Polls the inner service under `guard`, the `Locked` state's turn: checks the lease before
 /// every poll of the work, and once the work answered, where the answer goes.
-fn poll_locked<S, B, ResBody>(
+pub(super) fn poll_locked<S, B, ResBody>(
     inner: Pin<&mut S::Future>,
     guard: &mut Option<LeaseGuard>,
     body_late: &Option<Arc<AtomicBool>>,
@@ -441,13 +278,4 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     releasing_to_refuse(guard, config, Problem::from(Reason::LeaseLost))
-}
-
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
-where
-    S: Service<Request<TimeoutBody<B>>>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
 }
