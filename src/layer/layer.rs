@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::extract::SafeMethods;
 use super::options::config::{Config, ReadSharing};
+use super::per_request::SafeMethods;
 use super::request_body::buffer::{BufferBody, Buffered, Streamed};
 use super::service::{Access, LeaseService};
 use super::shared_read::Linger;
@@ -134,7 +134,7 @@ impl<E> RwLockLayer<E> {
 
 impl<E, R, P> RwLockLayer<E, R, P> {
     /// Decides which requests read with `read_when` instead of by method: a
-    /// [`ReadWhen`](crate::extract::ReadWhen), such as a closure `Fn(&Request<B>) -> bool`
+    /// [`ReadWhen`](crate::layer::ReadWhen), such as a closure `Fn(&Request<B>) -> bool`
     /// that answers `true` for a read.
     pub fn read_when<R2>(self, read_when: R2) -> RwLockLayer<E, R2, P> {
         RwLockLayer {

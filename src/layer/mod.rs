@@ -144,7 +144,7 @@
 //! | [`.body_timeout(Duration)`](crate::LockLayer::body_timeout) | 10 s | the longest the whole request body may take: under the lock (streamed, as a [`TimeoutBody`]), the handler's read fails after it, the lock is released and the answer is `408`; under `.buffer_body(..)`, before the lock |
 //! | [`.on_rejection(hook)`](crate::LockLayer::on_rejection) | problem+json | render the layer's refusals with an [`OnRejection`](crate::rejection::OnRejection) hook (any `Fn(&Rejection) -> Response<B>`, `B` being `Bytes` or any body: axum's `IntoResponse` output fits) |
 //! | [`.coalesce_reads(bool)`](crate::RwLockLayer::coalesce_reads) (`RwLockLayer` only) | on | overlapping reads of one name in the layer share one reader lease in the store; `false` gives each read its own (see [shared reads](#shared-reads)) |
-//! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`](crate::extract::SafeMethods): `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
+//! | [`.read_when(f)`](crate::RwLockLayer::read_when) (`RwLockLayer` only) | [`SafeMethods`]: `GET`, `HEAD`, `OPTIONS`, `TRACE` read | any `Fn(&Request<B>) -> bool`: `true` takes a read lease, `false` the write lease |
 //!
 //! The store's own options matter too: [`RedisStore::timeout`](crate::RedisStore::timeout)
 //! (default 1 s) bounds every acquire, extend and release, and so how long a request can wait on a
@@ -298,6 +298,7 @@ pub mod extract;
 mod future;
 mod hold;
 mod options;
+mod per_request;
 mod request_body;
 mod semaphore;
 mod service;
@@ -308,6 +309,7 @@ pub use self::extract::ExtractName;
 pub use self::future::ResponseFuture;
 pub use self::hold::lease_lost::LeaseLost;
 pub use self::layer::{LockLayer, RwLockLayer};
+pub use self::per_request::{PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 pub use self::request_body::buffer::{BufferBody, BufferFuture, Buffered, Streamed};
 pub use self::request_body::timeout_body::{BodyTimeoutError, TimeoutBody};
 pub use self::semaphore::SemaphoreLayer;

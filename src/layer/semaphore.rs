@@ -7,8 +7,8 @@ use std::sync::Arc;
 use http::StatusCode;
 use tower_layer::Layer;
 
-use super::extract::{SafeMethods, SemaphorePermits};
 use super::options::config::Config;
+use super::per_request::{SafeMethods, SemaphorePermits};
 use super::request_body::buffer::{BufferBody, Buffered, Streamed};
 use super::service::{Access, LeaseService};
 use crate::{Semaphore, Store};
@@ -74,7 +74,7 @@ impl<E> SemaphoreLayer<E> {
 
 impl<E, K, P> SemaphoreLayer<E, K, P> {
     /// Gives each request its own limit with `permits`: a
-    /// [`PermitsFor`](crate::extract::PermitsFor), such as a closure `Fn(&Request<B>) -> u32`
+    /// [`PermitsFor`](crate::layer::PermitsFor), such as a closure `Fn(&Request<B>) -> u32`
     /// (a tenant's plan). A request whose limit is 0 gets `400`, problem
     /// `urn:tower-lease:invalid-concurrency-limit`.
     pub fn permits<K2>(self, permits: K2) -> SemaphoreLayer<E, K2, P> {

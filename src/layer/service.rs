@@ -14,11 +14,12 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::LeaseBody;
+use super::extract::ExtractName;
 use super::extract::NameDefect;
-use super::extract::{ExtractName, PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::future::ResponseFuture;
 use super::hold::guard::{Guarded, LeaseGuard};
 use super::options::config::Config;
+use super::per_request::{PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::request_body::timeout_body::TimeoutBody;
 use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
 use crate::LockName;
