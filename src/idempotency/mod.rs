@@ -159,7 +159,7 @@ mod future;
 mod key;
 mod layer;
 mod record;
-mod run;
+mod reserved;
 mod service;
 
 pub use self::body::IdempotentBody;

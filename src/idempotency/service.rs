@@ -24,7 +24,7 @@ use super::key::extension::IdempotencyKey;
 use super::key::fingerprint::fingerprint;
 use super::record::cache::Cached;
 use super::record::{self, Record};
-use super::run::{Reserved, run};
+use super::reserved::{Reserved, run};
 use crate::backend::{Begin, FINGERPRINT_LEN, LeaseRef, LockRef, Mode, Secret};
 use crate::layer::extract::ExtractName;
 use crate::lease::finish_on_drop::FinishOnDrop;
