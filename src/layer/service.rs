@@ -186,7 +186,7 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
     }
     let (store, timing) = (config.store.clone(), config.beat.timing());
     let on_store_error = Some(on_store_error);
-    let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error);
+    let attempt = RawLease::acquire_counted(store, spec, mode, name, on_store_error);
     // A named future rather than an `async` block around `attempt`, which would hold it twice
     // (see `SentAt`): this is boxed for every request in flight.
     let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
@@ -266,7 +266,8 @@ async fn shared_read(
                 let (store, spec) = (config.store.clone(), config.spec);
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
-                let attempt = RawLease::acquire_as(store, spec, mode, name, on_store_error).await;
+                let attempt =
+                    RawLease::acquire_counted(store, spec, mode, name, on_store_error).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }

@@ -51,7 +51,7 @@ impl RawLease {
         mode: Mode,
         name: Cow<'_, [u8]>,
     ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send + '_ {
-        Self::acquire_as(store, spec, mode, name, Some(AcquireOutcome::StoreError))
+        Self::acquire_counted(store, spec, mode, name, Some(AcquireOutcome::StoreError))
     }
 
     /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as (the layer
@@ -68,7 +68,7 @@ impl RawLease {
         clippy::manual_async_fn,
         reason = "an async fn would keep its arguments twice"
     )]
-    pub(crate) fn acquire_as<N>(
+    pub(crate) fn acquire_counted<N>(
         store: Store,
         spec: Spec,
         mode: Mode,
@@ -78,17 +78,17 @@ impl RawLease {
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
     {
-        Self::acquire_with(store, spec, mode, name, on_store_error, Secret::random())
+        Self::acquire_with_secret(store, spec, mode, name, on_store_error, Secret::random())
     }
 
-    /// Like [`acquire_as`](Self::acquire_as), with the lease's `secret`: a waiting writer's
+    /// Like [`acquire_counted`](Self::acquire_counted), with the lease's `secret`: a waiting writer's
     /// attempts all carry one, so that the write intent they leave can be told from another
     /// writer's when it withdraws it.
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn would keep its arguments twice"
     )]
-    pub(crate) fn acquire_with<N>(
+    pub(crate) fn acquire_with_secret<N>(
         store: Store,
         spec: Spec,
         mode: Mode,

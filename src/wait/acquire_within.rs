@@ -182,7 +182,7 @@ async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8], secret: &Se
         // Taken before the command leaves, so the lease's end is never overestimated.
         let sent_at = Instant::now();
         let name = Cow::Owned(name);
-        let attempt = RawLease::acquire_with(store, spec, mode, name, None, secret).await;
+        let attempt = RawLease::acquire_with_secret(store, spec, mode, name, None, secret).await;
         (sent_at, attempt)
     });
     FinishOnDrop::acquisition(call).await
