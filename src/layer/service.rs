@@ -158,10 +158,6 @@ enum Acquiring {
 /// Sends a request's acquisition on one of three ways: a bounded wait (the layer waits and has
 /// a place free), a read under read coalescing, or one attempt of its own.
 fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acquiring {
-    let on_store_error = match config.fail_open {
-        true => telemetry::AcquireOutcome::Unlocked,
-        false => telemetry::AcquireOutcome::StoreError,
-    };
     let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
     // A write ends this layer's own idle share of the name first, rather than wait for (or be
     // refused by) its linger.
@@ -170,22 +166,20 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
         _ => None,
     };
     if let Some(slot) = WaiterSlot::take(config) {
-        let wait = waiting(slot, config.clone(), spec, mode, name, idle, on_store_error);
+        let wait = waiting(slot, config.clone(), spec, mode, name, shared, idle);
         // Dropped with the request (its attempts on the wire finish).
         return Acquiring::Pending(FinishOnDrop::droppable(Box::pin(wait)));
     }
     if let Some(reads) = shared {
         let entry = reads.enter(name.as_bytes());
         if let Entry::Joined(read) = entry {
-            let acquired = telemetry::AcquireOutcome::Acquired;
-            telemetry::shared(config.spec.namespace, mode, acquired);
             return Acquiring::Joined(joined(read, config));
         }
-        let read = shared_read(reads, entry, config.clone(), name, on_store_error);
+        let read = shared_read(reads, entry, config.clone(), name);
         return Acquiring::Pending(FinishOnDrop::guarded(Box::pin(read)));
     }
     let (store, timing) = (config.store.clone(), config.beat.timing());
-    let on_store_error = Some(on_store_error);
+    let on_store_error = Some(config.on_store_error());
     let attempt = RawLease::acquire_counted(store, spec, mode, name, on_store_error);
     // A named future rather than an `async` block around `attempt`, which would hold it twice
     // (see `SentAt`): this is boxed for every request in flight.
@@ -203,18 +197,18 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
 }
 
 /// A request's bounded wait for its lease, in its place among the layer's waiters (`slot`):
-/// after the release of the layer's idle share it ended (`idle`), a read joins a held share
-/// if there is one; otherwise the wait's attempts, and a read's lease is shared afterwards.
+/// after the release of the layer's idle share it ended (`idle`), a read joins a held share of
+/// `shared` if there is one; otherwise the wait's attempts, and a read's lease is shared
+/// afterwards.
 async fn waiting(
     slot: WaiterSlot,
     config: Arc<Config>,
     spec: Spec,
     mode: Mode,
     name: OwnedName,
+    shared: Option<Arc<SharedReads>>,
     idle: Option<IdleShare>,
-    on_store_error: telemetry::AcquireOutcome,
 ) -> Guarded {
-    let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
     if let Some(idle) = idle {
         // Sent to its end even if the waiting request is dropped meanwhile.
         FinishOnDrop::release(idle.release()).await;
@@ -223,12 +217,11 @@ async fn waiting(
         .as_ref()
         .and_then(|reads| reads.join(name.as_bytes()))
     {
-        let acquired = telemetry::AcquireOutcome::Acquired;
-        telemetry::shared(config.spec.namespace, mode, acquired);
         return Ok(Attempt::Acquired(joined(read, &config)));
     }
     let (store, wait) = (config.store.clone(), config.wait);
     let name = name.into_boxed();
+    let on_store_error = config.on_store_error();
     let (sent_at, attempt) = acquire_within(store, spec, mode, name, wait, on_store_error).await;
     drop(slot);
     let timing = config.beat.timing();
@@ -251,15 +244,12 @@ async fn shared_read(
     mut entry: Entry,
     config: Arc<Config>,
     name: OwnedName,
-    on_store_error: telemetry::AcquireOutcome,
 ) -> Guarded {
     let (namespace, mode) = (config.spec.namespace, Mode::Read);
+    let on_store_error = config.on_store_error();
     loop {
         let waited = match entry {
-            Entry::Joined(read) => {
-                telemetry::shared(namespace, mode, telemetry::AcquireOutcome::Acquired);
-                return Ok(Attempt::Acquired(joined(read, &config)));
-            }
+            Entry::Joined(read) => return Ok(Attempt::Acquired(joined(read, &config))),
             Entry::Leading(leader) => {
                 // Taken before the command leaves, so the lease's end is never overestimated.
                 let sent_at = Instant::now();
@@ -283,8 +273,11 @@ async fn shared_read(
     }
 }
 
-/// The guard of a request that joined a held share.
+/// The guard of a request that joined a held share, counted as an acquisition without a store
+/// round trip.
 fn joined(read: SharedRead, config: &Config) -> LeaseGuard {
+    let acquired = telemetry::AcquireOutcome::Acquired;
+    telemetry::shared(config.spec.namespace, Mode::Read, acquired);
     read.enrol_if_due(&config.heartbeat);
     LeaseGuard::shared(read)
 }

@@ -192,26 +192,28 @@ where
     let held = guard.as_mut().expect(in_state);
     // Before every poll of the work: a process frozen past its lease (SIGSTOP, a pause, a
     // starved executor) must not take the work's next step when it wakes, whether or not the
-    // heartbeat has run since.
-    if abort_on_loss && held.over_at(Instant::now()) {
+    // heartbeat has run since. `None`: the lease is lost.
+    let response = if abort_on_loss && held.over_at(Instant::now()) {
+        None
+    } else {
+        match inner.poll(cx) {
+            Poll::Ready(response) => Some(response),
+            Poll::Pending => {
+                held.poll_first_beat(cx, &config.heartbeat, config.beat.first_beat_timer());
+                if !(abort_on_loss && held.poll_lost(cx).is_ready()) {
+                    return Poll::Pending;
+                }
+                // The lease ended while the work waited.
+                None
+            }
+        }
+    };
+    let Some(response) = response else {
         tracing::warn!(namespace, "lease lost, inner service cancelled");
         // → ReleasingToRefuse: replacing the state drops the inner future, which cancels the
         // handler before the release is sent (when first polled).
         let guard = guard.take().expect(in_state);
         return Poll::Ready(Step::Next(releasing_lost(guard, config)));
-    }
-    let response = match inner.poll(cx) {
-        Poll::Ready(response) => response,
-        Poll::Pending => {
-            held.poll_first_beat(cx, &config.heartbeat, config.beat.first_beat_timer());
-            if abort_on_loss && held.poll_lost(cx).is_ready() {
-                // The lease ended while the work waited: → ReleasingToRefuse, as above.
-                tracing::warn!(namespace, "lease lost, inner service cancelled");
-                let guard = guard.take().expect(in_state);
-                return Poll::Ready(Step::Next(releasing_lost(guard, config)));
-            }
-            return Poll::Pending;
-        }
     };
     let mut guard = guard.take().expect(in_state);
     let body_late = body_late

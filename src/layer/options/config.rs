@@ -15,6 +15,7 @@ use crate::layer::shared_read::{Linger, SharedReads};
 use crate::lease::heartbeat::Heartbeat;
 use crate::locks::spec::Spec;
 use crate::rejection::{Problem, Rejection, Renderer};
+use crate::telemetry::AcquireOutcome;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
 /// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
@@ -111,6 +112,15 @@ impl Config {
 }
 
 impl Config {
+    /// What a store failure of an acquisition counts as in the metrics: the request runs
+    /// unlocked under `fail_open`, and is refused otherwise.
+    pub(crate) fn on_store_error(&self) -> AcquireOutcome {
+        match self.fail_open {
+            true => AcquireOutcome::Unlocked,
+            false => AcquireOutcome::StoreError,
+        }
+    }
+
     /// How the layer's reads take their leases now.
     pub(crate) fn read_sharing(&self) -> ReadSharing {
         match &self.shared_reads {

@@ -84,8 +84,7 @@ pub(super) async fn linger(reads: Arc<SharedReads>, share: Arc<Share>) {
         // Without a lease here, whoever took it (a write's `end_linger`) settles the share
         // once it has released it.
         if let Some(lease) = lease {
-            let lease = Some(lease);
-            IdleShare { share, lease }.release().await;
+            release_and_settle(lease, share).await;
         }
         return;
     }
@@ -126,14 +125,8 @@ pub(crate) struct IdleShare {
 impl IdleShare {
     /// Releases the lease; the future resolves when the store has answered.
     pub(crate) fn release(mut self) -> BoxFuture<'static, ()> {
-        let release = self.lease.take().map(KeptLease::release);
-        let share = self.share.clone();
-        Box::pin(async move {
-            if let Some(release) = release {
-                release.await;
-            }
-            share.settle(u64::MAX);
-        })
+        let lease = self.lease.take().expect("released once");
+        Box::pin(release_and_settle(lease, self.share.clone()))
     }
 }
 
@@ -145,12 +138,7 @@ impl Drop for IdleShare {
         // Dropped unreleased: released in the background all the same, and settled after it.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let share = self.share.clone();
-                let idle = IdleShare {
-                    share,
-                    lease: Some(lease),
-                };
-                runtime.spawn(idle.release());
+                runtime.spawn(release_and_settle(lease, self.share.clone()));
             }
             Err(_) => {
                 drop(lease);
@@ -158,4 +146,10 @@ impl Drop for IdleShare {
             }
         }
     }
+}
+
+/// Releases `share`'s lease, then settles the share: its last request's answer goes out.
+async fn release_and_settle(lease: KeptLease, share: Arc<Share>) {
+    lease.release().await;
+    share.settle(u64::MAX);
 }
