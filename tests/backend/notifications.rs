@@ -44,7 +44,10 @@ async fn a_release_elsewhere_wakes_the_waiter() {
         let released_at = Instant::now();
         assert!(held.release().await.unwrap());
         let (acquired_at, token) = waiter.await.unwrap();
-        assert!(token.unwrap().is_some(), "round {round}: the waiter got the lock");
+        assert!(
+            token.unwrap().is_some(),
+            "round {round}: the waiter got the lock"
+        );
         let attempts = probe.acquisitions.load(Ordering::SeqCst) - before;
         let late = acquired_at.saturating_duration_since(released_at);
         assert!(
@@ -114,7 +117,10 @@ async fn a_writer_elsewhere_closes_the_shared_reads_at_once() {
         reader.await.unwrap();
     }
     assert_eq!(put.status, StatusCode::OK, "{}", put.text());
-    assert!(!witness.read_during_write(), "a reader was inside during the write");
+    assert!(
+        !witness.read_during_write(),
+        "a reader was inside during the write"
+    );
     assert!(
         took < Duration::from_millis(450),
         "the PUT waited {took:?} behind reads in another process"

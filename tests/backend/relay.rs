@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tower_lease::backend::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode,
+    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
 };
 use tower_lease::store::MemoryStore;
 use tower_lease::{Result, Store};
@@ -137,5 +137,33 @@ impl Backend for Process {
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
         self.relay.server.in_use(lock)
+    }
+
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        let mut events = self.relay.bus.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let event = match events.recv().await {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        sink.missed();
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if sink.is_closed() {
+                    return;
+                }
+                match event {
+                    Event::Released {
+                        mode,
+                        namespace,
+                        name,
+                    } => sink.released(mode, &namespace, &name),
+                    Event::WriteIntent { namespace, name } => sink.write_intent(&namespace, &name),
+                }
+            }
+        });
+        true
     }
 }
