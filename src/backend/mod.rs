@@ -12,13 +12,19 @@ use std::time::Duration;
 use crate::Result;
 
 mod idempotency;
+mod notify;
 mod warning;
 
 pub(crate) use self::idempotency::unsupported;
 pub use self::idempotency::{Begin, Completion, FINGERPRINT_LEN};
+pub use self::notify::NotificationSink;
+pub(crate) use self::notify::{Hub, IntentListener, Intents};
 #[cfg(feature = "redis")]
 pub(crate) use self::warning::MIN_VERSION;
 pub use self::warning::Warning;
+
+/// How long a backend call may take by default ([`Backend::timeout`]).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The longest a write intent lasts after the attempt that left it. A waiting writer renews it
 /// twice per window, so it may be late by half a window (a slow round trip, a busy executor)
@@ -365,6 +371,58 @@ pub trait Backend: Send + Sync + 'static {
     /// [`idempotency_begin_once`](Self::idempotency_begin_once).
     fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         self.release(lease)
+    }
+
+    /// The longest one call may take: the [`Store`](crate::Store) handle ends a call that has
+    /// not answered by then (and a sixteenth of it more, at most 50 ms: one coarse timer keeps
+    /// every call's deadline) with [`Error::Timeout`](crate::Error::Timeout), so a stalled
+    /// backend costs a request a `503` within it, never a hang. An acquisition (or an
+    /// idempotency reservation) it ends is not dropped but finished in the background: if it
+    /// takes the lease after all, the lease is released at once. The default is
+    /// [`DEFAULT_TIMEOUT`], 1 s.
+    ///
+    /// A backend need not bound its calls itself; if it does (a server-side statement timeout),
+    /// a call it ends must not act later.
+    fn timeout(&self) -> Duration {
+        DEFAULT_TIMEOUT
+    }
+
+    /// Hands the backend the sink for what it hears of other processes: answer `true` if it
+    /// will deliver there every release and write intent of the locks it is asked to
+    /// [`watch`](Self::watch) (from every process, this one included), and `false` if it
+    /// delivers nothing (the default). Called once, by
+    /// [`Store::from_backend`](crate::Store::from_backend), within the tokio runtime when the
+    /// store is made in one; a listening task may be spawned here or when the first lock is
+    /// watched.
+    ///
+    /// Without notifications, waiters poll (from 5 ms, backing off to 100 ms) and a shared
+    /// read lease hears of a waiting writer in another process only when its heartbeat's
+    /// extension answers [`Extended::HeldWriterWaiting`]; with them, both act at once.
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        let _ = sink;
+        false
+    }
+
+    /// A waiter in this process starts watching the lock of `mode` on `name` in `namespace`
+    /// (the first one of that lock: the handle counts the others): resolves once every
+    /// release and write intent of it from now on will reach the sink. An error, or no answer
+    /// within [`timeout`](Self::timeout), leaves that waiter polling.
+    ///
+    /// The default does nothing, right for a backend that delivers everything it hears.
+    fn watch<'a>(
+        &'a self,
+        mode: Mode,
+        namespace: &'a str,
+        name: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (mode, namespace, name);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Nobody in this process watches the lock of `mode` on `name` in `namespace` any more
+    /// (after a [`watch`](Self::watch) of it, answered or not). The default does nothing.
+    fn unwatch(&self, mode: Mode, namespace: &str, name: &[u8]) {
+        let _ = (mode, namespace, name);
     }
 
     /// Looks for setup problems that can break the guarantees, for [`Store::check`](crate::Store::check). The

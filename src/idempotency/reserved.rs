@@ -178,7 +178,7 @@ async fn free(config: &Config, own: KeptLease) {
     }
     let state = own.stop();
     let lease = state.holding.lease_ref();
-    if let Err(error) = config.store.backend().idempotency_free(lease).await {
+    if let Err(error) = config.store.free(lease).await {
         let namespace = config.idempotency.spec.namespace;
         tracing::warn!(namespace, %error, "freeing the idempotency key failed");
     }

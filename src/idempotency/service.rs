@@ -243,22 +243,21 @@ where
     let lock = LockRef::new(namespace, &name, spec.ttl);
     let lock = if spec.fenced { lock.fenced() } else { lock };
     let secret = Secret::random();
-    let backend = config.store.backend();
     let deadline = Instant::now() + config.wait;
     let mut pause = FIRST_LOOK;
     // Subscribed once the key was found in flight: the completion (or the release of a 5xx)
     // publishes on the key's channel.
-    let mut unwatched = config.store.notifications();
+    let mut unwatched = config.store.has_notifications();
     let mut watch: Option<Watch> = None;
     loop {
         let sent_at = Instant::now();
         let lease = LeaseRef::new(lock, Mode::Reservation, &secret);
-        let begin = match config.idempotency.at_most_once {
-            true => {
-                backend.idempotency_begin_once(lease, &fingerprint, config.idempotency.retention)
-            }
-            false => backend.idempotency_begin(lease, &fingerprint),
-        };
+        let once = config.idempotency.at_most_once;
+        let begin = config.store.begin(
+            lease,
+            &fingerprint,
+            once.then_some(config.idempotency.retention),
+        );
         let begun = match begin.await {
             Ok(begun) => begun,
             Err(error) => {
@@ -292,9 +291,9 @@ where
                     telemetry::idempotency(namespace, IdempotencyOutcome::InFlight);
                     return Ok(config.refuse(Reason::IdempotencyInFlight { retry_after }));
                 }
-                if let Some(notifications) = unwatched.take() {
+                if std::mem::take(&mut unwatched) {
                     let mode = Mode::Reservation;
-                    watch = notifications.watch(mode, namespace, &name, deadline).await;
+                    watch = config.store.watch(mode, namespace, &name, deadline).await;
                     // A completion published before a new subscription was not heard: one
                     // more look first.
                     if watch.as_ref().is_some_and(Watch::subscribed_now) {

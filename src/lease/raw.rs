@@ -110,7 +110,7 @@ impl RawLease {
             let sent_at = Instant::now();
             let sent = Moment::now();
             let lease = LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret);
-            let acquisition = store.backend().acquire(lease).await;
+            let acquisition = store.acquire(lease).await;
             if let Err(error) = &acquisition {
                 // A call that timed out may still land: what it takes is given back.
                 store.give_back(lease, error);
@@ -227,7 +227,7 @@ impl RawLease {
 
     pub(crate) async fn extend(&self) -> Result<bool> {
         let sent_at = Instant::now();
-        let extended = self.store.backend().extend(self.lease_ref()).await;
+        let extended = self.store.extend(self.lease_ref()).await;
         if matches!(extended, Ok(Extended::Held | Extended::HeldWriterWaiting)) {
             *self.confirmed_at.lock().unwrap_or_else(|e| e.into_inner()) = sent_at;
         }
@@ -241,13 +241,13 @@ impl RawLease {
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
-        let (backend, lease) = (self.store.backend(), self.lease_ref());
+        let (store, lease) = (&self.store, self.lease_ref());
         // Confirmed live until after now: the store need not ask whether the lease ran out.
         let live = Instant::now() < self.confirmed_at() + valid_for(self.spec.ttl);
         let released = if live {
-            backend.release_live(lease).await
+            store.release_live(lease).await
         } else {
-            backend.release(lease).await
+            store.release(lease).await
         };
         // Whatever the answer, the lease is not ours any more: a waiter here may try now.
         let rooms = self.store.wait_rooms();

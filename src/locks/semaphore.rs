@@ -166,7 +166,7 @@ impl<N: LockName + ?Sized> Semaphore<N> {
     pub async fn in_use(&self, store: &Store, name: &N) -> Result<u32> {
         let name = name.lock_name();
         check_name(&name)?;
-        store.backend().in_use(self.spec.lock_ref(&name)).await
+        store.in_use(self.spec.lock_ref(&name)).await
     }
 }
 

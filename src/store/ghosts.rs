@@ -31,8 +31,9 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::Store;
 use crate::Error;
-use crate::backend::{Backend, LeaseRef, LockRef, Mode, Secret};
+use crate::backend::{LeaseRef, LockRef, Mode, Secret};
 
 /// The first pause before a release is sent again; it doubles up to [`LAST_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(25);
@@ -60,7 +61,7 @@ struct Slot {
 
 /// A failed call's lease, owned: what its release needs.
 struct Ghost {
-    backend: Arc<dyn Backend>,
+    store: Store,
     namespace: Box<str>,
     name: Box<[u8]>,
     ttl: Duration,
@@ -77,7 +78,7 @@ impl Ghosts {
     /// Gives back what the call on `lease` that failed with `error` may still take, when the
     /// error leaves that open (the store did not answer, or answered something this crate
     /// does not understand); a call the store refused or never saw needs nothing.
-    pub(crate) fn give_back(&self, backend: &Arc<dyn Backend>, lease: LeaseRef<'_>, error: &Error) {
+    pub(crate) fn give_back(&self, store: &Store, lease: LeaseRef<'_>, error: &Error) {
         if !may_still_land(error) {
             return;
         }
@@ -98,7 +99,7 @@ impl Ghosts {
             permits,
         } = lease.lock;
         let ghost = Ghost {
-            backend: backend.clone(),
+            store: store.clone(),
             namespace: namespace.into(),
             name: name.into(),
             ttl,
@@ -188,17 +189,17 @@ async fn give_back(ghost: Ghost) {
         permits: ghost.permits,
     };
     let lease = LeaseRef::new(lock, ghost.mode, &ghost.secret);
-    let backend = &*ghost.backend;
+    let store = &ghost.store;
     let mut pause = FIRST_RETRY;
     loop {
         // A reservation may have left its at-most-once marker too: both go with its secret.
         let released = match lease.mode {
-            Mode::Reservation => backend.idempotency_free(lease).await,
-            _ => backend.release(lease).await,
+            Mode::Reservation => store.free(lease).await,
+            _ => store.release(lease).await,
         };
         let withdrawn = match (&released, lease.mode) {
             (Ok(_), Mode::Write) if lock.writer_preferred => {
-                backend.withdraw_intent(lease).await.map(|_| ())
+                store.withdraw_intent(lease).await.map(|_| ())
             }
             _ => Ok(()),
         };

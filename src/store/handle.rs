@@ -1,15 +1,18 @@
 //! [`Store`]: the handle applications hold, on a [`Backend`] with what the process keeps beside
-//! it (the waiting rooms, the heartbeat, the release notifications).
+//! it (the waiting rooms, the heartbeat, the notifications' hub, the deadline of its calls).
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::ghosts::Ghosts;
-use super::intents::Intents;
 use super::memory::MemoryStore;
-use super::notifications::Notifications;
-use crate::backend::{Backend, LeaseRef, Mode, Warning};
+use super::watch::Watch;
+use crate::backend::{Backend, Hub, Intents, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
+use crate::wait::coarse_timer::CoarseTimer;
 use crate::wait::rooms::WaitRooms;
 use crate::{Error, Result};
 
@@ -26,18 +29,23 @@ use crate::{Error, Result};
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    backend: Arc<dyn Backend>,
+    pub(super) backend: Arc<dyn Backend>,
     /// This process's waiters for locks in this store.
     waits: Arc<WaitRooms>,
-    /// Release notifications from the store, when it publishes them.
-    notifications: Option<Notifications>,
+    /// What the backend hears of other processes, handed to this process's waiters and shared
+    /// reads; and the write intents of this process's own writers.
+    hub: Arc<Hub>,
+    /// Whether the backend delivers notifications to the hub.
+    notified: bool,
     /// The one heartbeat of the leases held in this store, shared by every layer and every
     /// [`Held`](crate::Held) of the process.
     heartbeat: Heartbeat,
-    /// The write intents this process hears of, for the layer's shared reads.
-    intents: Arc<Intents>,
     /// What failed calls may still take, given back once the store answers again.
-    ghosts: Ghosts,
+    pub(super) ghosts: Ghosts,
+    /// The backend's timeout, and the timer that keeps it for every call; no timer for the
+    /// built-in stores, which keep it themselves (Redis) or never wait (memory).
+    pub(super) timeout: Duration,
+    pub(super) timer: Option<Arc<CoarseTimer>>,
 }
 
 impl Store {
@@ -47,55 +55,98 @@ impl Store {
     /// deployments, and to run the examples without Redis. It keeps time with
     /// [`tokio::time::Instant`], so tests can pause and advance time.
     pub fn memory() -> Self {
-        Self::from_backend(MemoryStore::new())
+        Self::new(MemoryStore::new(), false)
     }
 
     /// A store on any [`Backend`].
+    ///
+    /// Every call of the locks, the layers and the heartbeat on it is bounded by the backend's
+    /// [`timeout`](Backend::timeout); when the backend delivers notifications
+    /// ([`Backend::notify_to`], called here), waiters and shared reads act on what it
+    /// delivers. Called within a tokio runtime when the backend spawns a listening task here.
     pub fn from_backend(backend: impl Backend) -> Self {
+        Self::new(backend, true)
+    }
+
+    /// A store on `backend`; `bound`: whether the handle keeps the backend's timeout for each
+    /// call (a built-in store that keeps it itself does not need it kept twice).
+    pub(crate) fn new(backend: impl Backend, bound: bool) -> Self {
+        let hub = Arc::new(Hub::default());
+        let notified = backend.notify_to(hub.sink());
+        let timeout = backend.timeout();
         Self {
             backend: Arc::new(backend),
             waits: Arc::default(),
-            notifications: None,
+            hub,
+            notified,
             heartbeat: Heartbeat::default(),
-            intents: Arc::default(),
             ghosts: Ghosts::default(),
+            timeout,
+            timer: bound.then(|| CoarseTimer::new(timeout)),
         }
-    }
-
-    /// This store, with release notifications for its waiters.
-    #[cfg(feature = "redis")]
-    pub(crate) fn with_notifications(mut self, notifications: Option<Notifications>) -> Self {
-        if let Some(notifications) = &notifications {
-            // The notifier raises the intents it hears of from other processes.
-            self.intents = notifications.notifier.intents().clone();
-        }
-        self.notifications = notifications;
-        self
     }
 
     /// The write intents this process hears of.
     pub(crate) fn intents(&self) -> &Arc<Intents> {
-        &self.intents
+        &self.hub.intents
     }
 
-    /// The key of the intents on `name` in [`intents`](Self::intents): the lock's channel when
-    /// the store has notifications (where the notifier hears them), the namespace and the name
-    /// otherwise.
+    /// The key of the intents on `name` in [`intents`](Self::intents).
     pub(crate) fn intent_key(&self, namespace: &str, name: &[u8]) -> Vec<u8> {
-        match &self.notifications {
-            Some(n) => n.channel(Mode::Write, namespace, name),
-            None => [
-                &(namespace.len() as u64).to_be_bytes(),
-                namespace.as_bytes(),
-                name,
-            ]
-            .concat(),
-        }
+        Hub::key(Mode::Write, namespace, name)
     }
 
-    /// The store's release notifications, if it has them.
-    pub(crate) fn notifications(&self) -> Option<&Notifications> {
-        self.notifications.as_ref()
+    /// Whether the backend delivers notifications, so that [`watch`](Self::watch) may answer
+    /// one.
+    pub(crate) fn has_notifications(&self) -> bool {
+        self.notified
+    }
+
+    /// The longest one call may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Watches the releases of the lock of `mode` on `name` in `namespace`; `None` when the
+    /// backend delivers none, or could not watch it within its timeout or by `deadline`.
+    pub(crate) async fn watch(
+        &self,
+        mode: Mode,
+        namespace: &str,
+        name: &[u8],
+        deadline: Instant,
+    ) -> Option<Watch> {
+        if !self.notified {
+            return None;
+        }
+        let key = Hub::key(mode, namespace, name);
+        let (notify, first) = self.hub.enter(&key);
+        let watch = Watch {
+            backend: self.backend.clone(),
+            hub: self.hub.clone(),
+            key,
+            mode,
+            namespace: namespace.into(),
+            name: name.into(),
+            notify,
+            first,
+        };
+        if !first {
+            return Some(watch);
+        }
+        let deadline = deadline.min(Instant::now() + self.timeout);
+        let watching = self.backend.watch(mode, namespace, name);
+        match tokio::time::timeout_at(deadline, watching).await {
+            Ok(Ok(())) => Some(watch),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "watching for releases failed; polling");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("watching for releases timed out; polling");
+                None
+            }
+        }
     }
 
     /// This process's waiters for locks in this store.
@@ -106,7 +157,7 @@ impl Store {
     /// Gives back, in the background, what the call on `lease` that failed with `error` may
     /// still take when the store gets to it: see [`Ghosts`].
     pub(crate) fn give_back(&self, lease: LeaseRef<'_>, error: &Error) {
-        self.ghosts.give_back(&self.backend, lease, error);
+        self.ghosts.give_back(self, lease, error);
     }
 
     /// The heartbeat of the leases held in this store.
@@ -114,7 +165,8 @@ impl Store {
         &self.heartbeat
     }
 
-    /// The backend behind this handle.
+    /// The backend behind this handle. Calls made on it directly are the backend's alone: not
+    /// bounded by its timeout, nor given back when they fail.
     pub fn backend(&self) -> &dyn Backend {
         &*self.backend
     }

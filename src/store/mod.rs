@@ -6,21 +6,20 @@
 //! [`MemoryStore`] is a short example, and `tower-lease-testkit` runs the scenarios every
 //! backend must pass.
 
+mod calls;
 mod ghosts;
 mod handle;
-mod intents;
 mod memory;
-mod notifications;
 #[cfg(feature = "redis")]
 mod redis;
+mod watch;
 
 pub use self::handle::Store;
-pub(crate) use self::intents::IntentListener;
 pub use self::memory::MemoryStore;
-pub(crate) use self::notifications::Watch;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use self::redis::SentinelConnection;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{KeyLayout, KeyRole, RedisStore};
+pub(crate) use self::watch::Watch;

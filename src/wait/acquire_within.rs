@@ -83,15 +83,15 @@ pub(crate) async fn acquire_within(
     // again at once, so that a release published before the subscription is not missed: a subscription never holds up
     // the first attempt, and a store that fails (Redis down, a network cut, where subscribing
     // may hang) ends the wait with that attempt's error at once.
-    let mut unwatched = store.notifications();
+    let mut unwatched = store.has_notifications();
     let mut watch: Option<crate::store::Watch> = None;
     let mut held_here = turn.inherit_held();
     // Whether it waited before the attempt that answers: in the queue, or between attempts.
     let mut waited = turn.queued;
-    if held_here && let Some(notifications) = unwatched.take() {
+    if held_here && std::mem::take(&mut unwatched) {
         // The lock is this process's: there is no attempt to hold up, and the subscription
         // made now sees the release, so the attempt after it is the only one.
-        watch = notifications.watch(mode, namespace, &name, deadline).await;
+        watch = store.watch(mode, namespace, &name, deadline).await;
     }
     loop {
         let released = turn.released();
@@ -133,9 +133,9 @@ pub(crate) async fn acquire_within(
                 Ok(Attempt::Busy { retry_after }) => Some(*retry_after),
             }
         };
-        if let Some(notifications) = unwatched.take() {
+        if std::mem::take(&mut unwatched) {
             drop(published);
-            watch = notifications.watch(mode, namespace, &name, deadline).await;
+            watch = store.watch(mode, namespace, &name, deadline).await;
             // A release published on a channel this process already watched wakes the watch
             // even before it waits (the notification keeps a permit); only a subscription made
             // just now may have missed one.

@@ -171,7 +171,6 @@ pin_project_lite::pin_project! {
 }
 
 // Only a Redis store bounds its calls with the timer; every other user asks `Overdue`.
-#[cfg(feature = "redis")]
 impl<'a, F> Deadline<'a, F> {
     pub(crate) fn new(timer: &'a Arc<CoarseTimer>, call: F) -> Self {
         Self {

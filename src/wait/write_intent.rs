@@ -113,7 +113,7 @@ async fn withdraw(lock: Parts) {
         secret,
     } = lock;
     let lease = LeaseRef::new(spec.lock_ref(&name), Mode::Write, &secret);
-    match store.backend().withdraw_intent(lease).await {
+    match store.withdraw_intent(lease).await {
         Ok(true) => store
             .wait_rooms()
             .released(Mode::Write, spec.namespace, &name),

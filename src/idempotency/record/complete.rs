@@ -65,12 +65,7 @@ impl Pending {
         let lease = own.state().holding.lease_ref();
         let completion = Completion::new(&self.fingerprint, &self.record, self.retention);
         let sent_at = Instant::now();
-        match self
-            .store
-            .backend()
-            .idempotency_complete(lease, completion)
-            .await
-        {
+        match self.store.complete(lease, completion).await {
             Ok(true) => {
                 let name = own.state().holding.name();
                 let record = self.record.clone();

@@ -1,7 +1,6 @@
 //! How a shared read lease hears of a write intent on its name at once: it listens on the
-//! store's `Intents` (`store/intents.rs`) while it holds the lease, and on a store with
-//! notifications keeps the name's channel subscribed meanwhile, where other processes' writers
-//! publish theirs.
+//! store's `Intents` while it holds the lease, and on a store with notifications keeps the
+//! lock watched meanwhile, so that other processes' writers' intents reach it.
 //!
 //! The subscription is made after the acquisition, so an intent published before it is
 //! confirmed goes unheard here; the writer's next refused attempt publishes again, and the next
@@ -11,9 +10,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::backend::IntentListener;
 use crate::backend::Mode;
 use crate::lease::LeaseState;
-use crate::store::IntentListener;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
 /// for a lock that does not prefer writers, which leaves no intent.
@@ -25,15 +24,15 @@ pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
     let store = holding.store();
     let (namespace, name) = (holding.namespace(), holding.name());
     let listener = store.intents().listen(store.intent_key(namespace, name));
-    if let Some(notifications) = store.notifications().cloned()
+    if store.has_notifications()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
         let ended = state.ended().clone();
-        let name = name.to_vec();
+        let (store, name) = (store.clone(), name.to_vec());
         runtime.spawn(async move {
-            let deadline = Instant::now() + notifications.timeout();
+            let deadline = Instant::now() + store.timeout();
             let watch = tokio::select! {
-                watch = notifications.watch(Mode::Read, namespace, &name, deadline) => watch,
+                watch = store.watch(Mode::Read, namespace, &name, deadline) => watch,
                 () = ended.cancelled() => return,
             };
             if watch.is_some() {

@@ -51,11 +51,11 @@ pub(crate) use self::linger::{IdleShare, Linger};
 pub(crate) use self::read::SharedRead;
 
 use crate::Error;
+use crate::backend::IntentListener;
 use crate::lease::LeaseState;
 use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::kept::KeptLease;
 use crate::lease::raw::RawLease;
-use crate::store::IntentListener;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.

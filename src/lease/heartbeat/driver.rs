@@ -193,7 +193,7 @@ impl Driver {
                 tokio::select! {
                     biased;
                     () = sleep_until(deadline) => None,
-                    answers = store.backend().extend_many(&refs) => Some(answers),
+                    answers = store.extend_many(&refs) => Some(answers),
                 }
             };
             SentBatch {

@@ -16,7 +16,7 @@ use super::scripts::{
 use super::{KeyRole, RedisStore, acquisition, answered_one, notify};
 use crate::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
-    LockRef, Mode, Warning, unsupported,
+    LockRef, Mode, NotificationSink, Warning, unsupported,
 };
 use crate::{Error, Result};
 
@@ -40,6 +40,49 @@ where
             self.probe_native().await;
             Ok(warnings)
         })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        self.notifier
+            .as_ref()
+            .is_some_and(|notifier| notifier.deliver_to(sink))
+    }
+
+    fn watch<'a>(
+        &'a self,
+        mode: Mode,
+        namespace: &'a str,
+        name: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let Some(notifier) = &self.notifier else {
+                return Err(Error::Backend(
+                    "the store has no release notifications".into(),
+                ));
+            };
+            let channel = notify::channel(&self.layout, mode, namespace, name);
+            let watched = notify::Watched {
+                mode,
+                namespace: namespace.into(),
+                name: name.into(),
+            };
+            match notifier.watch(channel, watched).await {
+                true => Ok(()),
+                false => Err(Error::Backend(
+                    "subscribing to release notifications failed".into(),
+                )),
+            }
+        })
+    }
+
+    fn unwatch(&self, mode: Mode, namespace: &str, name: &[u8]) {
+        if let Some(notifier) = &self.notifier {
+            notifier.unwatch(notify::channel(&self.layout, mode, namespace, name));
+        }
     }
 
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {

@@ -13,7 +13,6 @@ use redis::aio::ConnectionLike;
 use self::connection::deadline::{Bound, multiplexed};
 use self::connection::replicas::Replicas;
 use self::native::cas::Native;
-use self::notify::Notifications;
 use self::set_nx::contended::ContendedNames;
 use crate::backend::{Acquisition, LockRef};
 use crate::wait::coarse_timer;
@@ -311,11 +310,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn from(store: RedisStore<C>) -> Self {
-        let notifications = store.notifier.clone().map(|notifier| Notifications {
-            notifier,
-            layout: store.layout.clone(),
-            timeout: store.timeout,
-        });
-        crate::Store::from_backend(store).with_notifications(notifications)
+        // The store keeps its timeout itself, with its own coarse timer.
+        crate::Store::new(store, false)
     }
 }

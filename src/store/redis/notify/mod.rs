@@ -1,13 +1,14 @@
 //! Release notifications from Redis, for bounded waits: every release that frees a name
 //! publishes on the name's channel (the lock's key without its role suffix), and one subscriber
-//! connection per store, started on first use, wakes this process's waiter of that name.
+//! connection per store, started on first use, hands what it hears to the store's
+//! [`NotificationSink`], which wakes this process's waiter of that name.
 //!
 //! # Lifecycle
 //!
 //! - **Starts** with the first [`watch`](Notifier::watch): it connects a `PubSub` connection
 //!   and spawns the task that reads its messages.
-//! - **Owns** the subscriptions of the names that have a waiter in this process (one each: only
-//!   the first waiter of a name watches), counted by their [`Watch`]es.
+//! - **Owns** the subscriptions of the names that have a waiter in this process (one each: the
+//!   store's handle asks for the first waiter of a name only), until [`unwatch`](Notifier::unwatch).
 //! - **Restarts by itself** when the connection ends (a Redis restart, a network cut): it wakes
 //!   every watcher (a restart may have freed their locks without a message), reconnects with a
 //!   backoff of 10 to 100 ms, and subscribes again to the names still watched.
@@ -34,7 +35,7 @@ pub(in crate::store::redis) mod subscriber;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -45,14 +46,8 @@ use super::keys::Key;
 pub(crate) use super::notify::subscriber::Subscriber;
 use super::notify::subscriber::{Reader, Sink, Source};
 use super::{KeyLayout, KeyRole};
-use crate::backend::Mode;
-use crate::store::intents::Intents;
+use crate::backend::{Mode, NotificationSink};
 use redis::aio::PubSubStream;
-use tokio::sync::Notify;
-
-mod watch;
-
-pub(crate) use self::watch::{Notifications, Watch};
 
 /// The payload of the message a refused writer of a writer-preferred lock publishes on the
 /// lock's channel (`write_acquire.lua`); a release publishes an empty one.
@@ -65,8 +60,8 @@ const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A store's subscriber connection, and the names this process watches.
 pub(crate) struct Notifier {
     subscriber: Subscriber,
-    /// Where intent messages go: the listening shares of this process.
-    intents: Arc<Intents>,
+    /// Where what it hears goes: the store's handle's hub, set when the handle is made.
+    delivery: OnceLock<NotificationSink>,
     state: Mutex<State>,
     /// Serialises connecting, subscribing and unsubscribing, so a name's unsubscribe never
     /// overtakes a new subscription to it.
@@ -77,11 +72,19 @@ pub(crate) struct Notifier {
 struct State {
     /// The live connection's sink; `None` before the first watch and while reconnecting.
     sink: Option<Sink>,
-    channels: HashMap<Vec<u8>, Arc<Notify>>,
+    /// The watched channels, and the lock each is for.
+    channels: HashMap<Vec<u8>, Watched>,
     /// Sharded channels whose subscription a lost node or a moved slot ended, until it is
     /// confirmed again.
     #[cfg(feature = "cluster")]
     stale: std::collections::HashSet<Vec<u8>>,
+}
+
+/// The lock a channel is watched for, as the sink names it.
+pub(crate) struct Watched {
+    pub(crate) mode: Mode,
+    pub(crate) namespace: Box<str>,
+    pub(crate) name: Box<[u8]>,
 }
 
 impl fmt::Debug for Notifier {
@@ -124,48 +127,71 @@ impl Notifier {
     pub(crate) fn new(subscriber: Subscriber) -> Arc<Self> {
         Arc::new(Notifier {
             subscriber,
-            intents: Arc::default(),
+            delivery: OnceLock::new(),
             state: Mutex::default(),
             commands: tokio::sync::Mutex::new(()),
         })
     }
 
-    pub(crate) fn intents(&self) -> &Arc<Intents> {
-        &self.intents
+    /// Delivers what it hears to `sink` from now on; `false` if it already delivers to
+    /// another (a store's notifier serves one handle).
+    pub(crate) fn deliver_to(&self, sink: NotificationSink) -> bool {
+        self.delivery.set(sink).is_ok()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Subscribes to `channel` (once per process) and answers a watch on it; `None` when the
-    /// subscription could not be made (the waiter then polls). Resolves once the subscription
-    /// is confirmed, so a release published after it is never missed.
-    pub(crate) async fn watch(self: &Arc<Self>, channel: Vec<u8>) -> Option<Watch> {
-        let (notify, subscribed) = {
-            let mut state = self.state();
-            let subscribed = state.channels.contains_key(&channel);
-            let notify = state.channels.entry(channel.clone()).or_default().clone();
-            (notify, subscribed)
-        };
-        let watch = Watch {
-            notifier: self.clone(),
-            channel,
-            notify,
-            subscribed_now: !subscribed,
-        };
-        if subscribed {
-            return Some(watch);
-        }
+    /// Subscribes to `channel`, the channel of `watched`; `false` when the subscription could
+    /// not be made (the waiter then polls). Answers once the subscription is confirmed, so a
+    /// release published after it is never missed.
+    pub(crate) async fn watch(self: &Arc<Self>, channel: Vec<u8>, watched: Watched) -> bool {
+        self.state().channels.insert(channel.clone(), watched);
         let _commands = self.commands.lock().await;
-        let mut sink = self.sink().await?;
-        match sink.subscribe(std::slice::from_ref(&watch.channel)).await {
-            Ok(()) => Some(watch),
-            Err(error) => {
-                tracing::debug!(%error, "subscribing to release notifications failed; polling");
-                None
-            }
+        let subscribed = match self.sink().await {
+            Some(mut sink) => match sink.subscribe(std::slice::from_ref(&channel)).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::debug!(%error, "subscribing to release notifications failed; polling");
+                    false
+                }
+            },
+            None => false,
+        };
+        if !subscribed {
+            self.state().channels.remove(&channel);
         }
+        subscribed
+    }
+
+    /// Nobody in this process watches `channel` any more: it is unsubscribed, in the
+    /// background (unless it is watched again by then).
+    pub(crate) fn unwatch(self: &Arc<Self>, channel: Vec<u8>) {
+        {
+            let mut state = self.state();
+            state.channels.remove(&channel);
+            #[cfg(feature = "cluster")]
+            state.stale.remove(&channel);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let notifier = self.clone();
+        runtime.spawn(async move {
+            let _commands = notifier.commands.lock().await;
+            // Watched again meanwhile: that watch's subscription stands.
+            let sink = {
+                let state = notifier.state();
+                if state.channels.contains_key(&channel) {
+                    return;
+                }
+                state.sink.clone()
+            };
+            if let Some(mut sink) = sink {
+                let _ = sink.unsubscribe(&channel).await;
+            }
+        });
     }
 
     /// The live connection's sink, connecting first if there is none. Called under
@@ -200,18 +226,27 @@ impl Notifier {
 
     /// A message on `channel`: a write intent for the shares, a release for the watcher.
     fn heard(&self, channel: &[u8], payload: &[u8]) {
+        let Some(delivery) = self.delivery.get() else {
+            return;
+        };
+        let state = self.state();
+        let Some(watched) = state.channels.get(channel) else {
+            return;
+        };
         // A write intent, not a release: it frees nothing a waiter could take.
         if payload == INTENT {
-            self.intents.raise(channel);
+            delivery.write_intent(&watched.namespace, &watched.name);
         } else {
-            self.released(channel);
+            delivery.released(watched.mode, &watched.namespace, &watched.name);
         }
     }
 
-    /// Wakes the watcher of `channel`.
-    fn released(&self, channel: &[u8]) {
-        if let Some(notify) = self.state().channels.get(channel) {
-            notify.notify_one();
+    /// Wakes the watcher of `channel`, as a release would.
+    #[cfg(feature = "cluster")]
+    fn wake(&self, state: &State, channel: &[u8]) {
+        if let (Some(delivery), Some(watched)) = (self.delivery.get(), state.channels.get(channel))
+        {
+            delivery.released(watched.mode, &watched.namespace, &watched.name);
         }
     }
 
@@ -219,10 +254,9 @@ impl Notifier {
     fn disconnected(&self) -> Vec<Vec<u8>> {
         let mut state = self.state();
         state.sink = None;
-        state
-            .channels
-            .values()
-            .for_each(|notify| notify.notify_one());
+        if let Some(delivery) = self.delivery.get() {
+            delivery.missed();
+        }
         state.channels.keys().cloned().collect()
     }
 }
@@ -294,32 +328,30 @@ async fn read_sharded(
             Push::Message { channel, payload } => notifier.heard(&channel, &payload),
             Push::Subscribed(channel) => {
                 let mut state = notifier.state();
-                if state.stale.remove(&channel)
-                    && let Some(notify) = state.channels.get(&channel)
-                {
-                    notify.notify_one();
+                if state.stale.remove(&channel) {
+                    notifier.wake(&state, &channel);
                 }
             }
             // Ours (a watch dropped) when nobody watches the channel any more.
             Push::Unsubscribed(channel) => {
                 let mut state = notifier.state();
-                let Some(notify) = state.channels.get(&channel) else {
+                if !state.channels.contains_key(&channel) {
                     continue;
-                };
-                notify.notify_one();
+                }
+                notifier.wake(&state, &channel);
                 state.stale.insert(channel.clone());
                 drop(state);
                 tokio::spawn(resubscribe(notifier.clone(), channel));
             }
             Push::Disconnected => {
                 let mut state = notifier.state();
+                if let Some(delivery) = notifier.delivery.get() {
+                    delivery.missed();
+                }
                 let State {
                     channels, stale, ..
                 } = &mut *state;
-                for (channel, notify) in channels.iter() {
-                    notify.notify_one();
-                    stale.insert(channel.clone());
-                }
+                stale.extend(channels.keys().cloned());
             }
             Push::Other => {}
         }

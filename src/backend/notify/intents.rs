@@ -1,7 +1,7 @@
 //! Write intents as this process hears of them, for the shared read leases of the layer: a
 //! refused writer of a [writer-preferred](crate::RwLock::writer_preferred) lock in this process
-//! raises them at once, and one in another process through the intent message its write
-//! attempt publishes on the lock's channel (see `notify`).
+//! raises them at once, and one in another process through the store's backend, which hands
+//! what it hears to [`NotificationSink::write_intent`](super::NotificationSink::write_intent).
 //!
 //! A share listens while it holds its lease; once raised, it takes no new readers, so its last
 //! reader leaves and releases it without waiting for a heartbeat to report the intent.
@@ -14,8 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
-/// The listeners of one store, by key: the lock's channel on Redis, its namespace and name
-/// otherwise (see `Store::intent_key`).
+/// The listeners of one store, by the lock's key ([`Hub::key`](super::Hub::key)).
 #[derive(Default)]
 pub(crate) struct Intents {
     listeners: Mutex<HashMap<Vec<u8>, Vec<Weak<Signal>>>>,
