@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tower_lease::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
-    LockRef, Mode,
+    LockRef, Mode, NotificationSink,
 };
 use tower_lease::{Error, Result};
 
@@ -71,7 +71,9 @@ fn unknown_mode(mode: Mode) -> Error {
 
 impl PgStore {
     async fn acquire_now(&self, lease: LeaseRef<'_>) -> Result<Acquisition> {
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let ttl = millis(lock.ttl);
         let acts = Acts::Takes(secret, lock.ttl);
@@ -104,7 +106,9 @@ impl PgStore {
     }
 
     async fn extend_now(&self, lease: LeaseRef<'_>) -> Result<Extended> {
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let ttl = millis(lock.ttl);
         let acts = Acts::Plainly;
@@ -129,7 +133,9 @@ impl PgStore {
     }
 
     async fn release_now(&self, lease: LeaseRef<'_>) -> Result<bool> {
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let acts = Acts::GivesBack(secret);
         let row = match mode {
@@ -157,7 +163,11 @@ impl PgStore {
         let ss: Vec<&[u8]> = leases.iter().map(|l| &l.secret.as_bytes()[..]).collect();
         let ttls: Vec<i64> = leases.iter().map(|l| millis(l.lock.ttl)).collect();
         let row = self
-            .row(EXTEND_MANY, &[&kinds, &nss, &nms, &ss, &ttls], Acts::Plainly)
+            .row(
+                EXTEND_MANY,
+                &[&kinds, &nss, &nms, &ss, &ttls],
+                Acts::Plainly,
+            )
             .await?;
         let answers: Vec<i32> = row.try_get(0).map_err(backend)?;
         if answers.len() != leases.len() {
@@ -257,6 +267,32 @@ impl Backend for PgStore {
 
     fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(self.idem_free(lease))
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        self.listening
+            .as_ref()
+            .is_some_and(|listening| listening.start(sink))
+    }
+
+    /// The listener hears every lock: watching one waits until it listens.
+    fn watch<'a>(
+        &'a self,
+        mode: Mode,
+        namespace: &'a str,
+        name: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (mode, namespace, name);
+        Box::pin(async move {
+            match &self.listening {
+                Some(listening) => listening.listening().await,
+                None => Err(Error::Backend("the store does not listen".into())),
+            }
+        })
     }
 
     fn check(&self) -> BoxFuture<'_, Result<Vec<tower_lease::backend::Warning>>> {

@@ -29,12 +29,14 @@ const INSTALL_WITHIN: Duration = Duration::from_secs(30);
 /// Installs the schema unless this version (or a newer one) is there.
 pub(crate) async fn install(pool: &Pool) -> Result<()> {
     match tokio::time::timeout(INSTALL_WITHIN, install_now(pool)).await {
-        Ok(installed) => installed.map_err(|e| Error::Backend(Box::new(e))),
+        Ok(installed) => installed.map_err(Error::Backend),
         Err(_) => Err(Error::Timeout(INSTALL_WITHIN)),
     }
 }
 
-async fn install_now(pool: &Pool) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn install_now(
+    pool: &Pool,
+) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut client = pool.get().await?;
     // Most connects find it installed: no lock, no DDL.
     if installed(&**client).await? >= VERSION {
