@@ -6,8 +6,8 @@
 //! folder; every server starts on a copy of it, in a folder of its own, with `fsync=off`,
 //! trust authentication on `127.0.0.1`, and its socket in its own folder. PostgreSQL refuses
 //! to run as root: under root the server runs as the `postgres` user, which owns its folder.
-//! A server is in a process group of its own ([`pause`](PgServer::pause) stops all of its
-//! processes), asked to die with the thread that started it (start it on the test's thread,
+//! [`pause`](PgServer::pause) and [`stop`](PgServer::stop) signal every process of a server
+//! (the postmaster and its children); the postmaster is asked to die with the thread that started it (start it on the test's thread,
 //! not in `spawn_blocking`, whose threads end when idle), and killed when its handle drops.
 
 use std::os::unix::process::CommandExt;
@@ -128,7 +128,7 @@ impl PgServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            // A group of its own: pause and kill reach every backend, not only the postmaster.
+            // Out of the test's process group: a terminal's ^C or ^Z is the test's alone.
             .process_group(0);
         as_postgres(&mut command);
         let mut child = command
@@ -169,12 +169,43 @@ fn free_port() -> u16 {
         .expect("bind a probe socket on 127.0.0.1")
 }
 
-/// Sends `signal` to the process group of the server whose postmaster is `pid`.
+/// Sends `signal` to the postmaster `pid` and to every process it started. Each backend is a
+/// session of its own (PostgreSQL calls `setsid` in every child), so they are found by their
+/// parent, not by a process group: listed before the postmaster is signalled (a killed one's
+/// children move to another parent) and after (a stopped one starts no more).
 fn signal_group(pid: u32, signal: i32) {
-    // SAFETY: kill has no memory effects; a group that is gone answers ESRCH.
-    unsafe {
-        libc::kill(-(pid as i32), signal);
+    let send = |pid: i32| {
+        // SAFETY: kill has no memory effects; a process that is gone answers ESRCH.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    };
+    let mut all = children(pid);
+    send(pid as i32);
+    all.extend(children(pid));
+    all.sort_unstable();
+    all.dedup();
+    for child in all {
+        send(child);
     }
+}
+
+/// The processes whose parent is `pid`, from `/proc`.
+fn children(pid: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let child: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid …`: the name may hold spaces and parentheses.
+            let after = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
 }
 
 /// Whether the server on `port` accepts connections (`pg_isready`).

@@ -76,14 +76,15 @@ impl PgStore {
         } = lease;
         let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let ttl = millis(lock.ttl);
-        let acts = Acts::Takes(secret, lock.ttl);
         let row = match mode {
             Mode::Exclusive => {
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
                     [&ns, &nm, &s, &ttl, &lock.fenced];
+                let acts = Acts::Takes(secret, lock.ttl, LOCK_RELEASE);
                 self.row(LOCK_ACQUIRE, &params, acts).await?
             }
             Mode::Read => {
+                let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
                 self.row(READ_ACQUIRE, &[&ns, &nm, &s, &ttl, &lock.fenced], acts)
                     .await?
             }
@@ -91,10 +92,12 @@ impl PgStore {
                 let intent = lock.write_intent().map_or(0, millis);
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
                     [&ns, &nm, &s, &ttl, &lock.fenced, &intent];
+                let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }
             Mode::Permit => {
                 let most = lock.permits.min(i32::MAX as u32) as i32;
+                let acts = Acts::Takes(secret, lock.ttl, PERMIT_RELEASE);
                 self.row(PERMIT_ACQUIRE, &[&ns, &nm, &s, &ttl, &most], acts)
                     .await?
             }

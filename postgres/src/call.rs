@@ -34,9 +34,9 @@ const TRIES: usize = 3;
 pub(crate) enum Acts<'a> {
     /// Reads, or changes what it finds under its secret: any connection.
     Plainly,
-    /// May take a lease with this secret, for this long: its connection is kept aside if it
-    /// stalls.
-    Takes(&'a Secret, Duration),
+    /// May take a lease with this secret, for this long, which this statement gives back:
+    /// its connection is kept aside if it stalls.
+    Takes(&'a Secret, Duration, &'static str),
     /// Gives a lease with this secret back: on the connection a stalled call with it left.
     GivesBack(&'a Secret),
 }
@@ -113,7 +113,7 @@ impl PgStore {
                 None => checkout(&self.pool).await?,
             };
             let keep = match acts {
-                Acts::Takes(secret, ttl) => Some((&*self.stalled, secret, Instant::now() + ttl)),
+                Acts::Takes(secret, ttl, _) => Some((&*self.stalled, secret, Instant::now() + ttl)),
                 _ => None,
             };
             let mut wire = OnTheWire {
@@ -121,7 +121,7 @@ impl PgStore {
                 keep,
             };
             let client = wire.client.as_ref().expect("just put");
-            let answer = match client.prepare_cached(sql).await {
+            let answer = match prepare(client, sql, acts).await {
                 Ok(statement) => client.query_one(&statement, params).await,
                 Err(e) => Err(e),
             };
@@ -137,6 +137,28 @@ impl PgStore {
                 Err(e) => return Err(Error::Backend(Box::new(e))),
             }
         }
+    }
+}
+
+/// The statement of `sql` on `client`, from its cache. A call that may take a lease also has
+/// the statement that gives it back prepared (in the same round trip): a release sent behind
+/// a stalled call must be one message, not a prepare the server would answer first and the
+/// release's deadline might never see.
+async fn prepare(
+    client: &Object,
+    sql: &str,
+    acts: Acts<'_>,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    match acts {
+        Acts::Takes(_, _, gives_back) => {
+            let (statement, gives_back) = tokio::join!(
+                client.prepare_cached(sql),
+                client.prepare_cached(gives_back)
+            );
+            gives_back?;
+            statement
+        }
+        _ => client.prepare_cached(sql).await,
     }
 }
 

@@ -32,7 +32,11 @@ impl PgStore {
         let once = once.map(|retention| millis(retention).max(1));
         let params: [&(dyn ToSql + Sync); 7] = [&ns, &nm, &s, &ttl, &lock.fenced, &fp, &once];
         let row = self
-            .row(IDEM_BEGIN, &params, Acts::Takes(secret, lock.ttl))
+            .row(
+                IDEM_BEGIN,
+                &params,
+                Acts::Takes(secret, lock.ttl, IDEM_UPDATE),
+            )
             .await?;
         let kind: i32 = row.try_get(0).map_err(backend)?;
         let left = || -> Result<Duration> {
