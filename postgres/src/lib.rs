@@ -67,6 +67,11 @@ mod notify;
 mod schema;
 mod store;
 
+/// The README's examples, compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use self::check::PgWarning;
 pub use self::claim::{ClaimError, claim};
 pub use self::store::PgStore;

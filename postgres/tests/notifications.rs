@@ -53,7 +53,12 @@ impl Backend for Counting {
 
 /// Holds `name` in `holder`, lets `waiter` wait for it for [`WAIT`], releases it: answers how
 /// many times the waiter looked, and how long after the release it got the lock.
-async fn wait_for_release(holder: &Store, waiter: &Store, looks: &AtomicUsize, name: &str) -> (usize, Duration) {
+async fn wait_for_release(
+    holder: &Store,
+    waiter: &Store,
+    looks: &AtomicUsize,
+    name: &str,
+) -> (usize, Duration) {
     let held = JOBS.try_lock(holder, name).await.unwrap().expect("free");
     let before = looks.load(Ordering::SeqCst);
     let waiting = {
@@ -84,7 +89,10 @@ async fn a_release_elsewhere_wakes_the_waiter_here() {
     let (looks, after) = wait_for_release(&holder, &waiter, &acquisitions, "a").await;
     // The first attempt, a look once watching, the woken one; a fallback look a second.
     assert!(looks <= 5, "the waiter polled: {looks} attempts");
-    assert!(after < Duration::from_millis(300), "woken {after:?} after the release");
+    assert!(
+        after < Duration::from_millis(300),
+        "woken {after:?} after the release"
+    );
 
     // The listener's connection terminated (with every other): it listens again, and says
     // it may have missed something meanwhile.
@@ -101,6 +109,12 @@ async fn a_release_elsewhere_wakes_the_waiter_here() {
     assert!(killed >= 2);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (looks, after) = wait_for_release(&holder, &waiter, &acquisitions, "b").await;
-    assert!(looks <= 5, "the waiter polled after the reconnect: {looks} attempts");
-    assert!(after < Duration::from_millis(300), "woken {after:?} after the release");
+    assert!(
+        looks <= 5,
+        "the waiter polled after the reconnect: {looks} attempts"
+    );
+    assert!(
+        after < Duration::from_millis(300),
+        "woken {after:?} after the release"
+    );
 }
