@@ -1,5 +1,5 @@
-//! Micro-benchmarks of the parts that do not wait on the network: building Redis keys, and the
-//! in-process [`Store::memory`] backend.
+//! Micro-benchmarks of the parts that do not wait on the network: building Redis keys, the
+//! in-process [`Store::memory`] backend, and what the handle adds to an outside backend's calls.
 //!
 //! ```text
 //! cargo bench --all-features --bench micro
@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tower_lease::store::{KeyLayout, KeyRole};
+use tower_lease::store::{KeyLayout, KeyRole, MemoryStore};
 use tower_lease::{Lock, RedisStore, RwLock, Store};
 
 use tower_lease_harness::Endpoint;
@@ -108,6 +108,34 @@ fn memory(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the handle adds to an outside backend's calls: each bounded by the backend's timeout, an
+/// acquisition ready to finish in the background. The memory store behind
+/// `Store::from_backend` is bounded so; `Store::memory()` is the same backend unbounded.
+fn bounded(c: &mut Criterion) {
+    let mut group = c.benchmark_group("bounded calls");
+    let stores = [
+        ("Store::memory()", Store::memory()),
+        (
+            "Store::from_backend(MemoryStore)",
+            Store::from_backend(MemoryStore::new()),
+        ),
+    ];
+    for (label, store) in stores {
+        group.bench_function(BenchmarkId::new("Lock cycle", label), |b| {
+            b.iter(|| {
+                let token = ready(LOCK.try_lock(&store, black_box("job"))).unwrap();
+                assert!(ready(token.expect("free").release()).unwrap());
+            })
+        });
+        group.bench_function(BenchmarkId::new("Lock extend", label), |b| {
+            let token = ready(LOCK.try_lock(&store, "kept")).unwrap().unwrap();
+            b.iter(|| assert!(ready(token.extend()).unwrap()));
+            assert!(ready(token.release()).unwrap());
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Short by default so a full `cargo bench` stays within minutes; criterion's own flags
@@ -116,6 +144,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(30);
-    targets = keys, memory
+    targets = keys, memory, bounded
 }
 criterion_main!(benches);

@@ -225,32 +225,55 @@ impl<'a> LeaseRef<'a> {
 /// The operations a lease store provides. Object-safe, so a [`Store`](crate::Store) can hold
 /// any of them.
 ///
-/// Implement it to keep leases somewhere else; [`Store::memory`](crate::Store::memory)'s `MemoryStore`
-/// is a short example, and `tower-lease-testkit` runs the scenarios every backend must pass. Every
-/// implementation must give the semantics of the Redis scripts:
+/// Implement it to keep leases somewhere else: [`Store::memory`](crate::Store::memory)'s
+/// `MemoryStore` is a short example, and `tower-lease-testkit` runs the scenarios every backend
+/// must pass (and compares random call sequences with the memory store's answers). The rules,
+/// all of them:
 ///
-/// - `acquire` never waits: it takes the lease or answers [`Acquisition::Busy`] with the blocking
-///   lease's remaining time. A writer is refused while a writer or any live reader holds; a
-///   reader is refused while a writer holds.
-/// - `extend` and `release` act only when the lease is still held with *this* secret and answer
-///   `false` (for `extend`, [`Extended::Gone`]) otherwise; `extend` never re-acquires a lease
-///   that ran out. A reader's `extend` answers [`Extended::HeldWriterWaiting`] when it extended
-///   the lease while a write intent lives (the intent that makes `acquire` refuse readers).
-/// - A write `acquire` of a [writer-preferred](LockRef::writer_preferred) lock refused by live
-///   readers (not by a writer) leaves a write intent, holding the attempt's secret, for
-///   [`LockRef::write_intent`]; a successful one removes it. While it lives, reader `acquire`s
-///   answer `Busy` with its remaining time. [`withdraw_intent`](Self::withdraw_intent) removes it
-///   only while it still holds the caller's secret.
-/// - A permit is refused while `permits` permits of the name are live; its `retry_after` is
-///   the earliest live permit's remaining lease. Permits extend and release one by one, like
-///   readers.
-/// - Fenced exclusive and write acquisitions take a per-name fence larger than every fence
-///   issued before: `max(last + 1, the store's clock in µs)`, so that it keeps growing when the
-///   counter is lost.
-/// - An `acquire` or `idempotency_begin` that fails with an error that leaves open whether it
-///   acted (a timeout, an [`Error::Backend`](crate::Error::Backend), a reply not understood) is
-///   followed by `release` calls with the same secret, in the background, until one answers:
-///   what it may still take is given back.
+/// - **Locks.** A lock is its kind ([`Mode::Exclusive`]; [`Mode::Read`] and [`Mode::Write`],
+///   the two sides of one `RwLock`; [`Mode::Permit`]; [`Mode::Reservation`]), namespace and
+///   name: locks of different kinds never share state, even under the same namespace and
+///   name. Time is the store's own clock (one clock for every process), in whole milliseconds.
+/// - **`acquire` never waits**: it takes the lease for one TTL or answers
+///   [`Acquisition::Busy`] with how long the blocking lease has left. An exclusive lease or a
+///   writer is refused while a lease of the lock is live (a writer: while a writer or any
+///   reader is live; `retry_after` is then the writer's remaining time, or the *latest*
+///   reader's, when only readers block); a reader is refused while a writer is live
+///   (its remaining time) or a write intent lives (the intent's remaining time). A permit is
+///   refused while `permits` permits of the name are live; `retry_after` is the *earliest*
+///   live permit's remaining time. Readers and permits each have a lease of their own, ended
+///   one by one.
+/// - **A secret that already holds.** The callers never send an `acquire` whose secret holds
+///   the lease already, but a retried call whose first reply was lost can arrive as one: a
+///   backend may answer either `Busy` (with the lease's own remaining time) or `Acquired`
+///   (taking it again for a TTL); both are safe, since the secret is the caller's own.
+/// - **`extend` and `release` act only on the lease held with *this* secret** and answer
+///   `false` (for `extend`, [`Extended::Gone`]) otherwise; a lease that ran out is gone, and
+///   `extend` never takes it again. A reader's `extend` answers
+///   [`Extended::HeldWriterWaiting`] when it extended the lease while a write intent lives.
+///   Releasing what is not held is harmless and may be repeated.
+/// - **Write intents.** A write `acquire` of a [writer-preferred](LockRef::writer_preferred)
+///   lock refused by live readers (not by a writer) leaves a write intent holding the
+///   attempt's secret, for [`LockRef::write_intent`] (renewed by each refused attempt); a
+///   successful write acquisition removes it. [`withdraw_intent`](Self::withdraw_intent)
+///   removes it only while it still holds the caller's secret.
+/// - **Fences.** Fenced exclusive and write acquisitions take a per-lock fence larger than
+///   every fence issued before, `max(last + 1, the store's clock in µs)`, so that it keeps
+///   growing when the counter is lost (a restart without persistence, a failover); a reader
+///   of a fenced `RwLock` gets the last writer's fence (0 before any). Unfenced acquisitions
+///   answer `None`.
+/// - **Time-outs.** The [`Store`](crate::Store) handle ends a call that takes longer than
+///   [`timeout`](Self::timeout); an acquisition or a reservation it ended is finished in the
+///   background and given back if it took the lease. An `acquire` or `idempotency_begin` that
+///   fails with an error that leaves open whether it acted (a timeout, an
+///   [`Error::Backend`](crate::Error::Backend), a reply not understood) is followed by
+///   `release` calls with the same secret, in the background, until one answers.
+/// - **Notifications** (optional): a backend that can hear other processes' releases and
+///   write intents delivers them to the [`NotificationSink`] it is handed by
+///   [`notify_to`](Self::notify_to); without them, waiters poll.
+/// - **Idempotency keys** (optional): the four `idempotency_*` methods, whose defaults answer
+///   an error, so that [`IdempotencyLayer`](crate::IdempotencyLayer) answers `503` on a
+///   backend without them.
 pub trait Backend: Send + Sync + 'static {
     /// Takes `lease` if it is free.
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>>;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::backend::{Acquisition, Extended, LeaseRef, Mode, Secret};
+use crate::backend::{Acquisition, Extended, Hub, LeaseRef, Mode, Secret};
 use crate::locks::attempt::{Attempt, outcome};
 use crate::locks::spec::Spec;
 use crate::name::check_name;
@@ -131,7 +131,7 @@ impl RawLease {
             {
                 // This process's shares of the name hear of the intent at once; other
                 // processes' through the store's message.
-                let key = store.intent_key(namespace, name.as_ref());
+                let key = Hub::key(Mode::Write, namespace, name.as_ref());
                 store.intents().raise(&key);
             }
             Ok(answer?.map(|fence| RawLease {

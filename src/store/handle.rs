@@ -91,11 +91,6 @@ impl Store {
         &self.hub.intents
     }
 
-    /// The key of the intents on `name` in [`intents`](Self::intents).
-    pub(crate) fn intent_key(&self, namespace: &str, name: &[u8]) -> Vec<u8> {
-        Hub::key(Mode::Write, namespace, name)
-    }
-
     /// Whether the backend delivers notifications, so that [`watch`](Self::watch) may answer
     /// one.
     pub(crate) fn has_notifications(&self) -> bool {

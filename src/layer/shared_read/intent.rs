@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::backend::IntentListener;
 use crate::backend::Mode;
+use crate::backend::{Hub, IntentListener};
 use crate::lease::LeaseState;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
@@ -23,7 +23,9 @@ pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
     }
     let store = holding.store();
     let (namespace, name) = (holding.namespace(), holding.name());
-    let listener = store.intents().listen(store.intent_key(namespace, name));
+    let listener = store
+        .intents()
+        .listen(Hub::key(Mode::Write, namespace, name));
     if store.has_notifications()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
