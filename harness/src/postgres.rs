@@ -347,13 +347,12 @@ fn as_postgres(command: &mut Command) {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(move || {
-            if let Some((uid, gid)) = user {
-                if libc::setgroups(0, std::ptr::null()) != 0
+            if let Some((uid, gid)) = user
+                && (libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+                    || libc::setuid(uid) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
             }
             // After setuid, which clears it.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
