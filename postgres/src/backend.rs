@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::ToSql;
 use tower_lease::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
     LockRef, Mode, NotificationSink,
@@ -78,8 +79,7 @@ impl PgStore {
         let ttl = millis(lock.ttl);
         let row = match mode {
             Mode::Exclusive => {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                    [&ns, &nm, &s, &ttl, &lock.fenced];
+                let params: [&(dyn ToSql + Sync); 5] = [&ns, &nm, &s, &ttl, &lock.fenced];
                 let acts = Acts::Takes(secret, lock.ttl, LOCK_RELEASE);
                 self.row(LOCK_ACQUIRE, &params, acts).await?
             }
@@ -90,8 +90,7 @@ impl PgStore {
             }
             Mode::Write => {
                 let intent = lock.write_intent().map_or(0, millis);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                    [&ns, &nm, &s, &ttl, &lock.fenced, &intent];
+                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &lock.fenced, &intent];
                 let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }
@@ -124,8 +123,7 @@ impl PgStore {
             }
             Mode::Permit => self.row(PERMIT_EXTEND, &[&ns, &nm, &s, &ttl], acts).await?,
             Mode::Reservation => {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                    [&ns, &nm, &s, &ttl, &true, &false];
+                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &true, &false];
                 let row = self.row(IDEM_UPDATE, &params, acts).await?;
                 let held: bool = row.try_get(0).map_err(backend)?;
                 return Ok(if held { Extended::Held } else { Extended::Gone });
@@ -150,8 +148,7 @@ impl PgStore {
             Mode::Permit => self.row(PERMIT_RELEASE, &[&ns, &nm, &s], acts).await?,
             Mode::Reservation => {
                 let ttl = millis(lock.ttl);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                    [&ns, &nm, &s, &ttl, &false, &false];
+                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &false, &false];
                 self.row(IDEM_UPDATE, &params, acts).await?
             }
             other => return Err(unknown_mode(other)),

@@ -26,8 +26,6 @@ use crate::PgStore;
 /// The most stalled connections kept aside at once; past it a stalled call's connection goes
 /// back to the pool, and what it takes ends with its TTL.
 const MOST_STALLED: usize = 64;
-/// How many times a call is sent when its connection is found closed.
-const TRIES: usize = 3;
 
 /// What a call does to a lease, for the connection it goes on.
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +58,8 @@ impl Stalled {
 
     fn take(&self, secret: &Secret) -> Option<Object> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        kept.retain(|(_, _, until)| *until > now);
         let at = kept.iter().position(|(held, _, _)| held == secret)?;
         Some(kept.swap_remove(at).1)
     }
@@ -101,6 +101,9 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         acts: Acts<'_>,
     ) -> Result<Row> {
+        // A server restarted or its backends terminated leave every pooled connection closed,
+        // some not yet known to be: one more try than the pool has connections.
+        let most_tries = self.pool.status().max_size + 1;
         let mut tries = 0;
         loop {
             tries += 1;
@@ -129,7 +132,7 @@ impl PgStore {
             let client = wire.client.take().expect("still there");
             match answer {
                 Ok(row) => return Ok(row),
-                Err(e) if tries < TRIES && lost(&e, &client) => {
+                Err(e) if tries < most_tries && lost(&e, &client) => {
                     // Never back into the pool: the next try takes another connection.
                     drop(Object::take(client));
                     tracing::debug!(error = %e, "connection lost; sending the call again");

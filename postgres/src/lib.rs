@@ -37,8 +37,9 @@
 //! - A release, a withdrawn write intent and a completed idempotency key `NOTIFY` the channel
 //!   `tower_lease`; each store listens on a connection of its own and wakes its waiters.
 //! - Every call is bounded by the store's [`timeout`](PgStore::timeout) (1 s by default). A
-//!   connection found closed is replaced and the call sent once more within it; the functions
-//!   are safe to run twice (an acquisition that finds its own secret answers "acquired").
+//!   connection found closed is dropped and the call sent again on another within it; the
+//!   functions are safe to run twice (an acquisition that finds its own secret answers
+//!   "acquired").
 //!   A call that timed out keeps its connection for the release that gives back what it may
 //!   still take, so that release runs after it.
 //!
