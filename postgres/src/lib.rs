@@ -24,9 +24,11 @@
 //!
 //! Each call is one PL/pgSQL function of the schema `tower_lease` (installed at connect, see
 //! [`PgStore::from_pool`]), sent as one prepared statement: one round trip, one transaction.
-//! The function first takes a transaction-scoped advisory lock on the name, so the calls on
-//! one name are ordered, then reads the server's clock (`clock_timestamp()`): the application
-//! servers' clocks never count. A `Lock`, an `RwLock`, a `Semaphore` and an idempotency key of
+//! The calls on one name are ordered: a `Lock`'s by the lock of its one row (its acquisition
+//! is one `INSERT … ON CONFLICT DO UPDATE … WHERE` the lease ended, as `SET NX` on Redis), the
+//! other kinds' by a transaction-scoped advisory lock on the name, since they touch several
+//! rows. Time is the server's clock (`clock_timestamp()`): the application servers' clocks
+//! never count. A `Lock`, an `RwLock`, a `Semaphore` and an idempotency key of
 //! the same namespace and name are four separate things, as in Redis.
 //!
 //! - Fences are `max(last + 1, server clock in µs)`, the last one kept in the lock's row for

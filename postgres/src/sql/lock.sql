@@ -1,5 +1,5 @@
--- A `Lock`'s calls. Each one takes the name's lock first, then reads the clock, so calls on
--- one name are ordered and see each other's writes.
+-- A `Lock`'s calls: one row per name, whose own row lock orders the calls on it (unlike the
+-- other kinds, whose calls touch several rows and take the name's advisory lock).
 --
 -- Acquire answers one bigint, as the Redis scripts do: the fence (0 unfenced) when acquired,
 -- -1 - the µs the holder's lease has left when refused. A call sent again after its reply was
@@ -7,40 +7,40 @@
 CREATE OR REPLACE FUNCTION tower_lease.lock_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    now timestamptz;
+    now timestamptz := clock_timestamp();
+    issued bigint;
     held tower_lease.locks;
-    issued bigint := 0;
 BEGIN
-    PERFORM tower_lease.lock_name('e', ns, nm);
-    now := clock_timestamp();
-    SELECT * INTO held FROM tower_lease.locks WHERE namespace = ns AND name = nm;
-    IF FOUND AND held.expires > now THEN
-        IF held.secret = s THEN
-            RETURN CASE WHEN fenced THEN held.fence ELSE 0 END;
+    -- One statement on the common path, as `SET NX PX` on Redis: the row's own lock orders
+    -- the calls on the name (an insert waits for a concurrent one, an update locks the row,
+    -- and a refused update keeps it locked for the look below). A fence is max(last + 1,
+    -- server µs): it grows with every acquisition, and stays above every fence before it when
+    -- the counter is lost (a restore, a truncate), while the clock holds.
+    INSERT INTO tower_lease.locks AS l VALUES
+        (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0),
+         CASE WHEN fenced THEN tower_lease.micros(now) ELSE 0 END,
+         CASE WHEN fenced THEN now + tower_lease.fence_life(ttl_ms) END)
+    ON CONFLICT (namespace, name) DO UPDATE
+        SET secret = excluded.secret, expires = excluded.expires,
+            fence = CASE WHEN fenced THEN greatest(
+                        CASE WHEN l.fence_until > now THEN l.fence ELSE 0 END + 1, excluded.fence)
+                    ELSE l.fence END,
+            fence_until = CASE WHEN fenced THEN excluded.fence_until ELSE l.fence_until END
+        WHERE l.expires <= now
+    RETURNING l.fence INTO issued;
+    IF FOUND THEN
+        IF random() < 0.01 THEN
+            PERFORM tower_lease.sweep();
         END IF;
-        RETURN -1 - tower_lease.left_us(held.expires, now);
+        RETURN CASE WHEN fenced THEN issued ELSE 0 END;
     END IF;
-    IF fenced THEN
-        -- max(last + 1, server µs): grows with every acquisition, and stays above every fence
-        -- before it when the counter is lost (a restore, a truncate), while the clock holds.
-        issued := greatest(
-            CASE WHEN FOUND AND held.fence_until > now THEN held.fence ELSE 0 END + 1,
-            tower_lease.micros(now));
-        INSERT INTO tower_lease.locks AS l VALUES
-            (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0), issued, now + tower_lease.fence_life(ttl_ms))
-        ON CONFLICT (namespace, name) DO UPDATE
-            SET secret = excluded.secret, expires = excluded.expires, fence = excluded.fence,
-                fence_until = excluded.fence_until;
-    ELSE
-        INSERT INTO tower_lease.locks AS l VALUES
-            (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0), 0, NULL)
-        ON CONFLICT (namespace, name) DO UPDATE
-            SET secret = excluded.secret, expires = excluded.expires;
+    SELECT * INTO held FROM tower_lease.locks WHERE namespace = ns AND name = nm;
+    -- A call sent again after its reply was lost finds its own secret: acquired, with the
+    -- fence it was given.
+    IF held.secret = s THEN
+        RETURN CASE WHEN fenced THEN held.fence ELSE 0 END;
     END IF;
-    IF random() < 0.01 THEN
-        PERFORM tower_lease.sweep();
-    END IF;
-    RETURN issued;
+    RETURN -1 - tower_lease.left_us(held.expires, now);
 END
 $$;
 
@@ -48,34 +48,32 @@ $$;
 CREATE OR REPLACE FUNCTION tower_lease.lock_extend(ns text, nm bytea, s bytea, ttl_ms bigint)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    now timestamptz;
+    now timestamptz := clock_timestamp();
 BEGIN
-    PERFORM tower_lease.lock_name('e', ns, nm);
-    now := clock_timestamp();
     UPDATE tower_lease.locks SET expires = now + make_interval(secs => ttl_ms / 1000.0)
     WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
     RETURN FOUND;
 END
 $$;
 
--- Ends the lease while it is held with `s`, and tells the listeners. The row stays while its
--- fence counter lives. Safe to send again: a second release finds nothing and answers false.
+-- Ends the lease while it is held with `s`, and tells the listeners: the row goes, or while
+-- its fence counter lives, stays released (`expires` -infinity, so an acquisition that read
+-- the clock before this release, and waited for the row, finds it free). Safe to send again:
+-- a second release finds nothing and answers false.
 CREATE OR REPLACE FUNCTION tower_lease.lock_release(ns text, nm bytea, s bytea)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    now timestamptz;
-    held tower_lease.locks;
+    now timestamptz := clock_timestamp();
 BEGIN
-    PERFORM tower_lease.lock_name('e', ns, nm);
-    now := clock_timestamp();
-    SELECT * INTO held FROM tower_lease.locks WHERE namespace = ns AND name = nm;
-    IF NOT FOUND OR held.secret IS DISTINCT FROM s OR held.expires <= now THEN
-        RETURN false;
-    END IF;
-    IF held.fence_until > now THEN
-        UPDATE tower_lease.locks SET secret = NULL, expires = now WHERE namespace = ns AND name = nm;
-    ELSE
-        DELETE FROM tower_lease.locks WHERE namespace = ns AND name = nm;
+    DELETE FROM tower_lease.locks
+    WHERE namespace = ns AND name = nm AND secret = s AND expires > now
+      AND coalesce(fence_until, now) <= now;
+    IF NOT FOUND THEN
+        UPDATE tower_lease.locks SET secret = NULL, expires = '-infinity'
+        WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
     END IF;
     PERFORM tower_lease.notify('e', ns, nm);
     RETURN true;

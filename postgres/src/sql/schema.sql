@@ -127,9 +127,10 @@ BEGIN
 END
 $$;
 
--- Deletes a few rows whose leases, records and counters all ended, taking each name's lock
--- without waiting (a name in use is left for its own calls to clean). Sequential scans that
--- stop at the first `many` dead rows: cheap while tables hold mostly live rows.
+-- Deletes a few rows whose leases, records and counters all ended, without ever waiting: a
+-- row another call has locked, or whose name's advisory lock another call holds, is left for
+-- later (so two calls sweeping at once never wait for each other). Sequential scans that stop
+-- at the first `many` dead rows: cheap while tables hold mostly live rows.
 CREATE OR REPLACE FUNCTION tower_lease.sweep(many integer DEFAULT 16)
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -137,26 +138,26 @@ DECLARE
 BEGIN
     DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.locks
-        WHERE expires <= now AND (fence_until IS NULL OR fence_until <= now) LIMIT many))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext('e:' || t.namespace || ':' || encode(t.name, 'hex')));
+        WHERE expires <= now AND (fence_until IS NULL OR fence_until <= now)
+        LIMIT many FOR UPDATE SKIP LOCKED));
     DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.rwlocks
         WHERE coalesce(writer_expires, now) <= now AND coalesce(intent_expires, now) <= now
-          AND coalesce(fence_until, now) <= now LIMIT many))
+          AND coalesce(fence_until, now) <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
     DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.readers WHERE expires <= now LIMIT many))
+        SELECT ctid FROM tower_lease.readers WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
     DELETE FROM tower_lease.permits t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.permits WHERE expires <= now LIMIT many))
+        SELECT ctid FROM tower_lease.permits WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('p:' || t.namespace || ':' || encode(t.name, 'hex')));
     DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.idempotency
         WHERE coalesce(lease_expires, now) <= now AND coalesce(record_expires, now) <= now
           AND coalesce(unknown_expires, now) <= now AND coalesce(fence_until, now) <= now
-        LIMIT many))
+        LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('v:' || t.namespace || ':' || encode(t.name, 'hex')));
     DELETE FROM tower_lease.claims t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.claims WHERE expires <= now LIMIT many));
+        SELECT ctid FROM tower_lease.claims WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED));
 END
 $$;
