@@ -10,6 +10,8 @@
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
 //! - [`bench`](mod@bench): what the benchmarks share: where their Redis is, interleaved rounds, medians
 //!   and goals, CPU time;
+//! - [`postgres`](mod@postgres): real PostgreSQL servers, for `tower-lease-postgres` (feature
+//!   `postgres`);
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
 //! - below: drop flags, and the witnesses of how many are inside at once: [`Holders`] of a lock,
@@ -17,7 +19,8 @@
 //!
 //! Its features are the crate's (`redis`, `cluster`, `sentinel`), switched on by the crate's own
 //! of the same names: without `redis` it has no Redis in it, so `cargo test
-//! --no-default-features` still builds `tower-lease` without its `redis` feature.
+//! --no-default-features` still builds `tower-lease` without its `redis` feature. Its
+//! `postgres` feature is `tower-lease-postgres`'s, whose tests switch it on.
 
 #[cfg(feature = "redis")]
 pub mod backing;
@@ -27,6 +30,8 @@ pub mod bench;
 pub mod cluster;
 pub mod hooked;
 pub mod http;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod proxy;
 #[cfg(feature = "sentinel")]
@@ -43,6 +48,8 @@ use tokio::sync::watch;
 // What the tests use most, at the top.
 #[cfg(feature = "redis")]
 pub use backing::{Backing, Raw, STORE_TIMEOUT, Setup};
+#[cfg(feature = "postgres")]
+pub use postgres::PgServer;
 #[cfg(feature = "redis")]
 pub use server::{Endpoint, RedisServer};
 

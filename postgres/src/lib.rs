@@ -1,0 +1,85 @@
+//! A PostgreSQL store for [`tower-lease`](tower_lease): the leases of `Lock`, `RwLock` and
+//! `Semaphore`, their fences and `IdempotencyLayer`'s records, in the database your data
+//! already lives in.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_lease::{Lock, Store};
+//! use tower_lease_postgres::PgStore;
+//!
+//! const INVOICES: Lock<u64> = Lock::new("invoice", Duration::from_secs(30)).fenced();
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_lease::Error> {
+//! let store: Store = PgStore::connect("postgres://app@127.0.0.1/app").await?.into();
+//! if let Some(token) = INVOICES.try_lock(&store, &42).await? {
+//!     // token.fence(): larger than every fence of invoice 42 before, across restarts.
+//!     token.release().await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it keeps leases
+//!
+//! Each call is one PL/pgSQL function of the schema `tower_lease` (installed at connect, see
+//! [`PgStore::from_pool`]), sent as one prepared statement: one round trip, one transaction.
+//! The calls on one name are ordered: a `Lock`'s by the lock of its one row (its acquisition
+//! is one `INSERT … ON CONFLICT DO UPDATE … WHERE` the lease ended, as `SET NX` on Redis), the
+//! other kinds' by a transaction-scoped advisory lock on the name, since they touch several
+//! rows. Time is the server's clock (`clock_timestamp()`): the application servers' clocks
+//! never count. A `Lock`, an `RwLock`, a `Semaphore` and an idempotency key of
+//! the same namespace and name are four separate things, as in Redis.
+//!
+//! - Fences are `max(last + 1, server clock in µs)`, the last one kept in the lock's row for
+//!   an hour after its last acquisition: they only grow, across restarts, restores and
+//!   truncated tables, as long as the server's clock does not step back.
+//! - Ended leases are deleted by the calls that next touch their name, and a few at a time by
+//!   about one acquisition in a hundred: there is no background job.
+//! - A release, a withdrawn write intent and a completed idempotency key `NOTIFY` the channel
+//!   `tower_lease`; each store listens on a connection of its own and wakes its waiters.
+//! - Every call is bounded by the store's [`timeout`](PgStore::timeout) (1 s by default). A
+//!   connection found closed is dropped and the call sent again on another within it; the
+//!   functions are safe to run twice (an acquisition that finds its own secret answers
+//!   "acquired").
+//!   A call that timed out keeps its connection for the release that gives back what it may
+//!   still take, so that release runs after it.
+//!
+//! # The pool
+//!
+//! [`deadpool-postgres`](deadpool_postgres): its connections keep a cache of prepared
+//! statements each (every call here is one), it recycles a connection by checking that it is
+//! still open rather than with a query per checkout, and it builds from a URL or a
+//! `tokio_postgres::Config` with the TLS connector of your choice. `bb8-postgres` would need
+//! the statement cache written here.
+//!
+//! # Effects in your transaction
+//!
+//! With `IdempotencyLayer` on a `PgStore`, a handler can [`claim`] its idempotency key in the
+//! transaction that makes its effect, so that a retry after a crash between that commit and
+//! the response never runs the effect again.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod backend;
+mod call;
+mod check;
+mod claim;
+mod idempotency;
+mod notify;
+mod schema;
+mod store;
+
+/// The README's examples, compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+pub use self::check::PgWarning;
+pub use self::claim::{ClaimError, claim};
+pub use self::store::PgStore;
+
+/// The pool a [`PgStore`] runs on, re-exported for [`PgStore::from_pool`].
+pub use deadpool_postgres;
+/// The client the pool and [`claim`] speak, re-exported.
+pub use tokio_postgres;

@@ -1,0 +1,162 @@
+-- `IdempotencyLayer`'s keys: one row of `idempotency` per key, under the name's lock ('v'),
+-- and the claims applications make in their own transactions (`claims`).
+
+-- The first look at a key, in one step. `kind`: 0 reserved (with `fence`), 1 in flight (the
+-- holder's lease has `left_us`), 2 completed (`response`, kept `left_us` more), 3 another
+-- fingerprint completed or claimed it, 4 outcome unknown for `left_us`: an at-most-once
+-- reservation died without completing, or a transaction claimed the key (its effect committed)
+-- and no response was stored. `once_ms` is the at-most-once marker's retention, NULL for a
+-- plain key.
+CREATE OR REPLACE FUNCTION tower_lease.idem_begin(
+    ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, fp bytea, once_ms bigint,
+    OUT kind integer, OUT fence bigint, OUT left_us bigint, OUT response bytea)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    now timestamptz;
+    k tower_lease.idempotency;
+    found_k boolean;
+    c tower_lease.claims;
+    issued bigint;
+BEGIN
+    PERFORM tower_lease.lock_name('v', ns, nm);
+    now := clock_timestamp();
+    SELECT * INTO k FROM tower_lease.idempotency WHERE namespace = ns AND name = nm;
+    found_k := FOUND;
+    IF k.record_expires > now THEN
+        IF k.fingerprint = fp THEN
+            kind := 2;
+            left_us := tower_lease.left_us(k.record_expires, now);
+            response := k.response;
+        ELSE
+            kind := 3;
+        END IF;
+        RETURN;
+    END IF;
+    IF k.lease_expires > now THEN
+        IF k.secret = s THEN
+            -- A begin sent again after its reply was lost: ours, with the fence it took.
+            kind := 0;
+            IF fenced THEN
+                fence := CASE WHEN k.fence_until > now THEN k.fence ELSE 0 END;
+            END IF;
+        ELSE
+            kind := 1;
+            left_us := tower_lease.left_us(k.lease_expires, now);
+        END IF;
+        RETURN;
+    END IF;
+    SELECT * INTO c FROM tower_lease.claims WHERE namespace = ns AND name = nm AND expires > now;
+    IF FOUND THEN
+        kind := CASE WHEN c.fingerprint IS NOT NULL AND c.fingerprint <> fp THEN 3 ELSE 4 END;
+        left_us := tower_lease.left_us(c.expires, now);
+        RETURN;
+    END IF;
+    IF once_ms IS NOT NULL AND k.unknown_expires > now THEN
+        kind := 4;
+        left_us := tower_lease.left_us(k.unknown_expires, now);
+        RETURN;
+    END IF;
+    IF fenced THEN
+        issued := greatest(
+            CASE WHEN found_k AND k.fence_until > now THEN k.fence ELSE 0 END + 1,
+            tower_lease.micros(now));
+    END IF;
+    INSERT INTO tower_lease.idempotency AS i
+        (namespace, name, secret, lease_expires, fingerprint, unknown_expires, fence, fence_until)
+    VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0), fp,
+            now + make_interval(secs => once_ms / 1000.0), coalesce(issued, 0),
+            CASE WHEN fenced THEN now + tower_lease.fence_life(ttl_ms) END)
+    ON CONFLICT (namespace, name) DO UPDATE
+        SET secret = excluded.secret, lease_expires = excluded.lease_expires,
+            fingerprint = excluded.fingerprint, response = NULL, completed_by = NULL,
+            record_expires = NULL,
+            unknown_expires = coalesce(excluded.unknown_expires, i.unknown_expires),
+            fence = CASE WHEN fenced THEN excluded.fence ELSE i.fence END,
+            fence_until = CASE WHEN fenced THEN excluded.fence_until ELSE i.fence_until END;
+    IF random() < 0.01 THEN
+        PERFORM tower_lease.sweep();
+    END IF;
+    kind := 0;
+    fence := issued;
+END
+$$;
+
+-- Stores the record while the reservation is held with `s`, or nobody holds the key (ours ran
+-- out, or was lost), which ends the reservation and its at-most-once marker. A completion sent
+-- again finds its own record: true.
+CREATE OR REPLACE FUNCTION tower_lease.idem_complete(ns text, nm bytea, s bytea, fp bytea, resp bytea, retention_ms bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    now timestamptz;
+    k tower_lease.idempotency;
+BEGIN
+    PERFORM tower_lease.lock_name('v', ns, nm);
+    now := clock_timestamp();
+    SELECT * INTO k FROM tower_lease.idempotency WHERE namespace = ns AND name = nm;
+    IF k.record_expires > now THEN
+        RETURN k.completed_by = s;
+    END IF;
+    IF k.lease_expires > now AND k.secret <> s THEN
+        RETURN false;
+    END IF;
+    INSERT INTO tower_lease.idempotency AS i
+        (namespace, name, fingerprint, response, completed_by, record_expires)
+    VALUES (ns, nm, fp, resp, s, now + make_interval(secs => retention_ms / 1000.0))
+    ON CONFLICT (namespace, name) DO UPDATE
+        SET secret = NULL, lease_expires = NULL, fingerprint = excluded.fingerprint,
+            response = excluded.response, completed_by = excluded.completed_by,
+            record_expires = excluded.record_expires, unknown_expires = NULL;
+    PERFORM tower_lease.notify('v', ns, nm);
+    RETURN true;
+END
+$$;
+
+-- Extends (`extend`), releases, or frees (`free`: with the at-most-once marker) the
+-- reservation held with `s`; false when it is not held with it. A claim stays: its effect
+-- committed, whatever the response.
+CREATE OR REPLACE FUNCTION tower_lease.idem_update(ns text, nm bytea, s bytea, ttl_ms bigint, extend boolean, free boolean)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    now timestamptz;
+BEGIN
+    PERFORM tower_lease.lock_name('v', ns, nm);
+    now := clock_timestamp();
+    IF extend THEN
+        UPDATE tower_lease.idempotency SET lease_expires = now + make_interval(secs => ttl_ms / 1000.0)
+        WHERE namespace = ns AND name = nm AND secret = s AND lease_expires > now;
+        RETURN FOUND;
+    END IF;
+    UPDATE tower_lease.idempotency
+    SET secret = NULL, lease_expires = NULL,
+        unknown_expires = CASE WHEN free THEN NULL ELSE unknown_expires END
+    WHERE namespace = ns AND name = nm AND secret = s AND lease_expires > now;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM tower_lease.idempotency
+    WHERE namespace = ns AND name = nm AND coalesce(record_expires, now) <= now
+      AND coalesce(unknown_expires, now) <= now AND coalesce(fence_until, now) <= now;
+    PERFORM tower_lease.notify('v', ns, nm);
+    RETURN true;
+END
+$$;
+
+-- Claims a key inside the caller's transaction: true when claimed now, false when a committed
+-- claim of the key lives. A claim being made by another open transaction is waited for (the
+-- primary key's insert waits), so of two transactions claiming one key, one commits.
+CREATE OR REPLACE FUNCTION tower_lease.claim(ns text, nm bytea, retention_ms bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO tower_lease.claims AS c
+    SELECT ns, nm,
+           (SELECT fingerprint FROM tower_lease.idempotency
+            WHERE namespace = ns AND name = nm AND lease_expires > now),
+           now + make_interval(secs => retention_ms / 1000.0)
+    ON CONFLICT (namespace, name) DO UPDATE
+        SET fingerprint = excluded.fingerprint, expires = excluded.expires
+        WHERE c.expires <= now;
+    RETURN FOUND;
+END
+$$;

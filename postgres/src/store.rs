@@ -1,0 +1,134 @@
+//! [`PgStore`]: the store's handle, how it is built, and its options.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tower_lease::{Error, Result, Store};
+
+use crate::call::Stalled;
+use crate::notify::Listening;
+use crate::schema;
+
+/// The deadline of each call unless [`PgStore::timeout`] says otherwise.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The connections [`PgStore::connect`] pools.
+const DEFAULT_POOL: usize = 16;
+
+/// A lease store in PostgreSQL: a [`Backend`](tower_lease::backend::Backend) on a pool of
+/// connections, made into a [`Store`] with `.into()`.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_lease::Store;
+/// use tower_lease_postgres::PgStore;
+///
+/// # async fn run() -> Result<(), tower_lease::Error> {
+/// let store: Store = PgStore::connect("postgres://app@127.0.0.1/app")
+///     .await?
+///     .timeout(Duration::from_millis(500))
+///     .into();
+/// for warning in store.check().await? {
+///     eprintln!("lock store: {warning}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Cloning it is cheap: the clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pub(crate) pool: Pool,
+    pub(crate) timeout: Duration,
+    pub(crate) concurrency: Option<usize>,
+    pub(crate) stalled: Arc<Stalled>,
+    pub(crate) listening: Option<Listening>,
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user:password@host:port/db`, or the
+    /// `key=value` form libpq takes; without TLS) with a pool of 16 connections, installs the
+    /// schema if it is missing or older (see [`from_pool`](Self::from_pool)), and listens for
+    /// releases on a connection of its own.
+    pub async fn connect(url: &str) -> Result<PgStore> {
+        let config: tokio_postgres::Config =
+            url.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(DEFAULT_POOL)
+            .build()
+            .map_err(|e| Error::Backend(Box::new(e)))?;
+        Ok(Self::from_pool(pool).await?.listen(config))
+    }
+
+    /// A store on `pool`, after installing the schema: the schema `tower_lease`, its tables and
+    /// its functions, created when missing and replaced when older than this version, in one
+    /// transaction under an advisory lock, so replicas that start at once install it once. The
+    /// database user needs the `CREATE` privilege on the database the first time.
+    ///
+    /// A pool has no way to open the extra connection that listens for releases: add
+    /// [`listen`](Self::listen), or waiters poll for releases made by other processes.
+    pub async fn from_pool(pool: Pool) -> Result<PgStore> {
+        schema::install(&pool).await?;
+        Ok(PgStore {
+            pool,
+            timeout: DEFAULT_TIMEOUT,
+            concurrency: None,
+            stalled: Arc::default(),
+            listening: None,
+        })
+    }
+
+    /// The deadline of each call, from the checkout of a connection to the answer (1 s by
+    /// default): past it the call answers [`Error::Timeout`], and what it may still take is
+    /// given back.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Listens for releases, write intents and completions with a connection of its own to
+    /// the database `config` names (without TLS), reconnecting with backoff when it is lost.
+    /// [`connect`](Self::connect) does it already.
+    pub fn listen(mut self, config: tokio_postgres::Config) -> Self {
+        self.listening = Some(Listening::new(config));
+        self
+    }
+
+    /// How many calls may be under way at once (the layers' concurrency limits, the tasks that
+    /// hold leases): [`check`](Self::check) warns when the pool has fewer connections.
+    pub fn expect_concurrency(mut self, calls: usize) -> Self {
+        self.concurrency = Some(calls);
+        self
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("pool", &self.pool.status())
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("listening", &self.listening.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<PgStore> for Store {
+    fn from(store: PgStore) -> Store {
+        Store::from_backend(store)
+    }
+}

@@ -1,0 +1,95 @@
+//! What the tests share: a server of their own, stores on it, a direct line to it.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tower_lease::Store;
+use tower_lease_harness::PgServer;
+use tower_lease_postgres::PgStore;
+use tower_lease_testkit::Env;
+
+/// Every table of the schema, for a truncate that loses all the store keeps.
+const TABLES: &str = "tower_lease.locks, tower_lease.rwlocks, tower_lease.readers, \
+     tower_lease.permits, tower_lease.idempotency, tower_lease.claims";
+
+/// Starts a server, on the test's own thread: the server dies with the thread that started
+/// it, and a runtime's blocking threads come and go.
+pub async fn server() -> PgServer {
+    PgServer::start()
+}
+
+/// A store on `server`, with its default options.
+pub async fn pg_store(server: &PgServer) -> PgStore {
+    PgStore::connect(&server.url())
+        .await
+        .expect("connect to the test postgres")
+}
+
+/// A direct connection to `url`, outside any store.
+pub async fn client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// The test kit's `Env` on a fresh server: a store, a second one as another process would
+/// make it, a look at the write intents, and `TRUNCATE` of every table as its data loss.
+pub async fn testkit_env() -> Env {
+    let server = server().await;
+    let url = server.url();
+    let store: Store = pg_store(&server).await.into();
+    let elsewhere: Store = pg_store(&server).await.into();
+    let probe_url = url.clone();
+    let loss_url = url.clone();
+    Env::new(store)
+        .with_elsewhere(elsewhere)
+        .with_intent_probe(move |namespace, name| {
+            let (url, namespace, name) = (probe_url.clone(), namespace.to_owned(), name.to_vec());
+            Box::pin(async move {
+                let client = client(&url).await;
+                client
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM tower_lease.rwlocks WHERE namespace = $1 \
+                         AND name = $2 AND intent_expires > clock_timestamp())",
+                        &[&namespace, &name],
+                    )
+                    .await
+                    .expect("look at the intents")
+                    .get(0)
+            })
+        })
+        .with_data_loss(move || {
+            let url = loss_url.clone();
+            Box::pin(async move {
+                let client = client(&url).await;
+                client
+                    .batch_execute(&format!("TRUNCATE {TABLES}"))
+                    .await
+                    .expect("truncate");
+            })
+        })
+        .holding(server)
+}
+
+/// How many leases (of every kind) are live in the database behind `url`.
+pub async fn live_leases(url: &str) -> i64 {
+    client(url)
+        .await
+        .query_one(
+            "SELECT (SELECT count(*) FROM tower_lease.locks WHERE expires > clock_timestamp()) \
+             + (SELECT count(*) FROM tower_lease.rwlocks WHERE writer_expires > clock_timestamp()) \
+             + (SELECT count(*) FROM tower_lease.readers WHERE expires > clock_timestamp()) \
+             + (SELECT count(*) FROM tower_lease.permits WHERE expires > clock_timestamp()) \
+             + (SELECT count(*) FROM tower_lease.idempotency WHERE lease_expires > clock_timestamp())",
+            &[],
+        )
+        .await
+        .expect("count the live leases")
+        .get(0)
+}
+
+/// A deadline a loaded 2-core machine keeps: the store's timeout and this much more.
+pub const MARGIN: Duration = Duration::from_millis(400);
