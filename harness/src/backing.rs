@@ -36,6 +36,8 @@ pub struct Backing {
     _cluster: Option<crate::cluster::RedisCluster>,
     #[cfg(feature = "sentinel")]
     sentinel: Option<crate::sentinel::Topology>,
+    #[cfg(feature = "postgres")]
+    postgres: Option<crate::postgres::PgServer>,
 }
 
 impl Backing {
@@ -49,6 +51,8 @@ impl Backing {
             _cluster: None,
             #[cfg(feature = "sentinel")]
             sentinel: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 
@@ -73,6 +77,8 @@ impl Backing {
             _cluster: None,
             #[cfg(feature = "sentinel")]
             sentinel: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 
@@ -95,6 +101,8 @@ impl Backing {
             _cluster: Some(cluster),
             #[cfg(feature = "sentinel")]
             sentinel: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 
@@ -118,6 +126,32 @@ impl Backing {
             #[cfg(feature = "cluster")]
             _cluster: None,
             sentinel: Some(topology),
+            #[cfg(feature = "postgres")]
+            postgres: None,
+        }
+    }
+
+    /// A `PgStore` on a fresh PostgreSQL server (with the short [`STORE_TIMEOUT`] under
+    /// [`Setup::Layer`]).
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(setup: Setup) -> Self {
+        let server = crate::postgres::PgServer::start();
+        let store = tower_lease_postgres::PgStore::connect(&server.url())
+            .await
+            .expect("a PgStore on the fresh server");
+        let store = match setup {
+            Setup::Core => store,
+            Setup::Layer => store.timeout(STORE_TIMEOUT),
+        };
+        Backing {
+            store: store.into(),
+            server: None,
+            raw: None,
+            #[cfg(feature = "cluster")]
+            _cluster: None,
+            #[cfg(feature = "sentinel")]
+            sentinel: None,
+            postgres: Some(server),
         }
     }
 
@@ -134,6 +168,11 @@ impl Backing {
     /// A second store on the same Redis with release notifications, as `RedisStore::connect`
     /// (`connect_cluster`, `connect_sentinel`) makes it for another process; `None` in memory.
     pub async fn notified(&self) -> Option<Store> {
+        #[cfg(feature = "postgres")]
+        if let Some(server) = &self.postgres {
+            let store = tower_lease_postgres::PgStore::connect(&server.url()).await;
+            return Some(store.expect("a second PgStore").into());
+        }
         #[cfg(feature = "sentinel")]
         if let Some(topology) = &self.sentinel {
             return Some(Self::through_sentinels(topology).await);
@@ -264,13 +303,36 @@ impl Raw {
     }
 }
 
+/// The Postgres arm of [`store_tests!`]: `on_postgres`, where the harness has the `postgres`
+/// feature (decided here, in the harness: a `cfg` in `store_tests!` would test the caller's
+/// features).
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __postgres_arm {
+    ($setup:ident: [$($all:ident),*]) => {
+        mod on_postgres {
+            $($crate::store_tests!(@test $all, $crate::Backing::postgres($crate::Setup::$setup).await);)*
+        }
+    };
+}
+
+/// Without the `postgres` feature, [`store_tests!`] has no Postgres arm.
+#[cfg(not(feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __postgres_arm {
+    ($setup:ident: [$($all:ident),*]) => {};
+}
+
 /// Declares one test per store for each scenario, an `async fn(Backing)` of the calling module:
 ///
 /// ```ignore
 /// store_tests!(Core: [every_store_a, every_store_b], redis: [redis_and_cluster_only]);
 /// ```
 ///
-/// gives `on_redis::every_store_a`, `on_cluster::every_store_a` (feature `cluster`) and
+/// gives `on_redis::every_store_a`, `on_cluster::every_store_a` (feature `cluster`),
+/// `on_postgres::every_store_a` (the harness's feature `postgres`) and
 /// `on_memory::every_store_a`, and the scenarios after `redis:` on Redis and the cluster only.
 /// The [`Setup`] (`Core` or `Layer`) says how the store talks to Redis; under `Core` the memory
 /// runs start with tokio's clock paused.
@@ -291,6 +353,8 @@ macro_rules! store_tests {
         mod on_memory {
             $($crate::store_tests!(@memory $setup $all);)*
         }
+
+        $crate::__postgres_arm!($setup: [$($all),*]);
     };
     (@test $name:ident, $env:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
