@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 use crate::backend::{Acquisition, LockRef, Secret};
 use crate::store::redis::RedisStore;
 use crate::store::redis::keys::KeyRole;
-use crate::store::redis::scripts::call::ARGS_LEN;
+use crate::store::redis::scripts::ARGS_LEN;
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
