@@ -56,7 +56,7 @@ impl Config {
         let problem = Problem::from(reason);
         // No taken lock here: every reason's status is the refusal table's.
         let status = problem.status(None);
-        let namespace = self.idempotency.spec.namespace;
+        let namespace = self.idempotency.definition.namespace;
         let response = self.renderer.respond_boxed(problem, status, namespace);
         response.map(IdempotentBody::rendered)
     }

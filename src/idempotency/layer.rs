@@ -57,7 +57,7 @@ pub struct IdempotencyLayer<E = Unscoped> {
 impl IdempotencyLayer {
     /// A layer that keeps the keys of `idempotency` in `store`.
     pub fn new(store: Store, idempotency: Idempotency) -> Self {
-        let timing = HeartbeatTiming::for_ttl(idempotency.spec.ttl);
+        let timing = HeartbeatTiming::for_ttl(idempotency.definition.ttl);
         let config = Config {
             store,
             idempotency,

@@ -130,7 +130,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
     B: http_body::Body,
 {
-    let namespace = config.spec.namespace;
+    let namespace = config.definition.namespace;
     match attempt {
         Ok(Attempt::Acquired(guard)) => locked(guard, config, &mut inner, req),
         // Someone else holds it, or every permit is taken.
@@ -186,7 +186,7 @@ where
     B: http_body::Body,
     ResBody: http_body::Body,
 {
-    let namespace = config.spec.namespace;
+    let namespace = config.definition.namespace;
     let in_state = "taken once, on leaving the Locked state";
     let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
     let held = guard.as_mut().expect(in_state);

@@ -13,7 +13,7 @@ use crate::layer::hold::lease_lost::LeaseLost;
 use crate::layer::options::deadline::{Beat, Deadline};
 use crate::layer::shared_read::{Linger, SharedReads};
 use crate::lease::heartbeat::Heartbeat;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::rejection::{Problem, Rejection, Renderer};
 use crate::telemetry::AcquireOutcome;
 
@@ -32,7 +32,7 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) store: Store,
-    pub(crate) spec: Spec,
+    pub(crate) definition: Definition,
     /// The status for a taken lock (busy, or for a semaphore full), when the user chose one; the
     /// [reasons' table](crate::rejection::Reason)'s otherwise.
     pub(crate) taken_status: Option<StatusCode>,
@@ -85,15 +85,15 @@ pub(crate) enum ReadSharing {
 }
 
 impl Config {
-    pub(crate) fn new(store: Store, spec: Spec) -> Self {
+    pub(crate) fn new(store: Store, definition: Definition) -> Self {
         let heartbeat = store.heartbeat().clone();
         Self {
             store,
-            spec,
+            definition,
             taken_status: None,
             hold_times: Arc::default(),
             fail_open: false,
-            beat: Beat::for_ttl(spec.ttl),
+            beat: Beat::for_ttl(definition.ttl),
             heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
@@ -144,7 +144,7 @@ impl Config {
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.taken_status);
-        let rejection = Rejection::new(problem, status, self.spec.namespace);
+        let rejection = Rejection::new(problem, status, self.definition.namespace);
         match self.renderer.render(&rejection) {
             Some(response) => response.map(LeaseBody::rendered),
             None => rejection.problem_response().map(LeaseBody::problem),

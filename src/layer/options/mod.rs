@@ -35,10 +35,10 @@ macro_rules! options {
             /// If `every` is zero or not shorter than the lock's TTL.
             pub fn heartbeat(mut self, every: Duration) -> Self {
                 assert!(
-                    !every.is_zero() && every < self.config.spec.ttl,
+                    !every.is_zero() && every < self.config.definition.ttl,
                     "tower-lease: the heartbeat ({every:?}) must be non-zero and shorter than \
                      the TTL ({:?})",
-                    self.config.spec.ttl
+                    self.config.definition.ttl
                 );
                 self.config.beat.set_every(every);
                 self

@@ -80,7 +80,7 @@ fn scripted() -> (Arc<Scripted>, Store) {
 async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> KeptLease {
     let sent_at = Instant::now();
     let name = Cow::Owned(name.as_bytes().to_vec());
-    let held = match RawLease::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
+    let held = match RawLease::acquire(store.clone(), LOCK.definition(), Mode::Exclusive, name)
         .await
         .unwrap()
     {
