@@ -21,7 +21,7 @@ pub(crate) enum AcquireOutcome {
     MissingName,
     /// The request's own limit of permits was 0.
     InvalidLimit,
-    /// The store failed or missed its deadline, and the caller was refused.
+    /// The store failed or timed out, and the caller was refused.
     StoreError,
     /// The store failed and the layer ran the request unlocked (`fail_open`).
     Unlocked,

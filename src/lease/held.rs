@@ -55,7 +55,7 @@ use crate::lease::raw::RawLease;
 /// [`lost`](Self::lost) resolves then.
 ///
 /// Dropping a `Held` stops its heartbeat and releases the lease in a spawned task, bounded by
-/// the store's deadline (unlike a bare token, whose drop never talks to the store); outside a
+/// the store's timeout (unlike a bare token, whose drop never talks to the store); outside a
 /// tokio runtime it can only log, and the TTL frees the lock.
 /// `into_token()` stops the heartbeat without releasing and gives the token back: the lease runs
 /// out one TTL after its last extension.

@@ -261,7 +261,7 @@ impl<N: ?Sized> RwLock<N> {
     /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least twice
     /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
     /// its wait runs out, the store fails, or its future is dropped (the client left; the
-    /// withdrawal then finishes in the background, within the store's deadline). An intent that
+    /// withdrawal then finishes in the background, within the store's timeout). An intent that
     /// another writer has written since stays. A `try_write` that is refused, or a writer that
     /// crashed, keeps readers out for one window at most; retried within the window (a client
     /// that retries every 100 ms), the intent lasts.

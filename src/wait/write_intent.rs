@@ -82,7 +82,7 @@ impl KeptIntent {
     }
 
     /// The writer gives up: the intent is withdrawn before this answers, within the store's
-    /// deadline, and in the background if the caller is dropped meanwhile.
+    /// timeout, and in the background if the caller is dropped meanwhile.
     pub(crate) async fn withdraw(mut self) {
         if std::mem::take(&mut self.left) {
             let lock = self.lock.clone();

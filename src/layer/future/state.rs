@@ -82,7 +82,7 @@ pin_project! {
     }
 }
 
-/// The request under `guard`: its lease in the extensions, its body under the layer's deadline
+/// The request under `guard`: its lease in the extensions, its body under the layer's body timeout
 /// from now on (so a trickling client cannot hold the lock), and `inner` called.
 pub(super) fn locked<S, B>(
     guard: LeaseGuard,

@@ -18,7 +18,7 @@ use crate::rejection::{Problem, Rejection, Renderer};
 use crate::telemetry::AcquireOutcome;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
-/// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
+/// trip, far sooner; a failing one must not hold a finished response for its whole timeout.
 const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
 
 /// How many requests of a layer may wait for a lock at once by default.

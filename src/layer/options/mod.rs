@@ -148,7 +148,7 @@ macro_rules! options {
             ///
             /// A healthy store answers the release in a round trip, so the client's next
             /// request finds the lock free. A failing one would otherwise hold every finished
-            /// response for the store's whole deadline; the lease's TTL frees the lock if the
+            /// response for the store's whole timeout; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
                 self.config.release_wait = super::options::deadline::Deadline::new(wait);
