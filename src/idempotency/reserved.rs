@@ -255,7 +255,7 @@ enum Worked<T> {
 pin_project! {
     /// `work` under the reservation, caught if it panics (the task would otherwise end with
     /// the lease in it, and its client could not be told); the lease comes back either way.
-    /// The deadline is checked before every poll of the work, as
+    /// The lease's expiry is checked before every poll of the work, as
     /// [`Held::run`](crate::Held::run) does.
     struct UnderLease<F> {
         own: Option<KeptLease>,

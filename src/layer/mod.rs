@@ -211,17 +211,17 @@
 //! one pipeline on Redis (concurrent single calls on a cluster, where a pipeline cannot span
 //! slots). The task is spawned when a lease's first extension falls due, and ends when the
 //! store's last such lease is released or lost; a request that ends sooner never touches it. Failed extensions are retried with a short backoff until the
-//! lease would end; a batch the store does not answer is abandoned at the earliest deadline in it.
+//! lease would end; a batch the store does not answer is abandoned at the earliest expiry in it.
 //!
 //! Validity is counted on the monotonic clock from the moment each confirmed acquire or extend
 //! was *sent*, less 1 % of the TTL + 2 ms for clock drift; when no extension is confirmed by then,
 //! or the store answers that the lease is gone, it is lost. Under the default
 //! [`LeaseLost::Abort`] a lost lease drops the inner future and answers
 //! `503`, and a handler that finishes after that moment (a process that was frozen, an executor
-//! that was starved) gets `503`, not its `200`. The deadline is checked before *every* poll of
+//! that was starved) gets `503`, not its `200`. The lease's expiry is checked before *every* poll of
 //! the handler (and of a body under `.hold_through_body()`), so a frozen process that wakes up
 //! past its lease drops the handler before its next step, even if the heartbeat has not run
-//! yet; `tower_lease_lost_total{reason="deadline_passed"}` counts it. A step the handler took
+//! yet; `tower_lease_lost_total{reason="expired"}` counts it. A step the handler took
 //! before the freeze is another matter: only a [fence](crate::Lock::fenced) checked by the
 //! resource catches a write that was already on its way. [`max_hold`](crate::LockLayer::max_hold) stops
 //! the heartbeat after a while, so a stuck handler ends this way.

@@ -126,7 +126,7 @@ impl<T> Held<T> {
     /// held, `None` when the lease was lost first (`work` is dropped at once, cancelling it at
     /// its next `.await`) or had run out by the time it finished.
     ///
-    /// The deadline is checked before every poll of `work`: a process frozen past its lease
+    /// The lease's expiry is checked before every poll of `work`: a process frozen past its lease
     /// (SIGSTOP, a pause, a starved executor) drops the work when it wakes, before its next
     /// step. A step the work had already sent on its way (a write) is not undone; a
     /// [fence](Self::fence) checked by the resource catches it.

@@ -170,7 +170,7 @@ where
     /// waiting at most `timeout` for them (`WAIT n timeout`, in the write's own pipeline: no
     /// extra round trip). With fewer, an acquisition fails with [`Error::NotReplicated`] and
     /// its lease is released again; an extension fails with it, which the heartbeat retries as
-    /// any store error until the lease's deadline. An [`IdempotencyLayer`] reservation counts
+    /// any store error until the lease's expiry. An [`IdempotencyLayer`] reservation counts
     /// as an acquisition (`503`, not-replicated, and the key freed), and so does storing its
     /// response: one the replicas did not acknowledge is still sent, but not counted as
     /// stored. A refused acquisition, a release and a read of the permits in use send no
