@@ -10,7 +10,7 @@ use crate::Store;
 use crate::layer::body::LeaseBody;
 use crate::layer::hold::hold_times::HoldTimes;
 use crate::layer::hold::lease_lost::LeaseLost;
-use crate::layer::options::deadline::{Beat, Deadline};
+use crate::layer::options::timing::{Beat, Limit};
 use crate::layer::shared_read::{Linger, SharedReads};
 use crate::lease::heartbeat::Heartbeat;
 use crate::locks::definition::Definition;
@@ -60,14 +60,14 @@ pub(crate) struct Config {
     /// under it otherwise (see [`TimeoutBody`]).
     ///
     /// [`TimeoutBody`]: crate::layer::request_body::timeout_body::TimeoutBody
-    pub(crate) body_timeout: Deadline,
+    pub(crate) body_timeout: Limit,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
     /// How long the response waits for the release before it goes out anyway (see
     /// [`Overdue`]).
     ///
     /// [`Overdue`]: crate::wait::coarse_timer::Overdue
-    pub(crate) release_wait: Deadline,
+    pub(crate) release_wait: Limit,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
@@ -103,9 +103,9 @@ impl Config {
             max_waiters: DEFAULT_MAX_WAITERS,
             waiting: Arc::default(),
             body_limit: 0,
-            body_timeout: Deadline::new(DEFAULT_BODY_TIMEOUT),
+            body_timeout: Limit::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
-            release_wait: Deadline::new(DEFAULT_RELEASE_WAIT),
+            release_wait: Limit::new(DEFAULT_RELEASE_WAIT),
             shared_reads: None,
         }
     }

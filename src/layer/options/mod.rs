@@ -1,7 +1,7 @@
 //! The options [`LockLayer`], [`RwLockLayer`] and [`SemaphoreLayer`] share, written once.
 
 pub(crate) mod config;
-pub(crate) mod deadline;
+pub(crate) mod timing;
 
 use std::time::Duration;
 
@@ -137,9 +137,9 @@ macro_rules! options {
             /// [`TimeoutBody`](crate::layer::TimeoutBody)). Under
             /// [`buffer_body`](Self::buffer_body) the body must arrive within `timeout` before
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
-            /// turns the deadline off.
+            /// turns the timeout off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = super::options::deadline::Deadline::new(timeout);
+                self.config.body_timeout = super::options::timing::Limit::new(timeout);
                 self
             }
 
@@ -151,7 +151,7 @@ macro_rules! options {
             /// response for the store's whole timeout; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = super::options::deadline::Deadline::new(wait);
+                self.config.release_wait = super::options::timing::Limit::new(wait);
                 self
             }
         }
