@@ -34,7 +34,7 @@ pub(crate) struct Config {
     pub(crate) idempotency: Idempotency,
     pub(crate) require_key: bool,
     /// How long a retry waits for the first request to finish (zero: answer `409` at once).
-    pub(crate) wait: Duration,
+    pub(crate) max_wait: Duration,
     pub(crate) max_body: usize,
     pub(crate) body_timeout: Duration,
     pub(crate) max_response: usize,

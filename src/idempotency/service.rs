@@ -215,7 +215,7 @@ where
     }
 }
 
-/// Looks `name` up (and again while it is in flight, under `.wait`), then replays, refuses or
+/// Looks `name` up (and again while it is in flight, under `.max_wait`), then replays, refuses or
 /// runs the request.
 async fn look_up<S, B, ResBody>(
     inner: S,
@@ -247,7 +247,7 @@ where
         lock
     };
     let secret = Secret::random();
-    let deadline = Instant::now() + config.wait;
+    let deadline = Instant::now() + config.max_wait;
     let mut pause = FIRST_LOOK;
     // Subscribed once the key was found in flight: the completion (or the release of a 5xx)
     // publishes on the key's channel.

@@ -219,7 +219,7 @@ async fn waiting(
     {
         return Ok(Attempt::Acquired(joined(read, &config)));
     }
-    let (store, wait) = (config.store.clone(), config.wait);
+    let (store, wait) = (config.store.clone(), config.max_wait);
     let name = name.into_boxed();
     let on_store_error = config.on_store_error();
     let (sent_at, attempt) =
@@ -289,7 +289,7 @@ struct WaiterSlot(Arc<AtomicUsize>);
 impl WaiterSlot {
     /// A place when the layer waits and has one free; `None` answers at once.
     fn take(config: &Config) -> Option<Self> {
-        if config.wait.is_zero() {
+        if config.max_wait.is_zero() {
             return None;
         }
         let waiting = &config.waiting;

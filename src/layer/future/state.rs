@@ -240,7 +240,7 @@ where
         let timed = (config.hold_times.clone(), since);
         let answer = response.map(|res| {
             res.map(|body| {
-                let timer = config.release_wait.timer().clone();
+                let timer = config.max_release_wait.timer().clone();
                 let on_loss = config.on_lease_lost;
                 LeaseBody::holding(body, guard, on_loss, timer, timed)
             })
@@ -250,7 +250,7 @@ where
         config.hold_times.record(now - since);
         // → Releasing: give the lease back before the head goes out.
         let release = FinishOnDrop::release(guard.release());
-        let wait = Overdue::new(config.release_wait.timer().clone());
+        let wait = Overdue::new(config.max_release_wait.timer().clone());
         State::Releasing {
             release,
             wait,
@@ -266,7 +266,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     let release = FinishOnDrop::release(guard.release());
-    let wait = Overdue::new(config.release_wait.timer().clone());
+    let wait = Overdue::new(config.max_release_wait.timer().clone());
     State::ReleasingToRefuse {
         release,
         wait,

@@ -49,7 +49,7 @@ pub(crate) struct Config {
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
     /// How long a request waits for a busy lock (zero: answer at once).
-    pub(crate) wait: Duration,
+    pub(crate) max_wait: Duration,
     /// The most requests of this layer waiting at once.
     pub(crate) max_waiters: usize,
     /// Requests of this layer waiting now.
@@ -67,7 +67,7 @@ pub(crate) struct Config {
     /// [`Overdue`]).
     ///
     /// [`Overdue`]: crate::wait::coarse_timer::Overdue
-    pub(crate) release_wait: Limit,
+    pub(crate) max_release_wait: Limit,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
@@ -99,13 +99,13 @@ impl Config {
             hold_through_body: false,
             binary_names: false,
             require_name: false,
-            wait: Duration::ZERO,
+            max_wait: Duration::ZERO,
             max_waiters: DEFAULT_MAX_WAITERS,
             waiting: Arc::default(),
             body_limit: 0,
             body_timeout: Limit::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
-            release_wait: Limit::new(DEFAULT_RELEASE_WAIT),
+            max_release_wait: Limit::new(DEFAULT_RELEASE_WAIT),
             shared_reads: None,
         }
     }

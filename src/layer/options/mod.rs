@@ -116,7 +116,7 @@ macro_rules! options {
             /// queue first come, first served, and only the first asks the store. A client that
             /// goes away while waiting leaves nothing behind.
             pub fn max_wait(mut self, wait: Duration) -> Self {
-                self.config.wait = wait;
+                self.config.max_wait = wait;
                 self
             }
 
@@ -151,7 +151,7 @@ macro_rules! options {
             /// response for the store's whole timeout; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = super::options::timing::Limit::new(wait);
+                self.config.max_release_wait = super::options::timing::Limit::new(wait);
                 self
             }
         }
