@@ -170,7 +170,8 @@ pin_project_lite::pin_project! {
     }
 }
 
-// Only a Redis store bounds its calls with the timer; every other user asks `Overdue`.
+// A store's calls are bounded with the timer (by `RedisStore`, and by the `Store` handle for
+// another backend); every other user asks `Overdue`.
 impl<'a, F> Timeout<'a, F> {
     pub(crate) fn new(timer: &'a Arc<CoarseTimer>, call: F) -> Self {
         Self {
