@@ -18,7 +18,7 @@
 //! - `LOCK_TTL_MS` (default 2000): the lease TTL.
 //! - `WORK_MS` (default 2): how long the handler works between read and write; a request header
 //!   `x-work-ms` overrides it for one request.
-//! - `STORE_TIMEOUT_MS` (default 1000): the deadline of every lease call.
+//! - `STORE_TIMEOUT_MS` (default 1000): the timeout of every lease call.
 //! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
 //! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
 //!   are woken by release notifications on a single Redis.

@@ -50,7 +50,7 @@ pub enum Error {
     #[error("a semaphore needs at least 1 permit, got 0")]
     InvalidPermits,
 
-    /// The store did not answer within its deadline
+    /// The store did not answer within its timeout
     /// ([`RedisStore::timeout`](crate::RedisStore::timeout)); Redis is slow or unreachable.
     #[error("the lock store did not answer within {0:?}; check that Redis is reachable")]
     Timeout(Duration),

@@ -26,7 +26,7 @@ pub mod store;
 mod telemetry;
 mod wait;
 
-pub use crate::backend::{Mode, Warning};
+pub use crate::backend::Warning;
 pub use crate::error::{Error, Result};
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};

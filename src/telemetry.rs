@@ -21,7 +21,7 @@ pub(crate) enum AcquireOutcome {
     MissingName,
     /// The request's own limit of permits was 0.
     InvalidLimit,
-    /// The store failed or missed its deadline, and the caller was refused.
+    /// The store failed or timed out, and the caller was refused.
     StoreError,
     /// The store failed and the layer ran the request unlocked (`fail_open`).
     Unlocked,
@@ -45,7 +45,7 @@ pub(crate) enum LossReason {
     /// The store answered that the lease is no longer ours.
     StoreSaidGone,
     /// No extension was confirmed before the lease would have run out.
-    DeadlinePassed,
+    Expired,
     /// `max_hold` stopped the extensions and the lease ran out.
     MaxHold,
 }
@@ -54,7 +54,7 @@ impl LossReason {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             LossReason::StoreSaidGone => "store_said_gone",
-            LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::Expired => "expired",
             LossReason::MaxHold => "max_hold",
         }
     }
@@ -148,7 +148,7 @@ fn describe() {
         );
         metrics::describe_counter!(
             "tower_lease_lost_total",
-            "Leases lost while held, by reason: store_said_gone, deadline_passed, max_hold"
+            "Leases lost while held, by reason: store_said_gone, expired, max_hold"
         );
     });
 }
@@ -239,7 +239,7 @@ mod handles {
     impl LossReason {
         const ALL: [LossReason; 3] = [
             LossReason::StoreSaidGone,
-            LossReason::DeadlinePassed,
+            LossReason::Expired,
             LossReason::MaxHold,
         ];
     }

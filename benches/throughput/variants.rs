@@ -467,7 +467,7 @@ static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
 
 /// Where the cost of a cycle goes: the minimum with one change each.
 fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::MultiplexedConnection) {
-    // A deadline set with `RedisStore::timeout` is kept by a timer of the store's own, one per
+    // A timeout set with `RedisStore::timeout` is kept by a timer of the store's own, one per
     // call, where the default one is the connection's response timeout: its price.
     let store: Store = tower_lease::RedisStore::new(conn.clone())
         .prefix("tlbench")

@@ -42,7 +42,7 @@ pub async fn connect(locks: &Locks, ttl: Duration, broken: bool) -> Store {
                 .await
                 .map(|s| Store::from(s.timeout(call_timeout(ttl)))),
             // A lease counts once the replica has it, so a failover keeps it; a call waits for
-            // that at most half its deadline.
+            // that at most half its timeout.
             Locks::Sentinel(urls) => RedisStore::connect_sentinel(
                 crate::sentinel::MASTER,
                 urls.iter().map(String::as_str),
@@ -73,7 +73,7 @@ pub async fn connect(locks: &Locks, ttl: Duration, broken: bool) -> Store {
     }
 }
 
-/// Each store call's deadline: within the lease, so that two heartbeats can fail before it ends.
+/// Each store call's timeout: within the lease, so that two heartbeats can fail before it ends.
 fn call_timeout(ttl: Duration) -> Duration {
     (ttl * 5 / 6).min(Duration::from_millis(1_000))
 }

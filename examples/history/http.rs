@@ -27,7 +27,8 @@ use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tower_lease::{Lease, LockLayer, Mode, RwLockLayer, extract};
+use tower_lease::backend::Mode;
+use tower_lease::{Lease, LockLayer, RwLockLayer, extract};
 
 use crate::connect::{Locks, connect, scaled};
 use crate::record::{Hold, now_us, op};

@@ -28,7 +28,7 @@
 //! `idem_run.rs`, `idem_check.rs`).
 //!
 //! `--control` runs three histories broken on purpose, in which the checker must find
-//! violations: one of broken clients (no heartbeat, no deadline check, unconditional writes),
+//! violations: one of broken clients (no heartbeat, no expiry check, unconditional writes),
 //! one of correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
 //! comparing the secret), and one of payments over a store that acknowledges a completion
 //! before storing it. Each history is written to a JSON-lines file, whose path is printed;

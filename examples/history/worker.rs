@@ -3,7 +3,7 @@
 //! a few steps (longer, in all, than the lease's TTL) and, holding an exclusive lease, writes to
 //! the fenced register at each step; then releases it. Records every operation.
 //!
-//! Under `--control` it is the broken client the checker must catch: no heartbeat, no deadline
+//! Under `--control` it is the broken client the checker must catch: no heartbeat, no expiry
 //! check before its next step, and unconditional writes, for work that often outlasts the TTL.
 //!
 //! Under `--steady` it is the steady writer of the histories that fail over: the other
@@ -76,7 +76,7 @@ pub struct Worker {
     pub locks: Locks,
     pub register_url: String,
     pub secs: u64,
-    /// The broken client: no heartbeat, no deadline check, unconditional writes.
+    /// The broken client: no heartbeat, no expiry check, unconditional writes.
     pub control: bool,
     /// The broken lock: see `broken.rs`.
     pub broken_lock: bool,
@@ -316,7 +316,7 @@ impl<W: Write> Work<'_, W> {
                     None => None,
                 }
             };
-            // `run` checks the lease's deadline before it polls the step.
+            // `run` checks the lease's expiry before it polls the step.
             match held.run(step).await {
                 None => {
                     self.line(op(

@@ -11,7 +11,7 @@ use tower_lease::{RedisStore, Store};
 
 use crate::server::{Endpoint, RedisServer};
 
-/// The deadline of every store call in the layer's tests: short, so failure tests stay fast.
+/// The timeout of every store call in the layer's tests: short, so failure tests stay fast.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How a test's store talks to Redis.

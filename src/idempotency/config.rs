@@ -34,7 +34,7 @@ pub(crate) struct Config {
     pub(crate) idempotency: Idempotency,
     pub(crate) require_key: bool,
     /// How long a retry waits for the first request to finish (zero: answer `409` at once).
-    pub(crate) wait: Duration,
+    pub(crate) max_wait: Duration,
     pub(crate) max_body: usize,
     pub(crate) body_timeout: Duration,
     pub(crate) max_response: usize,
@@ -56,7 +56,7 @@ impl Config {
         let problem = Problem::from(reason);
         // No taken lock here: every reason's status is the refusal table's.
         let status = problem.status(None);
-        let namespace = self.idempotency.spec.namespace;
+        let namespace = self.idempotency.definition.namespace;
         let response = self.renderer.respond_boxed(problem, status, namespace);
         response.map(IdempotentBody::rendered)
     }

@@ -57,12 +57,12 @@ pub struct IdempotencyLayer<E = Unscoped> {
 impl IdempotencyLayer {
     /// A layer that keeps the keys of `idempotency` in `store`.
     pub fn new(store: Store, idempotency: Idempotency) -> Self {
-        let timing = HeartbeatTiming::for_ttl(idempotency.spec.ttl);
+        let timing = HeartbeatTiming::for_ttl(idempotency.definition.ttl);
         let config = Config {
             store,
             idempotency,
             require_key: false,
-            wait: Duration::ZERO,
+            max_wait: Duration::ZERO,
             max_body: DEFAULT_MAX_BODY,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_response: DEFAULT_MAX_RESPONSE,
@@ -104,7 +104,7 @@ impl<E> IdempotencyLayer<E> {
     /// answer with its response, instead of `409` at once. The retry looks again every 10 ms
     /// at first, then every 100 ms.
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.wait = wait;
+        self.config.max_wait = wait;
         self
     }
 
@@ -164,7 +164,7 @@ impl<E> fmt::Debug for IdempotencyLayer<E> {
         f.debug_struct("IdempotencyLayer")
             .field("idempotency", &self.config.idempotency)
             .field("require_key", &self.config.require_key)
-            .field("wait", &self.config.wait)
+            .field("max_wait", &self.config.max_wait)
             .field("max_body", &self.config.max_body)
             .field("max_response", &self.config.max_response)
             .field("complete_within", &self.config.complete_within)

@@ -151,7 +151,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 
 mod body;
 mod config;
@@ -184,7 +184,7 @@ const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// ```
 #[derive(Clone, Copy)]
 pub struct Idempotency {
-    pub(crate) spec: Spec,
+    pub(crate) definition: Definition,
     pub(crate) retention: Duration,
     pub(crate) at_most_once: bool,
 }
@@ -203,7 +203,7 @@ impl Idempotency {
             "tower-lease: an idempotency retention must be at least 1 ms"
         );
         Self {
-            spec: Spec::new(namespace, DEFAULT_LEASE),
+            definition: Definition::new(namespace, DEFAULT_LEASE),
             retention,
             at_most_once: false,
         }
@@ -216,16 +216,16 @@ impl Idempotency {
     ///
     /// If `ttl` is under 1 ms.
     pub const fn lease(self, ttl: Duration) -> Self {
-        let fenced = self.spec.fenced;
-        let mut spec = Spec::new(self.spec.namespace, ttl);
-        spec.fenced = fenced;
-        Self { spec, ..self }
+        let fenced = self.definition.fenced;
+        let mut definition = Definition::new(self.definition.namespace, ttl);
+        definition.fenced = fenced;
+        Self { definition, ..self }
     }
 
     /// Gives each reservation a fence, larger than every fence issued before for its key, in
     /// the request's [`Lease`](crate::Lease) extension.
     pub const fn fenced(mut self) -> Self {
-        self.spec.fenced = true;
+        self.definition.fenced = true;
         self
     }
 
@@ -244,7 +244,7 @@ impl Idempotency {
 
     /// The namespace.
     pub const fn namespace(&self) -> &'static str {
-        self.spec.namespace
+        self.definition.namespace
     }
 
     /// How long completed responses are replayed.
@@ -256,10 +256,10 @@ impl Idempotency {
 impl fmt::Debug for Idempotency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
-            .field("namespace", &self.spec.namespace)
+            .field("namespace", &self.definition.namespace)
             .field("retention", &self.retention)
-            .field("lease", &self.spec.ttl)
-            .field("fenced", &self.spec.fenced)
+            .field("lease", &self.definition.ttl)
+            .field("fenced", &self.definition.fenced)
             .field("at_most_once", &self.at_most_once)
             .finish()
     }

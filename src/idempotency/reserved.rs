@@ -75,10 +75,10 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    let spec = config.idempotency.spec;
+    let definition = config.idempotency.definition;
     let holding = RawLease::reserved(
         config.store.clone(),
-        spec,
+        definition,
         reserved.name,
         reserved.secret,
         reserved.fence,
@@ -103,7 +103,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    let namespace = config.idempotency.spec.namespace;
+    let namespace = config.idempotency.definition.namespace;
     let max = config.max_response;
     let work = async move {
         let (parts, body) = call.await?.into_parts();
@@ -179,7 +179,7 @@ async fn free(config: &Config, own: KeptLease) {
     let state = own.stop();
     let lease = state.holding.lease_ref();
     if let Err(error) = config.store.free(lease).await {
-        let namespace = config.idempotency.spec.namespace;
+        let namespace = config.idempotency.definition.namespace;
         tracing::warn!(namespace, %error, "freeing the idempotency key failed");
     }
 }
@@ -255,7 +255,7 @@ enum Worked<T> {
 pin_project! {
     /// `work` under the reservation, caught if it panics (the task would otherwise end with
     /// the lease in it, and its client could not be told); the lease comes back either way.
-    /// The deadline is checked before every poll of the work, as
+    /// The lease's expiry is checked before every poll of the work, as
     /// [`Held::run`](crate::Held::run) does.
     struct UnderLease<F> {
         own: Option<KeptLease>,

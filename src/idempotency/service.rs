@@ -83,7 +83,7 @@ impl<S: fmt::Debug, E> fmt::Debug for IdempotencyService<S, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
-            .field("namespace", &self.config.idempotency.spec.namespace)
+            .field("namespace", &self.config.idempotency.definition.namespace)
             .finish_non_exhaustive()
     }
 }
@@ -113,7 +113,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
-        let namespace = config.idempotency.spec.namespace;
+        let namespace = config.idempotency.definition.namespace;
         let mut keys = req.headers().get_all(&IDEMPOTENCY_KEY).iter();
         let key = match (keys.next(), keys.next()) {
             (None, _) if !config.require_key => {
@@ -191,8 +191,8 @@ where
         Err(problem) => return Ok(config.refuse(problem)),
     };
     let fingerprint = fingerprint(&parts, &body);
-    let spec = config.idempotency.spec;
-    let namespace = spec.namespace;
+    let definition = config.idempotency.definition;
+    let namespace = definition.namespace;
     match config.replays.get(&named.name, &fingerprint) {
         Some(Cached::Replay(record)) => return Ok(replay(&config, record)),
         Some(Cached::Mismatch) => {
@@ -215,7 +215,7 @@ where
     }
 }
 
-/// Looks `name` up (and again while it is in flight, under `.wait`), then replays, refuses or
+/// Looks `name` up (and again while it is in flight, under `.max_wait`), then replays, refuses or
 /// runs the request.
 async fn look_up<S, B, ResBody>(
     inner: S,
@@ -233,17 +233,21 @@ where
     ResBody: Body<Data = Bytes> + Send + Unpin + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let spec = config.idempotency.spec;
-    let namespace = spec.namespace;
+    let definition = config.idempotency.definition;
+    let namespace = definition.namespace;
     let Named {
         name,
         key_len,
         scope,
     } = named;
-    let lock = LockRef::new(namespace, &name, spec.ttl);
-    let lock = if spec.fenced { lock.fenced() } else { lock };
+    let lock = LockRef::new(namespace, &name, definition.ttl);
+    let lock = if definition.fenced {
+        lock.fenced()
+    } else {
+        lock
+    };
     let secret = Secret::random();
-    let deadline = Instant::now() + config.wait;
+    let deadline = Instant::now() + config.max_wait;
     let mut pause = FIRST_LOOK;
     // Subscribed once the key was found in flight: the completion (or the release of a 5xx)
     // publishes on the key's channel.
@@ -362,7 +366,7 @@ where
 
 /// The stored response, replayed.
 fn replay<B>(config: &Config, stored: Bytes) -> Response<IdempotentBody<B>> {
-    let namespace = config.idempotency.spec.namespace;
+    let namespace = config.idempotency.definition.namespace;
     match record::decode(stored) {
         Some(Record::Response {
             status,

@@ -152,7 +152,7 @@ where
             KindProj::RawLease { mut body, lease } => loop {
                 match lease {
                     BodyLease::Held { guard, on_loss, .. } => {
-                        // The deadline first, as before every poll of the inner future: a
+                        // The lease's expiry first, as before every poll of the inner future: a
                         // process frozen past its lease sends no further frame.
                         if *on_loss == LeaseLost::Abort
                             && (guard.over_at(Instant::now()) || guard.poll_lost(cx).is_ready())

@@ -57,7 +57,7 @@ impl<E> LockLayer<E> {
     /// `const`, as above, needs nothing.
     pub fn new<N: ?Sized>(store: Store, lock: Lock<N>, extractor: E) -> Self {
         Self {
-            config: Config::new(store, lock.spec()),
+            config: Config::new(store, lock.definition()),
             extractor,
             body: PhantomData,
         }
@@ -120,7 +120,7 @@ impl<E> RwLockLayer<E> {
     /// As with [`LockLayer::new`], the lock may have any name type `N`, and the extractor
     /// should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
-        let mut config = Config::new(store, lock.spec());
+        let mut config = Config::new(store, lock.definition());
         let linger = Linger::DEFAULT;
         config.share_reads(ReadSharing::Coalesced { linger });
         Self {

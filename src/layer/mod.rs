@@ -130,7 +130,7 @@
 //! | [`.busy_status(StatusCode)`](crate::LockLayer::busy_status) (`LockLayer`, `RwLockLayer`) | `409 Conflict` | the status when someone else holds the lock: a 4xx or `503`; `503` or `429` for clients that retry by themselves (see [the README's Clients](crate#clients)) |
 //! | [`.full_status(StatusCode)`](crate::SemaphoreLayer::full_status) (`SemaphoreLayer`) | `429 Too Many Requests` | the status when every permit is taken: a 4xx or `503` |
 //! | [`.permits(f)`](crate::SemaphoreLayer::permits) (`SemaphoreLayer`) | the semaphore's own | any `Fn(&Request<B>) -> u32`: this request's limit, such as a tenant's plan; `0` answers `400` |
-//! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or misses its deadline, run the request unlocked and log a warning |
+//! | [`.fail_open()`](crate::LockLayer::fail_open) | off: fail closed with `503` | when the store fails or times out, run the request unlocked and log a warning |
 //! | [`.heartbeat(Duration)`](crate::LockLayer::heartbeat) | TTL / 3 | how often the lease is extended while the request runs (must be shorter than the TTL) |
 //! | [`.max_hold(Duration)`](crate::LockLayer::max_hold) | no limit | stop extending this long after acquiring: a stuck handler loses the lease at most one TTL later |
 //! | [`.on_lease_lost(LeaseLost)`](crate::LockLayer::on_lease_lost) | [`LeaseLost::Abort`] | `Abort`: drop the handler's future and answer `503`; `Continue`: only flag the [`Lease`](crate::Lease) |
@@ -160,7 +160,7 @@
 //! | lock busy: held by another request | `409 Conflict`, or `.busy_status(…)` | `retry-after` (the expected wait, below), problem+json | problem `urn:tower-lease:lock-busy` |
 //! | every permit taken (`SemaphoreLayer`) | `429 Too Many Requests`, or `.full_status(…)` | `retry-after` (the expected wait), problem+json | problem `urn:tower-lease:concurrency-limit` |
 //! | a limit of 0 from `.permits(..)` | `400 Bad Request` | problem+json | problem `urn:tower-lease:invalid-concurrency-limit` |
-//! | store failed or missed its deadline | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
+//! | store failed or timed out | `503 Service Unavailable` (or the inner response with `.fail_open()`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lock-store-unavailable` |
 //! | lease taken, but fewer replicas acknowledged it than [`RedisStore::wait_for_replicas`](crate::RedisStore::wait_for_replicas) asks (it was released again) | `503 Service Unavailable` | `retry-after: 1`, problem+json | problem `urn:tower-lease:not-replicated` |
 //! | lease lost while the handler ran (default policy) | `503 Service Unavailable` (or the inner response with `LeaseLost::Continue`) | `retry-after: 1`, problem+json | problem `urn:tower-lease:lease-lost` |
 //! | no name, under `.require_name()` | `400 Bad Request` | problem+json | problem `urn:tower-lease:missing-lock-name` |
@@ -211,17 +211,17 @@
 //! one pipeline on Redis (concurrent single calls on a cluster, where a pipeline cannot span
 //! slots). The task is spawned when a lease's first extension falls due, and ends when the
 //! store's last such lease is released or lost; a request that ends sooner never touches it. Failed extensions are retried with a short backoff until the
-//! lease would end; a batch the store does not answer is abandoned at the earliest deadline in it.
+//! lease would end; a batch the store does not answer is abandoned at the earliest expiry in it.
 //!
 //! Validity is counted on the monotonic clock from the moment each confirmed acquire or extend
 //! was *sent*, less 1 % of the TTL + 2 ms for clock drift; when no extension is confirmed by then,
 //! or the store answers that the lease is gone, it is lost. Under the default
 //! [`LeaseLost::Abort`] a lost lease drops the inner future and answers
 //! `503`, and a handler that finishes after that moment (a process that was frozen, an executor
-//! that was starved) gets `503`, not its `200`. The deadline is checked before *every* poll of
+//! that was starved) gets `503`, not its `200`. The lease's expiry is checked before *every* poll of
 //! the handler (and of a body under `.hold_through_body()`), so a frozen process that wakes up
 //! past its lease drops the handler before its next step, even if the heartbeat has not run
-//! yet; `tower_lease_lost_total{reason="deadline_passed"}` counts it. A step the handler took
+//! yet; `tower_lease_lost_total{reason="expired"}` counts it. A step the handler took
 //! before the freeze is another matter: only a [fence](crate::Lock::fenced) checked by the
 //! resource catches a write that was already on its way. [`max_hold`](crate::LockLayer::max_hold) stops
 //! the heartbeat after a while, so a stuck handler ends this way.

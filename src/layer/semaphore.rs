@@ -62,7 +62,7 @@ impl<E> SemaphoreLayer<E> {
     /// As with [`LockLayer::new`](crate::LockLayer::new), the semaphore may have any name type
     /// `N`, and the extractor should yield its owned form.
     pub fn new<N: ?Sized>(store: Store, semaphore: Semaphore<N>, extractor: E) -> Self {
-        let config = Config::new(store, semaphore.spec());
+        let config = Config::new(store, semaphore.definition());
         Self {
             config,
             extractor,

@@ -27,7 +27,7 @@ use crate::backend::Mode;
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
 use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::name::owned::OwnedName;
 use crate::rejection::{Problem, Reason};
 use crate::telemetry;
@@ -99,7 +99,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let namespace = self.config.spec.namespace;
+        let namespace = self.config.definition.namespace;
         let Some(name) = self.extractor.extract(&req) else {
             if self.config.require_name {
                 let mode = self.access.mode(&req);
@@ -122,16 +122,16 @@ where
             let problem = Problem::invalid_name(defect);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         }
-        let Some(spec) = self.access.spec(&req, self.config.spec) else {
+        let Some(definition) = self.access.definition(&req, self.config.definition) else {
             span.in_scope(|| tracing::debug!("a limit of 0 permits, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidLimit);
             let problem = Problem::from(Reason::InvalidLimit);
             return ResponseFuture::refused(problem, self.config.clone(), span);
         };
         // A refusal of a permit says the semaphore is full, at this request's limit.
-        let full_at = (mode == Mode::Permit).then_some(spec.permits);
+        let full_at = (mode == Mode::Permit).then_some(definition.permits);
         let config = self.config.clone();
-        match acquire(&config, spec, mode, name) {
+        match acquire(&config, definition, mode, name) {
             // A held share: no store call, and the inner service runs now.
             Acquiring::Joined(guard) => {
                 ResponseFuture::locked(guard, config, &mut self.inner, req, span)
@@ -157,7 +157,7 @@ enum Acquiring {
 
 /// Sends a request's acquisition on one of three ways: a bounded wait (the layer waits and has
 /// a place free), a read under read coalescing, or one attempt of its own.
-fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acquiring {
+fn acquire(config: &Arc<Config>, definition: Definition, mode: Mode, name: OwnedName) -> Acquiring {
     let shared = config.shared_reads.clone().filter(|_| mode == Mode::Read);
     // A write ends this layer's own idle share of the name first, rather than wait for (or be
     // refused by) its linger.
@@ -166,7 +166,7 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
         _ => None,
     };
     if let Some(slot) = WaiterSlot::take(config) {
-        let wait = waiting(slot, config.clone(), spec, mode, name, shared, idle);
+        let wait = waiting(slot, config.clone(), definition, mode, name, shared, idle);
         // Dropped with the request (its attempts on the wire finish).
         return Acquiring::Pending(FinishOnDrop::droppable(Box::pin(wait)));
     }
@@ -180,7 +180,7 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
     }
     let (store, timing) = (config.store.clone(), config.beat.timing());
     let on_store_error = Some(config.on_store_error());
-    let attempt = RawLease::acquire_counted(store, spec, mode, name, on_store_error);
+    let attempt = RawLease::acquire_counted(store, definition, mode, name, on_store_error);
     // A named future rather than an `async` block around `attempt`, which would hold it twice
     // (see `SentAt`): this is boxed for every request in flight.
     let guarded = SentAt::new(attempt).map(move |(sent_at, attempt)| {
@@ -203,7 +203,7 @@ fn acquire(config: &Arc<Config>, spec: Spec, mode: Mode, name: OwnedName) -> Acq
 async fn waiting(
     slot: WaiterSlot,
     config: Arc<Config>,
-    spec: Spec,
+    definition: Definition,
     mode: Mode,
     name: OwnedName,
     shared: Option<Arc<SharedReads>>,
@@ -219,10 +219,11 @@ async fn waiting(
     {
         return Ok(Attempt::Acquired(joined(read, &config)));
     }
-    let (store, wait) = (config.store.clone(), config.wait);
+    let (store, wait) = (config.store.clone(), config.max_wait);
     let name = name.into_boxed();
     let on_store_error = config.on_store_error();
-    let (sent_at, attempt) = acquire_within(store, spec, mode, name, wait, on_store_error).await;
+    let (sent_at, attempt) =
+        acquire_within(store, definition, mode, name, wait, on_store_error).await;
     drop(slot);
     let timing = config.beat.timing();
     attempt.map(|attempt| {
@@ -245,7 +246,7 @@ async fn shared_read(
     config: Arc<Config>,
     name: OwnedName,
 ) -> Guarded {
-    let (namespace, mode) = (config.spec.namespace, Mode::Read);
+    let (namespace, mode) = (config.definition.namespace, Mode::Read);
     let on_store_error = config.on_store_error();
     loop {
         let waited = match entry {
@@ -253,11 +254,11 @@ async fn shared_read(
             Entry::Leading(leader) => {
                 // Taken before the command leaves, so the lease's end is never overestimated.
                 let sent_at = Instant::now();
-                let (store, spec) = (config.store.clone(), config.spec);
+                let (store, definition) = (config.store.clone(), config.definition);
                 let name = Cow::Borrowed(name.as_bytes());
                 let on_store_error = Some(on_store_error);
                 let attempt =
-                    RawLease::acquire_counted(store, spec, mode, name, on_store_error).await;
+                    RawLease::acquire_counted(store, definition, mode, name, on_store_error).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
                 return answer.map(|attempt| attempt.map(LeaseGuard::shared));
             }
@@ -277,7 +278,7 @@ async fn shared_read(
 /// round trip.
 fn joined(read: SharedRead, config: &Config) -> LeaseGuard {
     let acquired = telemetry::AcquireOutcome::Acquired;
-    telemetry::shared(config.spec.namespace, Mode::Read, acquired);
+    telemetry::shared(config.definition.namespace, Mode::Read, acquired);
     read.enrol_if_due(&config.heartbeat);
     LeaseGuard::shared(read)
 }
@@ -288,7 +289,7 @@ struct WaiterSlot(Arc<AtomicUsize>);
 impl WaiterSlot {
     /// A place when the layer waits and has one free; `None` answers at once.
     fn take(config: &Config) -> Option<Self> {
-        if config.wait.is_zero() {
+        if config.max_wait.is_zero() {
             return None;
         }
         let waiting = &config.waiting;
@@ -334,17 +335,20 @@ impl<R, P> Access<R, P> {
 
     /// The definition `req` takes its lease under: the layer's, with the request's own permits
     /// for a semaphore; `None` when they are 0.
-    fn spec<B>(&self, req: &Request<B>, spec: Spec) -> Option<Spec>
+    fn definition<B>(&self, req: &Request<B>, definition: Definition) -> Option<Definition>
     where
         P: PermitsFor<B>,
     {
         let Access::Permits(permits) = self else {
-            return Some(spec);
+            return Some(definition);
         };
         match permits.permits_for(req) {
-            None => Some(spec),
+            None => Some(definition),
             Some(0) => None,
-            Some(permits) => Some(Spec { permits, ..spec }),
+            Some(permits) => Some(Definition {
+                permits,
+                ..definition
+            }),
         }
     }
 }

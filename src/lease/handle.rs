@@ -66,7 +66,8 @@ impl Lease {
 
     /// Which lease this is: [`Mode::Exclusive`] under [`LockLayer`](crate::LockLayer),
     /// [`Mode::Read`] or [`Mode::Write`] under [`RwLockLayer`](crate::RwLockLayer),
-    /// [`Mode::Permit`] under [`SemaphoreLayer`](crate::SemaphoreLayer).
+    /// [`Mode::Permit`] under [`SemaphoreLayer`](crate::SemaphoreLayer); never
+    /// [`Mode::Reservation`], which only a [`Backend`](crate::backend::Backend) meets.
     pub fn mode(&self) -> Mode {
         self.state.holding.mode()
     }

@@ -55,7 +55,7 @@ use crate::lease::raw::RawLease;
 /// [`lost`](Self::lost) resolves then.
 ///
 /// Dropping a `Held` stops its heartbeat and releases the lease in a spawned task, bounded by
-/// the store's deadline (unlike a bare token, whose drop never talks to the store); outside a
+/// the store's timeout (unlike a bare token, whose drop never talks to the store); outside a
 /// tokio runtime it can only log, and the TTL frees the lock.
 /// `into_token()` stops the heartbeat without releasing and gives the token back: the lease runs
 /// out one TTL after its last extension.
@@ -126,7 +126,7 @@ impl<T> Held<T> {
     /// held, `None` when the lease was lost first (`work` is dropped at once, cancelling it at
     /// its next `.await`) or had run out by the time it finished.
     ///
-    /// The deadline is checked before every poll of `work`: a process frozen past its lease
+    /// The lease's expiry is checked before every poll of `work`: a process frozen past its lease
     /// (SIGSTOP, a pause, a starved executor) drops the work when it wakes, before its next
     /// step. A step the work had already sent on its way (a write) is not undone; a
     /// [fence](Self::fence) checked by the resource catches it.

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::Result;
 use crate::backend::{Acquisition, Extended, Hub, LeaseRef, Mode, Secret};
 use crate::locks::attempt::{Attempt, outcome};
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::name::check_name;
 use crate::name::owned::OwnedName;
 use crate::store::Store;
@@ -26,7 +26,7 @@ pub(crate) fn valid_for(ttl: Duration) -> Duration {
 /// A lease we hold, of any mode: what both token types and the layer are built on.
 pub(crate) struct RawLease {
     store: Store,
-    spec: Spec,
+    definition: Definition,
     mode: Mode,
     name: OwnedName,
     secret: Secret,
@@ -47,11 +47,17 @@ impl RawLease {
     /// Takes the lease on `name` if it is free; a store failure counts as `store_error`.
     pub(crate) fn acquire(
         store: Store,
-        spec: Spec,
+        definition: Definition,
         mode: Mode,
         name: Cow<'_, [u8]>,
     ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send + '_ {
-        Self::acquire_counted(store, spec, mode, name, Some(AcquireOutcome::StoreError))
+        Self::acquire_counted(
+            store,
+            definition,
+            mode,
+            name,
+            Some(AcquireOutcome::StoreError),
+        )
     }
 
     /// Like [`acquire`](Self::acquire), with the outcome a store failure counts as (the layer
@@ -70,7 +76,7 @@ impl RawLease {
     )]
     pub(crate) fn acquire_counted<N>(
         store: Store,
-        spec: Spec,
+        definition: Definition,
         mode: Mode,
         name: N,
         on_store_error: Option<AcquireOutcome>,
@@ -78,7 +84,14 @@ impl RawLease {
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
     {
-        Self::acquire_with_secret(store, spec, mode, name, on_store_error, Secret::random())
+        Self::acquire_with_secret(
+            store,
+            definition,
+            mode,
+            name,
+            on_store_error,
+            Secret::random(),
+        )
     }
 
     /// Like [`acquire_counted`](Self::acquire_counted), with the lease's `secret`: a waiting writer's
@@ -90,7 +103,7 @@ impl RawLease {
     )]
     pub(crate) fn acquire_with_secret<N>(
         store: Store,
-        spec: Spec,
+        definition: Definition,
         mode: Mode,
         name: N,
         on_store_error: Option<AcquireOutcome>,
@@ -102,14 +115,14 @@ impl RawLease {
         async move {
             if let Err(invalid) = check_name(name.as_ref()) {
                 if on_store_error.is_some() {
-                    telemetry::refused(spec.namespace, mode, AcquireOutcome::InvalidName);
+                    telemetry::refused(definition.namespace, mode, AcquireOutcome::InvalidName);
                 }
                 return Err(invalid);
             }
             // Taken before the command leaves, so the lease's end is never overestimated.
             let sent_at = Instant::now();
             let sent = Moment::now();
-            let lease = LeaseRef::new(spec.lock_ref(name.as_ref()), mode, &secret);
+            let lease = LeaseRef::new(definition.lock_ref(name.as_ref()), mode, &secret);
             let acquisition = store.acquire(lease).await;
             if let Err(error) = &acquisition {
                 // A call that timed out may still land: what it takes is given back.
@@ -123,11 +136,11 @@ impl RawLease {
             let acquired = matches!(answer, Ok(Attempt::Acquired(_)));
             let outcome =
                 on_store_error.map(|on_store_error| outcome(&answer, false, on_store_error));
-            let namespace = spec.namespace;
+            let namespace = definition.namespace;
             telemetry::store_answered(namespace, mode, outcome, acquired, sent, answered);
             if mode == Mode::Write
                 && matches!(answer, Ok(Attempt::Busy { .. }))
-                && spec.lock_ref(name.as_ref()).write_intent().is_some()
+                && definition.lock_ref(name.as_ref()).write_intent().is_some()
             {
                 // This process's shares of the name hear of the intent at once; other
                 // processes' through the store's message.
@@ -136,7 +149,7 @@ impl RawLease {
             }
             Ok(answer?.map(|fence| RawLease {
                 store,
-                spec,
+                definition,
                 mode,
                 name: name.into(),
                 secret,
@@ -155,7 +168,7 @@ impl RawLease {
     /// answered `Reserved` for `secret`.
     pub(crate) fn reserved(
         store: Store,
-        spec: Spec,
+        definition: Definition,
         name: OwnedName,
         secret: Secret,
         fence: Option<u64>,
@@ -163,7 +176,7 @@ impl RawLease {
     ) -> RawLease {
         let answered = Moment::now();
         telemetry::store_answered(
-            spec.namespace,
+            definition.namespace,
             Mode::Reservation,
             None,
             true,
@@ -172,7 +185,7 @@ impl RawLease {
         );
         RawLease {
             store,
-            spec,
+            definition,
             mode: Mode::Reservation,
             name,
             secret,
@@ -194,7 +207,7 @@ impl RawLease {
             .store(false, std::sync::atomic::Ordering::Relaxed);
         RawLease {
             store: self.store.clone(),
-            spec: self.spec,
+            definition: self.definition,
             mode: self.mode,
             name: self.name.clone(),
             secret: self.secret.clone(),
@@ -215,7 +228,7 @@ impl RawLease {
     /// This lease, as [`Backend`](crate::backend::Backend) calls take it.
     pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
         LeaseRef::new(
-            self.spec.lock_ref(self.name.as_bytes()),
+            self.definition.lock_ref(self.name.as_bytes()),
             self.mode,
             &self.secret,
         )
@@ -236,14 +249,14 @@ impl RawLease {
             Ok(_) => ExtendOutcome::Ok,
             Err(_) => ExtendOutcome::Error,
         };
-        telemetry::extend(self.spec.namespace, self.mode, outcome);
+        telemetry::extend(self.definition.namespace, self.mode, outcome);
         extended.map(Extended::is_held)
     }
 
     pub(crate) async fn release(&self) -> Result<bool> {
         let (store, lease) = (&self.store, self.lease_ref());
         // Confirmed live until after now: the store need not ask whether the lease ran out.
-        let live = Instant::now() < self.confirmed_at() + valid_for(self.spec.ttl);
+        let live = Instant::now() < self.confirmed_at() + valid_for(self.definition.ttl);
         let released = if live {
             store.release_live(lease).await
         } else {
@@ -251,7 +264,7 @@ impl RawLease {
         };
         // Whatever the answer, the lease is not ours any more: a waiter here may try now.
         let rooms = self.store.wait_rooms();
-        rooms.released(self.mode, self.spec.namespace, self.name.as_bytes());
+        rooms.released(self.mode, self.definition.namespace, self.name.as_bytes());
         released
     }
 
@@ -269,11 +282,11 @@ impl RawLease {
     }
 
     pub(crate) fn ttl(&self) -> Duration {
-        self.spec.ttl
+        self.definition.ttl
     }
 
     pub(crate) fn namespace(&self) -> &'static str {
-        self.spec.namespace
+        self.definition.namespace
     }
 
     pub(crate) fn mode(&self) -> Mode {
@@ -282,7 +295,7 @@ impl RawLease {
 
     /// Whether a refused writer of this lock leaves a write intent.
     pub(crate) fn writer_preferred(&self) -> bool {
-        self.spec.writer_preferred
+        self.definition.writer_preferred
     }
 }
 
@@ -290,7 +303,7 @@ impl RawLease {
 impl Drop for RawLease {
     fn drop(&mut self) {
         if *self.counted.get_mut() {
-            telemetry::lease_ended(self.spec.namespace, self.mode, self.taken);
+            telemetry::lease_ended(self.definition.namespace, self.mode, self.taken);
         }
     }
 }
@@ -301,7 +314,7 @@ impl RawLease {
     pub(crate) fn debug_as(&self, f: &mut fmt::Formatter<'_>, type_name: &str) -> fmt::Result {
         // The secret stays out: whoever has it can release the lock.
         f.debug_struct(type_name)
-            .field("namespace", &self.spec.namespace)
+            .field("namespace", &self.definition.namespace)
             .field("name", &self.name)
             .field("mode", &self.mode)
             .field("fence", &self.fence)

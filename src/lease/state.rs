@@ -111,7 +111,7 @@ impl LeaseState {
     }
 
     /// Whether the lease is over at `now`: ended already, or past the end of its last confirmed
-    /// extension, which declares it lost (`deadline_passed`) before the heartbeat has noticed.
+    /// extension, which declares it lost (`expired`) before the heartbeat has noticed.
     ///
     /// The response future and the body ask this before each poll of the work the lease
     /// guards: a process that was frozen past its lease (SIGSTOP, a pause, a starved executor)
@@ -123,7 +123,7 @@ impl LeaseState {
         if now < self.valid_until() {
             return false;
         }
-        self.declare_lost(LossReason::DeadlinePassed);
+        self.declare_lost(LossReason::Expired);
         true
     }
 

@@ -8,14 +8,14 @@ use crate::Result;
 use crate::backend::Mode;
 use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::locks::token::{LockToken, ReadToken};
 use crate::name::LockName;
 use crate::store::Store;
 use crate::telemetry::AcquireOutcome;
 use crate::wait::acquire_within::acquire_within;
 
-impl Spec {
+impl Definition {
     /// Takes the lease on `name` if it is free.
     pub(crate) async fn acquire<N>(
         self,
@@ -55,7 +55,7 @@ macro_rules! definition {
     ($(#[$doc:meta])* $ty:ident) => {
         $(#[$doc])*
         pub struct $ty<N: ?Sized> {
-            spec: Spec,
+            definition: Definition,
             name: PhantomData<fn(&N)>,
         }
 
@@ -70,7 +70,7 @@ macro_rules! definition {
             /// ASCII without `:`, `{`, `}` and space, or if `ttl` is shorter than 1 ms. In a
             /// `const` item this is a compile error. Use `try_new` for values read at run time.
             pub const fn new(namespace: &'static str, ttl: Duration) -> Self {
-                Self { spec: Spec::new(namespace, ttl), name: PhantomData }
+                Self { definition: Definition::new(namespace, ttl), name: PhantomData }
             }
 
             /// Like `new`, but answers
@@ -78,7 +78,7 @@ macro_rules! definition {
             /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) instead of panicking, for
             /// definitions built from configuration.
             pub fn try_new(namespace: &'static str, ttl: Duration) -> Result<Self> {
-                Ok(Self { spec: Spec::try_new(namespace, ttl)?, name: PhantomData })
+                Ok(Self { definition: Definition::try_new(namespace, ttl)?, name: PhantomData })
             }
 
             /// Makes every exclusive acquisition take a *fencing token*, available as `fence()` on
@@ -90,26 +90,26 @@ macro_rules! definition {
             /// loses the counter (a restart without persistence, a failover, a flush), as long
             /// as the clock of the Redis that issues it is not behind the last one's.
             pub const fn fenced(self) -> Self {
-                Self { spec: Spec { fenced: true, ..self.spec }, name: PhantomData }
+                Self { definition: Definition { fenced: true, ..self.definition }, name: PhantomData }
             }
 
             /// How long a lease lasts unless extended.
             pub const fn ttl(&self) -> Duration {
-                self.spec.ttl
+                self.definition.ttl
             }
 
             /// The namespace this lock's names live in.
             pub const fn namespace(&self) -> &'static str {
-                self.spec.namespace
+                self.definition.namespace
             }
 
             /// Whether acquisitions take fencing tokens; see [`fenced`](Self::fenced).
             pub const fn is_fenced(&self) -> bool {
-                self.spec.fenced
+                self.definition.fenced
             }
 
-            pub(crate) const fn spec(&self) -> Spec {
-                self.spec
+            pub(crate) const fn definition(&self) -> Definition {
+                self.definition
             }
         }
 
@@ -124,16 +124,16 @@ macro_rules! definition {
         impl<N: ?Sized> fmt::Debug for $ty<N> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct(stringify!($ty))
-                    .field("namespace", &self.spec.namespace)
-                    .field("ttl", &self.spec.ttl)
-                    .field("fenced", &self.spec.fenced)
+                    .field("namespace", &self.definition.namespace)
+                    .field("ttl", &self.definition.ttl)
+                    .field("fenced", &self.definition.fenced)
                     .finish()
             }
         }
 
         impl<N: ?Sized> PartialEq for $ty<N> {
             fn eq(&self, other: &Self) -> bool {
-                self.spec == other.spec
+                self.definition == other.definition
             }
         }
 
@@ -234,7 +234,7 @@ impl<N: LockName + ?Sized> Lock<N> {
         wait: Duration,
     ) -> Result<Option<LockToken<Self>>> {
         let attempt = self
-            .spec
+            .definition
             .acquire_within(store, Mode::Exclusive, name, wait)
             .await?;
         Ok(attempt.map(LockToken::new).acquired())
@@ -243,7 +243,10 @@ impl<N: LockName + ?Sized> Lock<N> {
     /// Like [`try_lock`](Self::try_lock), but when the lock is busy it also says how long the
     /// holder's lease has left.
     pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
-        let attempt = self.spec.acquire(store, Mode::Exclusive, name).await?;
+        let attempt = self
+            .definition
+            .acquire(store, Mode::Exclusive, name)
+            .await?;
         Ok(attempt.map(LockToken::new))
     }
 }
@@ -258,7 +261,7 @@ impl<N: ?Sized> RwLock<N> {
     /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least twice
     /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
     /// its wait runs out, the store fails, or its future is dropped (the client left; the
-    /// withdrawal then finishes in the background, within the store's deadline). An intent that
+    /// withdrawal then finishes in the background, within the store's timeout). An intent that
     /// another writer has written since stays. A `try_write` that is refused, or a writer that
     /// crashed, keeps readers out for one window at most; retried within the window (a client
     /// that retries every 100 ms), the intent lasts.
@@ -267,9 +270,9 @@ impl<N: ?Sized> RwLock<N> {
     /// can keep it out for good.
     pub const fn writer_preferred(self) -> Self {
         Self {
-            spec: Spec {
+            definition: Definition {
                 writer_preferred: true,
-                ..self.spec
+                ..self.definition
             },
             name: PhantomData,
         }
@@ -277,7 +280,7 @@ impl<N: ?Sized> RwLock<N> {
 
     /// Whether writers win over new readers; see [`writer_preferred`](Self::writer_preferred).
     pub const fn is_writer_preferred(&self) -> bool {
-        self.spec.writer_preferred
+        self.definition.writer_preferred
     }
 }
 
@@ -301,7 +304,7 @@ impl<N: LockName + ?Sized> RwLock<N> {
         wait: Duration,
     ) -> Result<Option<ReadToken<Self>>> {
         let attempt = self
-            .spec
+            .definition
             .acquire_within(store, Mode::Read, name, wait)
             .await?;
         Ok(attempt.map(ReadToken::new).acquired())
@@ -316,7 +319,7 @@ impl<N: LockName + ?Sized> RwLock<N> {
         wait: Duration,
     ) -> Result<Option<LockToken<Self>>> {
         let attempt = self
-            .spec
+            .definition
             .acquire_within(store, Mode::Write, name, wait)
             .await?;
         Ok(attempt.map(LockToken::new).acquired())
@@ -324,14 +327,14 @@ impl<N: LockName + ?Sized> RwLock<N> {
 
     /// Like [`try_read`](Self::try_read), also answering how long the writer's lease has left.
     pub async fn attempt_read(&self, store: &Store, name: &N) -> Result<Attempt<ReadToken<Self>>> {
-        let attempt = self.spec.acquire(store, Mode::Read, name).await?;
+        let attempt = self.definition.acquire(store, Mode::Read, name).await?;
         Ok(attempt.map(ReadToken::new))
     }
 
     /// Like [`try_write`](Self::try_write), also answering how long until the blocking leases
     /// (the writer's, or the last live reader's) end.
     pub async fn attempt_write(&self, store: &Store, name: &N) -> Result<Attempt<LockToken<Self>>> {
-        let attempt = self.spec.acquire(store, Mode::Write, name).await?;
+        let attempt = self.definition.acquire(store, Mode::Write, name).await?;
         Ok(attempt.map(LockToken::new))
     }
 }

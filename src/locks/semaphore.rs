@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::backend::Mode;
 use crate::locks::attempt::Attempt;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::locks::token::Permit;
 use crate::name::{LockName, check_name};
 use crate::store::Store;
@@ -53,7 +53,7 @@ use crate::{Error, Result};
 /// const NONE: Semaphore<str> = Semaphore::new("export", 0, Duration::from_secs(30));
 /// ```
 pub struct Semaphore<N: ?Sized> {
-    spec: Spec,
+    definition: Definition,
     name: PhantomData<fn(&N)>,
 }
 
@@ -71,12 +71,12 @@ impl<N: ?Sized> Semaphore<N> {
             permits > 0,
             "tower-lease: a semaphore needs at least 1 permit"
         );
-        let spec = Spec {
+        let definition = Definition {
             permits,
-            ..Spec::new(namespace, ttl)
+            ..Definition::new(namespace, ttl)
         };
         Self {
-            spec,
+            definition,
             name: PhantomData,
         }
     }
@@ -84,9 +84,9 @@ impl<N: ?Sized> Semaphore<N> {
     /// Like [`new`](Self::new), but answers [`Error::InvalidPermits`],
     /// [`Error::InvalidNamespace`] or [`Error::InvalidTtl`] instead of panicking.
     pub fn try_new(namespace: &'static str, permits: u32, ttl: Duration) -> Result<Self> {
-        let spec = Spec::try_new(namespace, ttl)?;
+        let definition = Definition::try_new(namespace, ttl)?;
         Self {
-            spec,
+            definition,
             name: PhantomData,
         }
         .with_permits(permits)
@@ -98,33 +98,33 @@ impl<N: ?Sized> Semaphore<N> {
         if permits == 0 {
             return Err(Error::InvalidPermits);
         }
-        let spec = Spec {
+        let definition = Definition {
             permits,
-            ..self.spec
+            ..self.definition
         };
         Ok(Self {
-            spec,
+            definition,
             name: PhantomData,
         })
     }
 
     /// How many permits each name has.
     pub const fn permits(&self) -> u32 {
-        self.spec.permits
+        self.definition.permits
     }
 
     /// How long a permit's lease lasts unless extended.
     pub const fn ttl(&self) -> Duration {
-        self.spec.ttl
+        self.definition.ttl
     }
 
     /// The namespace this semaphore's names live in.
     pub const fn namespace(&self) -> &'static str {
-        self.spec.namespace
+        self.definition.namespace
     }
 
-    pub(crate) const fn spec(&self) -> Spec {
-        self.spec
+    pub(crate) const fn definition(&self) -> Definition {
+        self.definition
     }
 }
 
@@ -149,7 +149,7 @@ impl<N: LockName + ?Sized> Semaphore<N> {
         wait: Duration,
     ) -> Result<Option<Permit<Self>>> {
         let attempt = self
-            .spec
+            .definition
             .acquire_within(store, Mode::Permit, name, wait)
             .await?;
         Ok(attempt.map(Permit::new).acquired())
@@ -158,7 +158,7 @@ impl<N: LockName + ?Sized> Semaphore<N> {
     /// Like [`try_acquire`](Self::try_acquire), but when all permits are taken it also says
     /// how long until the earliest live permit's lease ends.
     pub async fn attempt(&self, store: &Store, name: &N) -> Result<Attempt<Permit<Self>>> {
-        let attempt = self.spec.acquire(store, Mode::Permit, name).await?;
+        let attempt = self.definition.acquire(store, Mode::Permit, name).await?;
         Ok(attempt.map(Permit::new))
     }
 
@@ -166,7 +166,7 @@ impl<N: LockName + ?Sized> Semaphore<N> {
     pub async fn in_use(&self, store: &Store, name: &N) -> Result<u32> {
         let name = name.lock_name();
         check_name(&name)?;
-        store.in_use(self.spec.lock_ref(&name)).await
+        store.in_use(self.definition.lock_ref(&name)).await
     }
 }
 
@@ -181,16 +181,16 @@ impl<N: ?Sized> Copy for Semaphore<N> {}
 impl<N: ?Sized> fmt::Debug for Semaphore<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Semaphore")
-            .field("namespace", &self.spec.namespace)
-            .field("permits", &self.spec.permits)
-            .field("ttl", &self.spec.ttl)
+            .field("namespace", &self.definition.namespace)
+            .field("permits", &self.definition.permits)
+            .field("ttl", &self.definition.ttl)
             .finish()
     }
 }
 
 impl<N: ?Sized> PartialEq for Semaphore<N> {
     fn eq(&self, other: &Self) -> bool {
-        self.spec == other.spec
+        self.definition == other.definition
     }
 }
 

@@ -17,7 +17,7 @@ use crate::backend::{
     Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, LeaseRef, LockRef, Mode,
     Secret,
 };
-use crate::wait::coarse_timer::Deadline;
+use crate::wait::coarse_timer::Timeout;
 use crate::{Error, Result};
 
 impl Store {
@@ -25,7 +25,7 @@ impl Store {
     async fn bounded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         match &self.timer {
             None => call.await,
-            Some(timer) => Deadline::new(timer, call)
+            Some(timer) => Timeout::new(timer, call)
                 .await
                 .unwrap_or(Err(Error::Timeout(self.timeout))),
         }
@@ -93,7 +93,7 @@ impl Store {
             .timer
             .as_ref()
             .expect("only a bounded store takes this way");
-        if let Some(answer) = Deadline::new(timer, call.as_mut()).await {
+        if let Some(answer) = Timeout::new(timer, call.as_mut()).await {
             return answer;
         }
         late.store(true, Ordering::Release);
@@ -115,7 +115,7 @@ impl Store {
         let call = self.backend.extend_many(leases);
         match &self.timer {
             None => call.await,
-            Some(timer) => match Deadline::new(timer, call).await {
+            Some(timer) => match Timeout::new(timer, call).await {
                 Some(answers) => answers,
                 None => leases
                     .iter()

@@ -1,5 +1,5 @@
 //! [`Store`]: the handle applications hold, on a [`Backend`] with what the process keeps beside
-//! it (the waiting rooms, the heartbeat, the notifications' hub, the deadline of its calls).
+//! it (the waiting rooms, the heartbeat, the notifications' hub, the timeout of its calls).
 
 use std::fmt;
 use std::sync::Arc;

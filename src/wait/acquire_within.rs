@@ -11,7 +11,7 @@ use crate::backend::{Mode, Secret};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
 use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::store::Store;
 use crate::telemetry::{self, AcquireOutcome};
 use crate::wait::write_intent::KeptIntent;
@@ -32,13 +32,13 @@ const WATCHED_POLL: Duration = Duration::from_secs(1);
 /// `on_store_error` is what a store failure counts as in the metrics.
 pub(crate) async fn acquire_within(
     store: Store,
-    spec: Spec,
+    definition: Definition,
     mode: Mode,
     name: Box<[u8]>,
     wait: Duration,
     on_store_error: AcquireOutcome,
 ) -> Acquired {
-    let namespace = spec.namespace;
+    let namespace = definition.namespace;
     let started = Instant::now();
     if let Err(invalid) = crate::name::check_name(&name) {
         telemetry::refused(namespace, mode, AcquireOutcome::InvalidName);
@@ -50,7 +50,7 @@ pub(crate) async fn acquire_within(
     let mut backoff = Backoff::new();
     // One secret for every attempt, which the write intent they leave holds.
     let secret = Secret::random();
-    let mut intent = KeptIntent::new(&store, spec, mode, &name, &secret);
+    let mut intent = KeptIntent::new(&store, definition, mode, &name, &secret);
     // `waited`: whether this acquisition waited at all (in the queue, or between attempts); one
     // that got its answer from the first attempt counts no wait.
     let end = |outcome: AcquireOutcome, waited: bool| {
@@ -68,9 +68,9 @@ pub(crate) async fn acquire_within(
         // the waiter whose turn it is keeps one, and this one gives up. Or the waiter with the
         // turn found the store failing: this one's own attempt ends its wait with the store's
         // error too, or if the store answers, queues it again.
-        let probe = Spec {
+        let probe = Definition {
             writer_preferred: false,
-            ..spec
+            ..definition
         };
         let (sent_at, attempt) = attempt(&store, probe, mode, &name, &secret).await;
         if matches!(attempt, Ok(Attempt::Busy { .. })) && Instant::now() < deadline {
@@ -101,7 +101,7 @@ pub(crate) async fn acquire_within(
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            let (sent_at, attempt) = attempt(&store, spec, mode, &name, &secret).await;
+            let (sent_at, attempt) = attempt(&store, definition, mode, &name, &secret).await;
             if let (Some(intent), Ok(Attempt::Busy { .. })) = (&mut intent, &attempt) {
                 intent.refused();
             }
@@ -176,13 +176,20 @@ pub(crate) async fn acquire_within(
 
 /// One attempt with `secret`, with the instant it was sent; finished in a task of its own if the waiter is
 /// dropped while it is on the wire.
-async fn attempt(store: &Store, spec: Spec, mode: Mode, name: &[u8], secret: &Secret) -> Acquired {
+async fn attempt(
+    store: &Store,
+    definition: Definition,
+    mode: Mode,
+    name: &[u8],
+    secret: &Secret,
+) -> Acquired {
     let (store, name, secret) = (store.clone(), name.to_vec(), secret.clone());
     let call = Box::pin(async move {
         // Taken before the command leaves, so the lease's end is never overestimated.
         let sent_at = Instant::now();
         let name = Cow::Owned(name);
-        let attempt = RawLease::acquire_with_secret(store, spec, mode, name, None, secret).await;
+        let attempt =
+            RawLease::acquire_with_secret(store, definition, mode, name, None, secret).await;
         (sent_at, attempt)
     });
     FinishOnDrop::acquisition(call).await

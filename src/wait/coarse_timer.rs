@@ -1,4 +1,4 @@
-//! The store's own deadline: one coarse timer per store, shared by all its calls, instead of a
+//! The store's own timeout: one coarse timer per store, shared by all its calls, instead of a
 //! `tokio::time::timeout` per call.
 //!
 //! A call registers its waker once, when it first waits, and removes it when it ends: two
@@ -6,7 +6,7 @@
 //! instructions (the `throughput` benchmark's `diag` variants measure both). A task ticks
 //! `tick` at a time while calls are waiting, wakes those whose deadline has passed, and ends
 //! when none are left or when the store is gone. A call fails after between `timeout` and
-//! `timeout` plus two ticks (a 32nd of the deadline each, at most 25 ms).
+//! `timeout` plus two ticks (a 32nd of the timeout each, at most 25 ms).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +19,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub(crate) struct CoarseTimer {
     tick: Duration,
-    /// Ticks until a call that starts now is overdue: at least the whole deadline, since
+    /// Ticks until a call that starts now is overdue: at least the timer's whole duration, since
     /// the clock may be up to one tick behind.
     ticks: u64,
     /// Ticks since the timer first ran: the coarse clock every deadline is measured on.
@@ -152,7 +152,7 @@ async fn tick(timer: Weak<CoarseTimer>, id: u64) {
 
 pin_project_lite::pin_project! {
     /// `call`, or `None` once `timeout` has passed.
-    pub(crate) struct Deadline<'a, F> {
+    pub(crate) struct Timeout<'a, F> {
         #[pin]
         call: F,
         timer: &'a Arc<CoarseTimer>,
@@ -160,7 +160,7 @@ pin_project_lite::pin_project! {
         registered: Option<(usize, u64, Waker)>,
     }
 
-    impl<F> PinnedDrop for Deadline<'_, F> {
+    impl<F> PinnedDrop for Timeout<'_, F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((slot, _, _)) = this.registered.take() {
@@ -170,8 +170,9 @@ pin_project_lite::pin_project! {
     }
 }
 
-// Only a Redis store bounds its calls with the timer; every other user asks `Overdue`.
-impl<'a, F> Deadline<'a, F> {
+// A store's calls are bounded with the timer (by `RedisStore`, and by the `Store` handle for
+// another backend); every other user asks `Overdue`.
+impl<'a, F> Timeout<'a, F> {
     pub(crate) fn new(timer: &'a Arc<CoarseTimer>, call: F) -> Self {
         Self {
             call,
@@ -181,7 +182,7 @@ impl<'a, F> Deadline<'a, F> {
     }
 }
 
-impl<F: Future> Future for Deadline<'_, F> {
+impl<F: Future> Future for Timeout<'_, F> {
     type Output = Option<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -229,7 +230,7 @@ fn poll_overdue(
     Poll::Pending
 }
 
-/// A wait of a timer's deadline, counted from its first poll, that owns its handle on the
+/// A wait of a timer's duration, counted from its first poll, that owns its handle on the
 /// timer: for the layer's response future and body, which cannot borrow one. A tokio timer
 /// per wait costs about a thousand instructions to register and remove; this, two uncontended
 /// lock round trips.
@@ -242,7 +243,7 @@ pub(crate) struct Overdue {
 }
 
 impl Overdue {
-    /// A wait of the timer's own deadline.
+    /// A wait of the timer's own duration.
     pub(crate) fn new(timer: Arc<CoarseTimer>) -> Self {
         let ticks = timer.ticks;
         Self {

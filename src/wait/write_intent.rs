@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::backend::{LeaseRef, Mode, Secret};
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::store::Store;
 
 /// A waiting writer's part in the write intent of a
@@ -32,7 +32,7 @@ pub(crate) struct KeptIntent {
 #[derive(Clone)]
 struct Parts {
     store: Store,
-    spec: Spec,
+    definition: Definition,
     name: Box<[u8]>,
     secret: Secret,
 }
@@ -42,18 +42,18 @@ impl KeptIntent {
     /// a reader, a permit or a lock that does not prefer writers, which leave no intent.
     pub(crate) fn new(
         store: &Store,
-        spec: Spec,
+        definition: Definition,
         mode: Mode,
         name: &[u8],
         secret: &Secret,
     ) -> Option<Self> {
-        let window = spec
+        let window = definition
             .lock_ref(name)
             .write_intent()
             .filter(|_| mode == Mode::Write)?;
         let lock = Parts {
             store: store.clone(),
-            spec,
+            definition,
             name: name.into(),
             secret: secret.clone(),
         };
@@ -82,7 +82,7 @@ impl KeptIntent {
     }
 
     /// The writer gives up: the intent is withdrawn before this answers, within the store's
-    /// deadline, and in the background if the caller is dropped meanwhile.
+    /// timeout, and in the background if the caller is dropped meanwhile.
     pub(crate) async fn withdraw(mut self) {
         if std::mem::take(&mut self.left) {
             let lock = self.lock.clone();
@@ -108,18 +108,18 @@ impl Drop for KeptIntent {
 async fn withdraw(lock: Parts) {
     let Parts {
         store,
-        spec,
+        definition,
         name,
         secret,
     } = lock;
-    let lease = LeaseRef::new(spec.lock_ref(&name), Mode::Write, &secret);
+    let lease = LeaseRef::new(definition.lock_ref(&name), Mode::Write, &secret);
     match store.withdraw_intent(lease).await {
         Ok(true) => store
             .wait_rooms()
-            .released(Mode::Write, spec.namespace, &name),
+            .released(Mode::Write, definition.namespace, &name),
         Ok(false) => {}
         Err(error) => tracing::debug!(
-            namespace = spec.namespace,
+            namespace = definition.namespace,
             %error,
             "withdrawing a write intent failed; it ends with its window"
         ),

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::backend::LockRef;
-use tower_lease::{Attempt, Lock, Mode};
+use tower_lease::backend::{LockRef, Mode};
+use tower_lease::{Attempt, Lock};
 
 use crate::{Env, Holders, ROUNDING, assert_strangers_refused, poll};
 

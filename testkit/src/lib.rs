@@ -84,8 +84,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
-use tower_lease::{Mode, Store};
+use tower_lease::Store;
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
 
 /// Stores and clocks count whole milliseconds; comparisons allow that much rounding.
 pub const ROUNDING: Duration = Duration::from_millis(3);

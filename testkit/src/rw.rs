@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::backend::LockRef;
-use tower_lease::{Attempt, Mode, RwLock};
+use tower_lease::backend::{LockRef, Mode};
+use tower_lease::{Attempt, RwLock};
 
 use crate::{Env, ROUNDING, assert_strangers_refused, poll};
 

@@ -26,7 +26,7 @@ const JOBS: Lock<str> = Lock::new("ghost-jobs", TTL);
 const DOCS: RwLock<str> = RwLock::new("ghost-docs", TTL);
 const SLOTS: Semaphore<str> = Semaphore::new("ghost-slots", 1, TTL);
 
-/// How long Redis holds the writes back: well past the store's 500 ms deadline.
+/// How long Redis holds the writes back: well past the store's 500 ms timeout.
 const PAUSE_MS: u64 = 1_200;
 /// When the retry comes, after the pause ended.
 const AFTER_RECOVERY: Duration = Duration::from_millis(600);
@@ -43,7 +43,7 @@ tower_lease_harness::store_tests!(
 );
 
 /// Pauses the writes behind `env`'s store and runs `call`, which must fail by the store's
-/// deadline; answers when the pause ends, plus [`AFTER_RECOVERY`]: when the retry is due.
+/// timeout; answers when the pause ends, plus [`AFTER_RECOVERY`]: when the retry is due.
 ///
 /// The scenarios of scripts run one call of the kind first: a script Redis has not cached
 /// answers `NOSCRIPT` when the pause ends, and a call that timed out sends no `EVAL` after it,
@@ -120,7 +120,7 @@ async fn a_permit_that_timed_out_is_given_back(env: Backing) {
 }
 
 /// The acceptance check over HTTP: a locked request on a paused store answers `503` by the
-/// deadline, and a retry 0.6 s after the store recovered runs.
+/// store's timeout, and a retry 0.6 s after the store recovered runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_layer_a_retry_after_a_timed_out_request_runs() {
     let env = Backing::redis(Setup::Layer).await;

@@ -275,7 +275,7 @@ async fn a_replica_frozen_past_its_lease_does_not_report_success() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The key is there a moment before the replica has read the store's reply: let it take the
-    // reply and start its handler, or the freeze would land in the acquisition (its deadline
+    // reply and start its handler, or the freeze would land in the acquisition (its timeout
     // then answers "store unavailable", not "lease lost").
     tokio::time::sleep(Duration::from_millis(200)).await;
     // ...and the process is frozen while it holds the lease (no heartbeat, no progress).

@@ -230,7 +230,7 @@ async fn a_retried_acquisition_whose_reply_was_lost_answers_with_our_own_lease()
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// A store through `proxy` with the default 1 s deadline, whose subscriber connection for
+/// A store through `proxy` with the default 1 s timeout, whose subscriber connection for
 /// release notifications is live: a wait on a name held elsewhere has used it.
 async fn a_store_that_waited(server: &RedisServer, proxy: &Proxy) -> Store {
     let store: Store = RedisStore::connect(&proxy.url()).await.unwrap().into();
@@ -270,7 +270,7 @@ async fn a_bounded_wait_with_redis_unreachable_ends_with_the_store_error_at_once
 }
 
 /// The same over HTTP: a request under `LockLayer::wait(2 s)` with Redis blackholed is answered
-/// `503` after about the store's deadline, not after its wait.
+/// `503` after about the store's timeout, not after its wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_with_redis_unreachable_is_answered_503_at_once() {
     use std::sync::Arc;

@@ -157,9 +157,9 @@ async fn script_flush_under_load_never_reaches_a_caller() {
 async fn blackhole_turns_every_call_into_a_prompt_timeout() {
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;
-    let deadline = Duration::from_millis(250);
+    let timeout = Duration::from_millis(250);
     let store: Store = RedisStore::new(proxy.connection_manager().await)
-        .timeout(deadline)
+        .timeout(timeout)
         .into();
     let held = JOBS.try_lock(&store, "blackhole").await.unwrap().unwrap();
 
@@ -167,7 +167,7 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
     let mut slowest = Duration::ZERO;
     let first = JOBS.try_lock(&store, "first").await;
     assert!(
-        matches!(first, Err(Error::Timeout(d)) if d == deadline),
+        matches!(first, Err(Error::Timeout(d)) if d == timeout),
         "{first:?}"
     );
     for _ in 0..3 {
@@ -177,14 +177,14 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
         let read = DOCS.try_read(&store, "other").await;
         let elapsed = started.elapsed();
         slowest = slowest.max(elapsed);
-        // Our deadline, or redis-rs's own response timeout (500 ms) for a command sent earlier
+        // Our timeout, or redis-rs's own response timeout (500 ms) for a command sent earlier
         // breaking the connection: an error either way, never an answer and never a hang.
         for outcome in [acquire.map(|_| ()), extend.map(|_| ()), read.map(|_| ())] {
             assert!(outcome.is_err(), "{outcome:?}");
         }
-        // Three calls, each bounded by the deadline plus scheduling slack.
+        // Three calls, each bounded by the timeout plus scheduling slack.
         assert!(
-            elapsed < 3 * deadline + Duration::from_millis(600),
+            elapsed < 3 * timeout + Duration::from_millis(600),
             "{elapsed:?}"
         );
     }
@@ -203,7 +203,7 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
         "the lease outlived the 0.75 s outage (TTL 10 s)"
     );
     eprintln!(
-        "blackhole: 3 calls took at most {slowest:?} with a {deadline:?} deadline; \
+        "blackhole: 3 calls took at most {slowest:?} with a {timeout:?} timeout; \
          recovered {:?} after the partition ended",
         recovered.elapsed()
     );
@@ -211,7 +211,7 @@ async fn blackhole_turns_every_call_into_a_prompt_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_deadline_bounds_a_blackholed_call() {
+async fn default_timeout_bounds_a_blackholed_call() {
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;
     let store = Store::from(RedisStore::new(proxy.connection_manager().await));
@@ -226,7 +226,7 @@ async fn default_deadline_bounds_a_blackholed_call() {
     let started = Instant::now();
     let outcome = JOBS.try_lock(&store, "default").await;
     let elapsed = started.elapsed();
-    // redis-rs's own response timeout (500 ms) or the store's deadline (1 s), whichever first.
+    // redis-rs's own response timeout (500 ms) or the store's timeout (1 s), whichever first.
     assert!(outcome.is_err(), "{outcome:?}");
     assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
     eprintln!("blackhole with defaults: {outcome:?} after {elapsed:?}");

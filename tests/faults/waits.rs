@@ -1,5 +1,5 @@
 //! Bounded waits through a Redis restart: 50 requests waiting behind a held lock when Redis
-//! restarts each answer within their wait (plus the store's deadline), none hangs, and waiting
+//! restarts each answer within their wait (plus the store's timeout), none hangs, and waiting
 //! works again afterwards.
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! `Held`: a lease that the store's heartbeat keeps alive while any code works, on a real
 //! `redis-server`, a local Redis Cluster and in memory. It outlives its TTL, `run` gives the
 //! work's output, dropping it releases, readers and permits keep their leases too, and it is
-//! lost when the store says so, when the store is down past its deadline, or when the process
+//! lost when the store says so, when the store is down past its expiry, or when the process
 //! was frozen past it (the work then never takes its next step).
 
 mod cancelled;
@@ -38,9 +38,9 @@ mod redis_only {
     use tower_lease_harness::{Backing, Setup};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_store_that_is_down_loses_the_lease_by_its_deadline() {
+    async fn a_store_that_is_down_loses_the_lease_by_its_expiry() {
         let env = Backing::redis(Setup::Layer).await;
-        super::a_store_that_is_down_loses_the_lease_by_its_deadline(env).await
+        super::a_store_that_is_down_loses_the_lease_by_its_expiry(env).await
     }
 }
 
@@ -142,7 +142,7 @@ async fn readers_and_permits_are_kept_alive_too(env: Backing) {
 
 async fn a_frozen_process_never_takes_the_works_next_step(env: Backing) {
     // The work blocks a runtime of its own past the 300 ms lease, heartbeat included: the
-    // process is frozen, as under SIGSTOP. When it wakes, `run` checks the deadline before it
+    // process is frozen, as under SIGSTOP. When it wakes, `run` checks the lease's expiry before it
     // polls the work again.
     let store = env.store.clone();
     let stepped = Arc::new(AtomicBool::new(false));
@@ -212,7 +212,7 @@ async fn a_lease_the_store_lost_ends_the_work(env: Backing) {
     assert!(!held.release().await.unwrap(), "nothing left to release");
 }
 
-async fn a_store_that_is_down_loses_the_lease_by_its_deadline(mut env: Backing) {
+async fn a_store_that_is_down_loses_the_lease_by_its_expiry(mut env: Backing) {
     let token = JOB.try_lock(&env.store, "g").await.unwrap().unwrap();
     let acquired = Instant::now();
     let held = token.keep_alive();

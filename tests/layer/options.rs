@@ -112,22 +112,22 @@ async fn a_layer_takes_a_lock_of_any_name_type(env: Backing) {
 }
 
 /// The store stops answering while the handler runs, so the release after it hangs until the
-/// store's deadline (2 s here). With a `release_wait` of 200 ms the response comes at once
-/// anyway; with one longer than the deadline it waits the deadline out, which shows the bound
+/// store's timeout (2 s here). With a `max_release_wait` of 200 ms the response comes at once
+/// anyway; with one longer than the timeout it waits the timeout out, which shows the bound
 /// is what makes the difference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
-    const DEADLINE: Duration = Duration::from_secs(2);
+    const TIMEOUT: Duration = Duration::from_secs(2);
     let server = RedisServer::start();
     let proxy = Arc::new(Proxy::to(&server).await);
-    // redis-rs's own response timeout must not cut the store's deadline short here.
+    // redis-rs's own response timeout must not cut the store's timeout short here.
     let config = ::redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(DEADLINE * 2))
+        .set_response_timeout(Some(TIMEOUT * 2))
         .set_max_delay(Duration::from_millis(50));
     let conn = ::redis::aio::ConnectionManager::new_with_config(proxy.client(), config)
         .await
         .unwrap();
-    let store: Store = RedisStore::new(conn).timeout(DEADLINE).into();
+    let store: Store = RedisStore::new(conn).timeout(TIMEOUT).into();
     let handler = {
         let proxy = proxy.clone();
         move || async move {
@@ -164,8 +164,8 @@ async fn release_wait_bounds_how_long_a_hung_release_delays_the_response() {
     let unbounded_took = begun.elapsed();
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert!(
-        unbounded_took >= DEADLINE,
-        "without the bound the release's deadline is waited out: {unbounded_took:?}"
+        unbounded_took >= TIMEOUT,
+        "without the bound the store's timeout is waited out: {unbounded_took:?}"
     );
 }
 

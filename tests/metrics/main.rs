@@ -520,8 +520,8 @@ async fn bounded_waits_count_as_waited_or_timed_out_waiting() {
 }
 
 /// A process frozen past its lease (here: a handler that blocks its single-threaded runtime,
-/// heartbeat included) wakes to find the deadline passed: the layer drops the handler before
-/// its next step, and the loss counts, once, as `deadline_passed`.
+/// heartbeat included) wakes to find its lease expired: the layer drops the handler before
+/// its next step, and the loss counts, once, as `expired`.
 #[tokio::test]
 async fn a_lease_that_ran_out_while_frozen_counts_as_lost() {
     use tower::ServiceExt;
@@ -550,7 +550,7 @@ async fn a_lease_that_ran_out_while_frozen_counts_as_lost() {
         moved(&recorded(), "tower_lease_lost_total"),
         one(
             "tower_lease_lost_total",
-            "mode=exclusive,namespace=frozen,reason=deadline_passed"
+            "mode=exclusive,namespace=frozen,reason=expired"
         )
     );
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
-use tower_lease::backend::{Extended, LeaseRef, LockRef, Secret};
-use tower_lease::{Error, Lock, LockLayer, Mode, RedisStore, RwLock, Semaphore, Store, extract};
+use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::{Error, Lock, LockLayer, RedisStore, RwLock, Semaphore, Store, extract};
 
 use crate::{WAIT, replicated};
 use tower_lease_harness::http::{Http, count, serve};

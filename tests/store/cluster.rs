@@ -243,9 +243,9 @@ async fn check_looks_at_every_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_down_fails_calls_promptly_and_the_store_recovers_when_it_returns() {
     let mut cluster = RedisCluster::start();
-    let deadline = Duration::from_millis(500);
+    let timeout = Duration::from_millis(500);
     let store: Store = tower_lease::RedisStore::new(cluster.connection().await)
-        .timeout(deadline)
+        .timeout(timeout)
         .into();
     let names = names();
     let keys = KeyLayout::default();
@@ -264,7 +264,7 @@ async fn a_master_down_fails_calls_promptly_and_the_store_recovers_when_it_retur
 
     cluster.stop_node(1);
     // While the master is gone (and after the others mark the cluster down), every call fails
-    // within about the deadline: never a hang, never a false "acquired".
+    // within about the timeout: never a hang, never a false "acquired".
     let mut slowest = Duration::ZERO;
     for name in names.iter().take(12) {
         let started = Instant::now();
@@ -277,7 +277,7 @@ async fn a_master_down_fails_calls_promptly_and_the_store_recovers_when_it_retur
         }
     }
     assert!(
-        slowest < deadline + Duration::from_millis(500),
+        slowest < timeout + Duration::from_millis(500),
         "a call took {slowest:?}"
     );
 
@@ -309,7 +309,7 @@ async fn a_master_down_fails_calls_promptly_and_the_store_recovers_when_it_retur
         assert!(token.release().await.unwrap());
     }
     eprintln!(
-        "cluster: master down: every call answered within {slowest:?} (deadline {deadline:?}); \
+        "cluster: master down: every call answered within {slowest:?} (timeout {timeout:?}); \
          {lost} leases on it reported lost, store working again {:?} after the restart",
         restarted.elapsed()
     );

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tower_lease::backend::{LeaseRef, LockRef, Secret};
-use tower_lease::{Mode, Store};
+use tower_lease::Store;
+use tower_lease::backend::{LeaseRef, LockRef, Mode, Secret};
 
 use tower_lease_harness::{Backing, Raw, Setup};
 

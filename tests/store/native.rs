@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Secret};
-use tower_lease::{Lock, Mode, RedisStore, Store};
+use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::{Lock, RedisStore, Store};
 
 use tower_lease_harness::RedisServer;
 use tower_lease_harness::server::{Endpoint, calls, commandstats};

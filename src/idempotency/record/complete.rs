@@ -141,7 +141,7 @@ pub(in crate::idempotency) async fn complete(
         fingerprint,
         record,
         retention: config.idempotency.retention,
-        namespace: config.idempotency.spec.namespace,
+        namespace: config.idempotency.definition.namespace,
     };
     let unknown = Reason::IdempotencyOutcomeUnknown {
         retry_after: Some(RETRY_AFTER),

@@ -117,7 +117,7 @@ where
             let mut this = self.as_mut().project();
             let _entered = this.span.enter();
             let config: &Config = this.config;
-            let namespace = config.spec.namespace;
+            let namespace = config.definition.namespace;
             let next = match this.state.as_mut().project() {
                 StateProj::Acquiring {
                     acquire,

@@ -82,7 +82,7 @@ pin_project! {
     }
 }
 
-/// The request under `guard`: its lease in the extensions, its body under the layer's deadline
+/// The request under `guard`: its lease in the extensions, its body under the layer's body timeout
 /// from now on (so a trickling client cannot hold the lock), and `inner` called.
 pub(super) fn locked<S, B>(
     guard: LeaseGuard,
@@ -130,7 +130,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
     B: http_body::Body,
 {
-    let namespace = config.spec.namespace;
+    let namespace = config.definition.namespace;
     match attempt {
         Ok(Attempt::Acquired(guard)) => locked(guard, config, &mut inner, req),
         // Someone else holds it, or every permit is taken.
@@ -186,7 +186,7 @@ where
     B: http_body::Body,
     ResBody: http_body::Body,
 {
-    let namespace = config.spec.namespace;
+    let namespace = config.definition.namespace;
     let in_state = "taken once, on leaving the Locked state";
     let abort_on_loss = config.on_lease_lost == LeaseLost::Abort;
     let held = guard.as_mut().expect(in_state);
@@ -240,7 +240,7 @@ where
         let timed = (config.hold_times.clone(), since);
         let answer = response.map(|res| {
             res.map(|body| {
-                let timer = config.release_wait.timer().clone();
+                let timer = config.max_release_wait.timer().clone();
                 let on_loss = config.on_lease_lost;
                 LeaseBody::holding(body, guard, on_loss, timer, timed)
             })
@@ -250,7 +250,7 @@ where
         config.hold_times.record(now - since);
         // → Releasing: give the lease back before the head goes out.
         let release = FinishOnDrop::release(guard.release());
-        let wait = Overdue::new(config.release_wait.timer().clone());
+        let wait = Overdue::new(config.max_release_wait.timer().clone());
         State::Releasing {
             release,
             wait,
@@ -266,7 +266,7 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     let release = FinishOnDrop::release(guard.release());
-    let wait = Overdue::new(config.release_wait.timer().clone());
+    let wait = Overdue::new(config.max_release_wait.timer().clone());
     State::ReleasingToRefuse {
         release,
         wait,

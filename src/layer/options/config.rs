@@ -10,15 +10,15 @@ use crate::Store;
 use crate::layer::body::LeaseBody;
 use crate::layer::hold::hold_times::HoldTimes;
 use crate::layer::hold::lease_lost::LeaseLost;
-use crate::layer::options::deadline::{Beat, Deadline};
+use crate::layer::options::timing::{Beat, Limit};
 use crate::layer::shared_read::{Linger, SharedReads};
 use crate::lease::heartbeat::Heartbeat;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::rejection::{Problem, Rejection, Renderer};
 use crate::telemetry::AcquireOutcome;
 
 /// How long a response waits for its release by default: a healthy store answers in a round
-/// trip, far sooner; a failing one must not hold a finished response for its whole deadline.
+/// trip, far sooner; a failing one must not hold a finished response for its whole timeout.
 const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
 
 /// How many requests of a layer may wait for a lock at once by default.
@@ -32,7 +32,7 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) store: Store,
-    pub(crate) spec: Spec,
+    pub(crate) definition: Definition,
     /// The status for a taken lock (busy, or for a semaphore full), when the user chose one; the
     /// [reasons' table](crate::rejection::Reason)'s otherwise.
     pub(crate) taken_status: Option<StatusCode>,
@@ -49,7 +49,7 @@ pub(crate) struct Config {
     pub(crate) binary_names: bool,
     pub(crate) require_name: bool,
     /// How long a request waits for a busy lock (zero: answer at once).
-    pub(crate) wait: Duration,
+    pub(crate) max_wait: Duration,
     /// The most requests of this layer waiting at once.
     pub(crate) max_waiters: usize,
     /// Requests of this layer waiting now.
@@ -60,14 +60,14 @@ pub(crate) struct Config {
     /// under it otherwise (see [`TimeoutBody`]).
     ///
     /// [`TimeoutBody`]: crate::layer::request_body::timeout_body::TimeoutBody
-    pub(crate) body_timeout: Deadline,
+    pub(crate) body_timeout: Limit,
     /// Renders the layer's refusals.
     pub(crate) renderer: Renderer,
     /// How long the response waits for the release before it goes out anyway (see
     /// [`Overdue`]).
     ///
     /// [`Overdue`]: crate::wait::coarse_timer::Overdue
-    pub(crate) release_wait: Deadline,
+    pub(crate) max_release_wait: Limit,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].
     pub(crate) shared_reads: Option<Arc<SharedReads>>,
@@ -85,27 +85,27 @@ pub(crate) enum ReadSharing {
 }
 
 impl Config {
-    pub(crate) fn new(store: Store, spec: Spec) -> Self {
+    pub(crate) fn new(store: Store, definition: Definition) -> Self {
         let heartbeat = store.heartbeat().clone();
         Self {
             store,
-            spec,
+            definition,
             taken_status: None,
             hold_times: Arc::default(),
             fail_open: false,
-            beat: Beat::for_ttl(spec.ttl),
+            beat: Beat::for_ttl(definition.ttl),
             heartbeat,
             on_lease_lost: LeaseLost::Abort,
             hold_through_body: false,
             binary_names: false,
             require_name: false,
-            wait: Duration::ZERO,
+            max_wait: Duration::ZERO,
             max_waiters: DEFAULT_MAX_WAITERS,
             waiting: Arc::default(),
             body_limit: 0,
-            body_timeout: Deadline::new(DEFAULT_BODY_TIMEOUT),
+            body_timeout: Limit::new(DEFAULT_BODY_TIMEOUT),
             renderer: Renderer::default(),
-            release_wait: Deadline::new(DEFAULT_RELEASE_WAIT),
+            max_release_wait: Limit::new(DEFAULT_RELEASE_WAIT),
             shared_reads: None,
         }
     }
@@ -144,7 +144,7 @@ impl Config {
     /// gives it or the layer's own for a taken lock, rendered by the layer's hook if it has one.
     pub(crate) fn refuse<B: http_body::Body>(&self, problem: Problem) -> Response<LeaseBody<B>> {
         let status = problem.status(self.taken_status);
-        let rejection = Rejection::new(problem, status, self.spec.namespace);
+        let rejection = Rejection::new(problem, status, self.definition.namespace);
         match self.renderer.render(&rejection) {
             Some(response) => response.map(LeaseBody::rendered),
             None => rejection.problem_response().map(LeaseBody::problem),

@@ -1,7 +1,7 @@
 //! The options [`LockLayer`], [`RwLockLayer`] and [`SemaphoreLayer`] share, written once.
 
 pub(crate) mod config;
-pub(crate) mod deadline;
+pub(crate) mod timing;
 
 use std::time::Duration;
 
@@ -35,10 +35,10 @@ macro_rules! options {
             /// If `every` is zero or not shorter than the lock's TTL.
             pub fn heartbeat(mut self, every: Duration) -> Self {
                 assert!(
-                    !every.is_zero() && every < self.config.spec.ttl,
+                    !every.is_zero() && every < self.config.definition.ttl,
                     "tower-lease: the heartbeat ({every:?}) must be non-zero and shorter than \
                      the TTL ({:?})",
-                    self.config.spec.ttl
+                    self.config.definition.ttl
                 );
                 self.config.beat.set_every(every);
                 self
@@ -116,7 +116,7 @@ macro_rules! options {
             /// queue first come, first served, and only the first asks the store. A client that
             /// goes away while waiting leaves nothing behind.
             pub fn max_wait(mut self, wait: Duration) -> Self {
-                self.config.wait = wait;
+                self.config.max_wait = wait;
                 self
             }
 
@@ -137,9 +137,9 @@ macro_rules! options {
             /// [`TimeoutBody`](crate::layer::TimeoutBody)). Under
             /// [`buffer_body`](Self::buffer_body) the body must arrive within `timeout` before
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
-            /// turns the deadline off.
+            /// turns the timeout off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = super::options::deadline::Deadline::new(timeout);
+                self.config.body_timeout = super::options::timing::Limit::new(timeout);
                 self
             }
 
@@ -148,10 +148,10 @@ macro_rules! options {
             ///
             /// A healthy store answers the release in a round trip, so the client's next
             /// request finds the lock free. A failing one would otherwise hold every finished
-            /// response for the store's whole deadline; the lease's TTL frees the lock if the
+            /// response for the store's whole timeout; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
-                self.config.release_wait = super::options::deadline::Deadline::new(wait);
+                self.config.max_release_wait = super::options::timing::Limit::new(wait);
                 self
             }
         }

@@ -165,7 +165,7 @@ where
         loop {
             let mut this = self.as_mut().project();
             let config: &Config = this.config;
-            let namespace = config.spec.namespace;
+            let namespace = config.definition.namespace;
             match this.state.as_mut().project() {
                 BufferStateProj::Reading { read, .. } => {
                     let read = ready!(read.as_mut().poll(cx));

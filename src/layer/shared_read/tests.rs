@@ -20,7 +20,13 @@ const TIMING: HeartbeatTiming = HeartbeatTiming {
 };
 
 async fn holding(store: &Store) -> Result<Attempt<RawLease>> {
-    RawLease::acquire(store.clone(), DOCS.spec(), Mode::Read, Cow::Borrowed(b"d")).await
+    RawLease::acquire(
+        store.clone(),
+        DOCS.definition(),
+        Mode::Read,
+        Cow::Borrowed(b"d"),
+    )
+    .await
 }
 
 /// Leads the share of `d` and publishes a fresh reader lease to it.
@@ -166,7 +172,7 @@ async fn shares_of_many_names_leave_no_entry_behind() {
         };
         let attempt = RawLease::acquire(
             store.clone(),
-            DOCS.spec(),
+            DOCS.definition(),
             Mode::Read,
             Cow::Owned(name.as_bytes().to_vec()),
         )

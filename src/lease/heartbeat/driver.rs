@@ -70,7 +70,7 @@ impl EnrolledLease {
 struct SentBatch {
     leases: Vec<EnrolledLease>,
     sent_at: Instant,
-    /// `None` when the earliest deadline in the batch passed before the store answered.
+    /// `None` when the earliest expiry in the batch passed before the store answered.
     answers: Option<Vec<Result<Extended>>>,
 }
 
@@ -163,7 +163,7 @@ impl Driver {
                         self.schedule.entry(valid_until).or_default().push(lease);
                     }
                 } else if now >= valid_until {
-                    lease.state.declare_lost(LossReason::DeadlinePassed);
+                    lease.state.declare_lost(LossReason::Expired);
                 } else {
                     batch.push(lease);
                     if batch.len() == MAX_BATCH {
@@ -180,7 +180,7 @@ impl Driver {
     fn send_batch(&mut self, leases: Vec<EnrolledLease>) {
         let store = leases[0].state.holding.store().clone();
         self.unanswered.push(Box::pin(async move {
-            // A hung call must not make a lease outlive its deadline: give up on the batch at
+            // A hung call must not make a lease outlive its expiry: give up on the batch at
             // the earliest one, so that lease is declared lost on time and the others retry.
             let deadline = leases
                 .iter()
@@ -245,7 +245,7 @@ impl Driver {
                     }
                     let valid_until = lease.state.valid_until();
                     if now >= valid_until {
-                        lease.state.declare_lost(LossReason::DeadlinePassed);
+                        lease.state.declare_lost(LossReason::Expired);
                         continue;
                     }
                     let retry = (now + lease.backoff).min(valid_until);

@@ -80,7 +80,7 @@ fn scripted() -> (Arc<Scripted>, Store) {
 async fn hold(store: &Store, heartbeat: &Heartbeat, name: &str) -> KeptLease {
     let sent_at = Instant::now();
     let name = Cow::Owned(name.as_bytes().to_vec());
-    let held = match RawLease::acquire(store.clone(), LOCK.spec(), Mode::Exclusive, name)
+    let held = match RawLease::acquire(store.clone(), LOCK.definition(), Mode::Exclusive, name)
         .await
         .unwrap()
     {
@@ -145,7 +145,7 @@ async fn leases_due_at_nearby_moments_share_one_task_and_one_call_per_beat() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_hung_store_loses_the_lease_at_its_deadline_not_later() {
+async fn a_hung_store_loses_the_lease_at_its_expiry_not_later() {
     let (backend, store) = scripted();
     let heartbeat = Heartbeat::default();
     let started = Instant::now();
@@ -158,7 +158,7 @@ async fn a_hung_store_loses_the_lease_at_its_deadline_not_later() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn errors_are_retried_until_the_deadline() {
+async fn errors_are_retried_until_the_lease_expires() {
     let (backend, store) = scripted();
     let heartbeat = Heartbeat::default();
     let started = Instant::now();
@@ -171,7 +171,7 @@ async fn errors_are_retried_until_the_deadline() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(kept.valid_at(Instant::now()), "a retry got through in time");
 
-    // Failing for good: lost at the deadline of the last confirmed extend, not after.
+    // Failing for good: lost at the expiry of the last confirmed extend, not after.
     backend.extends.store(FAIL, Ordering::SeqCst);
     let last = backend.batches.lock().unwrap().len();
     kept.lease().lost().await;
@@ -180,7 +180,7 @@ async fn errors_are_retried_until_the_deadline() {
     assert_eq!(
         now,
         kept.state().valid_until(),
-        "lost at its deadline ({:?} in)",
+        "lost at its expiry ({:?} in)",
         started.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(1)).await;

@@ -8,10 +8,9 @@ use redis::aio::ConnectionLike;
 use super::connection::check;
 use super::extend_many::{extend_keys, extended};
 use super::native::cas::{Cas, native_mode};
-use super::scripts::call::{Call, LastArg};
 use super::scripts::{
-    ACQUIRE, Holder, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE, WITHDRAW_INTENT,
-    WRITE_ACQUIRE, holder_script,
+    ACQUIRE, Call, Holder, LastArg, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE,
+    WITHDRAW_INTENT, WRITE_ACQUIRE, holder_script,
 };
 use super::{KeyRole, RedisStore, acquisition, answered_one, notify};
 use crate::backend::{

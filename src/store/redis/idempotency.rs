@@ -12,7 +12,7 @@ use redis::aio::ConnectionLike;
 use super::answered_one;
 use super::connection::replicas::{split_wait, then_wait};
 use super::keys::{Key, KeyRole};
-use super::scripts::call::ARGS_LEN;
+use super::scripts::ARGS_LEN;
 use super::scripts::{IDEM_BEGIN, IDEM_BEGIN_ONCE, IDEM_COMPLETE, IDEM_FREE, Lua};
 use super::set_nx::set_nx_acquired;
 use super::{RedisStore, notify};

@@ -2,7 +2,7 @@
 //! call sends (`backend.rs`), the heartbeat's batched extends (`extend_many.rs`), idempotency
 //! keys (`idempotency.rs`) and the key layout (`keys.rs`). The folders: `set_nx/` (the unfenced
 //! acquire), `native/` (extend and release with native compare-and-set), `scripts/` (the Lua
-//! and how it is called), `connection/` (connecting, deadlines, `WAIT`, the startup check),
+//! and how it is called), `connection/` (connecting, timeouts, `WAIT`, the startup check),
 //! `notify/` (release notifications), `sentinel/` and `cluster/`.
 
 use std::sync::Arc;
@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use self::connection::deadline::{Bound, multiplexed};
 use self::connection::replicas::Replicas;
+use self::connection::timeout::{Bound, multiplexed};
 use self::native::cas::Native;
 use self::set_nx::contended::ContendedNames;
 use crate::backend::{Acquisition, LockRef};
@@ -73,7 +73,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// never creates it.
 ///
 /// A call that finds its connection dropped or refused (a restart, a reset; not a timeout) is
-/// sent once more at once, within the same deadline, on the connection the connection manager
+/// sent once more at once, within the same timeout, on the connection the connection manager
 /// or cluster client makes anew. Every command is safe to send twice: the acquire scripts
 /// answer "acquired" (with the fence we were given) when they find our own secret in place, an
 /// unfenced acquire's retry reads the key back with `GET` in the `SET NX`'s pipeline, and
@@ -125,7 +125,7 @@ where
 {
     /// A store on a connection you built yourself (a `ConnectionManager`, a
     /// `MultiplexedConnection`, a cluster connection), with the default prefix (`tower-lease`)
-    /// and deadline (1 s).
+    /// and timeout (1 s).
     ///
     /// What the four constructors above add, it lacks:
     ///
@@ -137,11 +137,11 @@ where
     ///   warns ([`Warning::NoNotifications`](crate::Warning::NoNotifications)) while they are
     ///   missing;
     /// - the connection settings of a lock store (reconnects within 100 ms, redis-rs's timeouts
-    ///   equal to the store's deadline): see [`from_client`](Self::from_client);
+    ///   equal to the store's timeout): see [`from_client`](Self::from_client);
     /// - native compare-and-set, which it asks for on the first extend or release instead of
     ///   at connect.
     ///
-    /// On a `MultiplexedConnection` the default deadline is kept by the connection itself: the
+    /// On a `MultiplexedConnection` the default timeout is kept by the connection itself: the
     /// store sets the response timeout of its own clone of `conn` (not yours) to 1 s, and maps
     /// its expiry to [`Error::Timeout`].
     pub fn new(mut conn: C) -> Self {
@@ -170,7 +170,7 @@ where
     /// waiting at most `timeout` for them (`WAIT n timeout`, in the write's own pipeline: no
     /// extra round trip). With fewer, an acquisition fails with [`Error::NotReplicated`] and
     /// its lease is released again; an extension fails with it, which the heartbeat retries as
-    /// any store error until the lease's deadline. An [`IdempotencyLayer`] reservation counts
+    /// any store error until the lease's expiry. An [`IdempotencyLayer`] reservation counts
     /// as an acquisition (`503`, not-replicated, and the key freed), and so does storing its
     /// response: one the replicas did not acknowledge is still sent, but not counted as
     /// stored. A refused acquisition, a release and a read of the permits in use send no
@@ -179,7 +179,7 @@ where
     /// [`IdempotencyLayer`]: crate::IdempotencyLayer
     ///
     /// Keep `timeout` well under the store's [`timeout`](Self::timeout): a call waits for its
-    /// write and for `WAIT` within that one deadline. `n = 0` sends no `WAIT` (the default).
+    /// write and for `WAIT` within that one timeout. `n = 0` sends no `WAIT` (the default).
     ///
     /// What it buys: a lease the primary took and `n` replicas acknowledged survives the
     /// primary's death and a failover to one of them (followed by `connect_sentinel`, feature
@@ -202,7 +202,7 @@ where
     /// them (`benches/README.md`): give a replicated store a connection of its own. A
     /// `SentinelConnection` does so by itself: each `WAIT`
     /// pipeline runs on a spare connection of its own, and the response timeout of each is the
-    /// store's deadline.
+    /// store's timeout.
     pub fn wait_for_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.replicas = (n > 0).then_some(Replicas { wanted: n, timeout });
         self
@@ -237,10 +237,10 @@ where
         self
     }
 
-    /// Sets the deadline of every call (default 1 s). A call that takes longer fails with
+    /// Sets the timeout of every call (default 1 s). A call that takes longer fails with
     /// [`Error::Timeout`], so an unreachable Redis turns into a prompt error, never a hang. The
-    /// store keeps this deadline with one coarse timer shared by its calls, so a call fails
-    /// after the deadline and within a sixteenth of it more (at most 50 ms more).
+    /// store keeps this timeout with one coarse timer shared by its calls, so a call fails
+    /// after the timeout and within a sixteenth of it more (at most 50 ms more).
     ///
     /// redis-rs connections also have a response timeout of their own (500 ms by default in
     /// redis-rs 1.x, set on the client's connection config). On a `MultiplexedConnection` the
@@ -248,7 +248,7 @@ where
     /// first, and redis-rs's arrives as [`Error::Redis`]. Either way the layer answers `503`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        // The store's own timer keeps this deadline, over however many round trips a call makes
+        // The store's own timer keeps this timeout, over however many round trips a call makes
         // and whatever else the connection waits for.
         self.bound = Bound::Own;
         self.timer = coarse_timer::CoarseTimer::new(timeout);

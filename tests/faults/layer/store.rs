@@ -332,7 +332,7 @@ async fn redis_stopped_answers_503_promptly_or_runs_unlocked_with_fail_open() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_blackholed_answers_503_within_the_store_deadline() {
+async fn redis_blackholed_answers_503_within_the_store_timeout() {
     const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(2));
     let server = RedisServer::start();
     let proxy = Proxy::to(&server).await;
@@ -354,7 +354,7 @@ async fn redis_blackholed_answers_503_within_the_store_deadline() {
     );
     assert!(
         took >= STORE_TIMEOUT,
-        "answered before the deadline: {took:?}"
+        "answered before the timeout: {took:?}"
     );
     assert!(
         took < STORE_TIMEOUT + Duration::from_secs(1),

@@ -117,7 +117,7 @@ impl LeaseGuard {
         }
     }
 
-    /// Whether the lease is over (for this request) at `now`: ended, or past its deadline on
+    /// Whether the lease is over (for this request) at `now`: ended, or past its expiry on
     /// the monotonic clock, which declares it lost. Ask before each poll of the work it guards.
     pub(crate) fn over_at(&self, now: Instant) -> bool {
         match &self.kind {

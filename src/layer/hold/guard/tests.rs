@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::backend::Mode;
 use crate::locks::attempt::Attempt;
-use crate::locks::spec::Spec;
+use crate::locks::definition::Definition;
 use crate::{Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));
@@ -18,11 +18,16 @@ const EVERY_100_MS: HeartbeatTiming = HeartbeatTiming {
 /// Acquires `name` on `LOCK`: the lease, and when its command was sent (taken before, as the
 /// layer does).
 async fn acquire(store: &Store, name: &'static [u8]) -> (RawLease, Instant) {
-    let spec: Spec = LOCK.spec();
+    let definition: Definition = LOCK.definition();
     let sent_at = Instant::now();
-    match RawLease::acquire(store.clone(), spec, Mode::Exclusive, Cow::Borrowed(name))
-        .await
-        .unwrap()
+    match RawLease::acquire(
+        store.clone(),
+        definition,
+        Mode::Exclusive,
+        Cow::Borrowed(name),
+    )
+    .await
+    .unwrap()
     {
         Attempt::Acquired(held) => (held, sent_at),
         Attempt::Busy { .. } => panic!("free at first"),

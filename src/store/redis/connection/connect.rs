@@ -37,7 +37,7 @@ impl RedisStore<ConnectionManager> {
     ///   within tens of milliseconds, and the store answers again as soon as Redis is back,
     ///   however long it was gone (the first call after the restart included: the store
     ///   retries once, at once, a call whose connection it found lost);
-    /// - a response timeout and a connection timeout equal to the store's deadline (1 s), so
+    /// - a response timeout and a connection timeout equal to the store's timeout (1 s), so
     ///   redis-rs's own timeout neither fires first nor waits longer.
     ///
     /// - [release notifications](Self::notifications) for bounded waits, through a subscriber
@@ -65,7 +65,7 @@ impl RedisStore<ConnectionManager> {
 impl RedisStore<redis::cluster_async::ClusterConnection> {
     /// Connects to the Redis Cluster that `nodes` belong to (any reachable subset seeds it;
     /// credentials and TLS come with their connection info), with retry waits capped at 100 ms
-    /// and redis-rs's response and connection timeouts equal to the store's deadline (1 s),
+    /// and redis-rs's response and connection timeouts equal to the store's timeout (1 s),
     /// and release notifications:
     ///
     /// - sharded when every master runs Redis 7.0 or later (by its `INFO server`, asked once
@@ -121,7 +121,7 @@ impl RedisStore<redis::cluster_async::ClusterConnection> {
 }
 
 /// A cluster client builder set up for a lock store: retry waits capped at 100 ms, and response
-/// and connection timeouts equal to the store's deadline (1 s).
+/// and connection timeouts equal to the store's timeout (1 s).
 #[cfg(feature = "cluster")]
 fn cluster_client_builder<T>(
     nodes: impl IntoIterator<Item = T>,

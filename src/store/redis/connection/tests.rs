@@ -1,4 +1,4 @@
-//! The store's own deadline across runtimes.
+//! The store's own timeout across runtimes.
 
 use std::time::{Duration, Instant};
 
@@ -37,9 +37,9 @@ impl ConnectionLike for Silent {
 /// One store used from one runtime after another: the timer of the first runtime dies with
 /// it, and the next call starts one in its own.
 #[test]
-fn the_deadline_holds_in_every_runtime_a_store_is_used_from() {
-    let deadline = Duration::from_millis(80);
-    let store = RedisStore::new(Silent).timeout(deadline);
+fn the_timeout_holds_in_every_runtime_a_store_is_used_from() {
+    let timeout = Duration::from_millis(80);
+    let store = RedisStore::new(Silent).timeout(timeout);
     let secret = Secret::random();
     for _ in 0..3 {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -56,10 +56,10 @@ fn the_deadline_holds_in_every_runtime_a_store_is_used_from() {
                 );
                 let (acquire, release) = calls.await;
                 let elapsed = started.elapsed();
-                assert!(matches!(acquire, Err(Error::Timeout(d)) if d == deadline));
-                assert!(matches!(release, Err(Error::Timeout(d)) if d == deadline));
-                assert!(elapsed >= deadline, "{elapsed:?}");
-                assert!(elapsed < deadline * 2, "{elapsed:?}");
+                assert!(matches!(acquire, Err(Error::Timeout(d)) if d == timeout));
+                assert!(matches!(release, Err(Error::Timeout(d)) if d == timeout));
+                assert!(elapsed >= timeout, "{elapsed:?}");
+                assert!(elapsed < timeout * 2, "{elapsed:?}");
             }
         });
     }

@@ -54,7 +54,7 @@ use redis::aio::PubSubStream;
 const INTENT: &[u8] = b"w";
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);
 const MAX_RECONNECT: Duration = Duration::from_millis(100);
-/// How long resubscribing after a lost connection may take: a store's default deadline.
+/// How long resubscribing after a lost connection may take: a store's default timeout.
 const RESUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A store's subscriber connection, and the names this process watches.

@@ -7,7 +7,7 @@
 //!   (`follow.rs`), and spawns one task per sentinel listening for the events of a failover,
 //!   and one that asks the sentinels again when told to.
 //! - **Asks again** when a sentinel announces a switch, and when a call answers `READONLY`,
-//!   times out (or is dropped unanswered, as the store's deadline drops it) or gets fewer
+//!   times out (or is dropped unanswered, as the store's timeout drops it) or gets fewer
 //!   replicas from `WAIT` than it asked for. Those rechecks run in the background, at most one
 //!   at a time; a connection found dropped or refused is forgotten at once, and the next call
 //!   asks the sentinels itself.
@@ -28,7 +28,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::store::redis::DEFAULT_TIMEOUT;
 use crate::store::redis::RedisStore;
-use crate::store::redis::connection::deadline::connection_lost;
+use crate::store::redis::connection::timeout::connection_lost;
 
 use crate::Result;
 
@@ -59,7 +59,7 @@ const RECHECK_SPACING: Duration = Duration::from_millis(50);
 /// A pipeline that ends with `WAIT` (a store's [`wait_for_replicas`](RedisStore::wait_for_replicas))
 /// runs on a connection of its own, taken from a pool of spare ones to the same primary:
 /// `WAIT` holds back every command after it on its connection, and there it holds back none
-/// of the other calls. The response timeout of every connection is the store's deadline
+/// of the other calls. The response timeout of every connection is the store's timeout
 /// (1 s, or what [`RedisStore::timeout`] sets).
 ///
 /// Clones share the connections.
@@ -74,7 +74,7 @@ struct Shared {
     master: String,
     sentinels: Vec<ConnectionInfo>,
     config: AsyncConnectionConfig,
-    /// The store's deadline, in ms: every call's response timeout.
+    /// The store's timeout, in ms: every call's response timeout.
     response_timeout: AtomicU64,
     /// Serialises asking the sentinels: the callers that waited find the connection it made.
     resolving: tokio::sync::Mutex<()>,
@@ -222,7 +222,7 @@ impl SentinelConnection {
         self.shared.primary.subscribe()
     }
 
-    /// Sets the response timeout of every call: the store's deadline.
+    /// Sets the response timeout of every call: the store's timeout.
     pub(in crate::store::redis) fn set_response_timeout(&self, timeout: Duration) {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
@@ -313,7 +313,7 @@ impl SentinelConnection {
     }
 }
 
-/// Asks the sentinels again when dropped armed: a call the store's deadline gave up on.
+/// Asks the sentinels again when dropped armed: a call the store's timeout gave up on.
 struct Unanswered<'a>(Option<&'a Shared>);
 
 impl Drop for Unanswered<'_> {
@@ -418,7 +418,7 @@ impl RedisStore<SentinelConnection> {
     /// [`wait_for_replicas`](Self::wait_for_replicas), with `n` below the replica count:
     /// without `WAIT`, a failover can lose a lease the old primary had not yet sent on. Its
     /// `WAIT`s run on connections of their own, and every connection's response timeout is
-    /// the store's deadline. For writes back within seconds of a graceful failover, run the
+    /// the store's timeout. For writes back within seconds of a graceful failover, run the
     /// data nodes with `repl-diskless-sync-delay 0`: the other replicas then resync with the
     /// promoted one at once, not 5 s later, and `WAIT` can be met again.
     pub async fn connect_sentinel<T>(

@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 use crate::backend::{Acquisition, LockRef, Secret};
 use crate::store::redis::RedisStore;
 use crate::store::redis::keys::KeyRole;
-use crate::store::redis::scripts::call::ARGS_LEN;
+use crate::store::redis::scripts::ARGS_LEN;
 use crate::{Error, Result};
 
 impl<C> RedisStore<C>
@@ -26,7 +26,7 @@ where
     /// The server runs a plain command instead of a Lua call, which costs it about half as much
     /// (the `throughput` benchmark measures both), and an acquisition that succeeds, the common
     /// case, makes one round trip with one command. A refused one makes a second round trip
-    /// for the holder's remaining lease, within the same deadline, unless the name was refused
+    /// for the holder's remaining lease, within the same timeout, unless the name was refused
     /// lately (see the module docs): then the `PTTL` goes in one pipeline with the `SET`. If the
     /// holder releases between the two, `PTTL` answers -2, and "retry now" is then true.
     ///

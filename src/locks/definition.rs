@@ -1,5 +1,5 @@
-//! What a lock definition is made of: namespace, TTL, fencing, writer preference and permits,
-//! checked once (at compile time for a `const` definition).
+//! A lock definition, as every kind of lock shares it: namespace, TTL, fencing, writer
+//! preference and permits, checked once (at compile time for a `const` definition).
 
 use std::time::Duration;
 
@@ -9,9 +9,11 @@ use crate::{Error, Result};
 /// The longest namespace, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
 
-/// What a lock definition is made of, shared by [`Lock`](crate::Lock) and [`RwLock`](crate::RwLock).
+/// A lock definition without its name type: what [`Lock`](crate::Lock),
+/// [`RwLock`](crate::RwLock), [`Semaphore`](crate::Semaphore) and
+/// [`Idempotency`](crate::Idempotency) each hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Spec {
+pub(crate) struct Definition {
     pub(crate) namespace: &'static str,
     pub(crate) ttl: Duration,
     pub(crate) fenced: bool,
@@ -42,8 +44,8 @@ impl Invalid {
     }
 }
 
-impl Spec {
-    const fn check(namespace: &'static str, ttl: Duration) -> Result<Spec, Invalid> {
+impl Definition {
+    const fn check(namespace: &'static str, ttl: Duration) -> Result<Definition, Invalid> {
         let bytes = namespace.as_bytes();
         if bytes.is_empty() {
             return Err(Invalid::EmptyNamespace);
@@ -64,7 +66,7 @@ impl Spec {
         if millis == 0 || millis > i64::MAX as u128 {
             return Err(Invalid::Ttl);
         }
-        Ok(Spec {
+        Ok(Definition {
             namespace,
             ttl: Duration::from_millis(millis as u64),
             fenced: false,
@@ -73,9 +75,9 @@ impl Spec {
         })
     }
 
-    pub(crate) const fn new(namespace: &'static str, ttl: Duration) -> Spec {
-        match Spec::check(namespace, ttl) {
-            Ok(spec) => spec,
+    pub(crate) const fn new(namespace: &'static str, ttl: Duration) -> Definition {
+        match Definition::check(namespace, ttl) {
+            Ok(definition) => definition,
             Err(Invalid::EmptyNamespace) => {
                 panic!("tower-lease: a lock namespace must not be empty")
             }
@@ -102,8 +104,8 @@ impl Spec {
         }
     }
 
-    pub(crate) fn try_new(namespace: &'static str, ttl: Duration) -> Result<Spec> {
-        Spec::check(namespace, ttl).map_err(|invalid| match invalid {
+    pub(crate) fn try_new(namespace: &'static str, ttl: Duration) -> Result<Definition> {
+        Definition::check(namespace, ttl).map_err(|invalid| match invalid {
             Invalid::Ttl => Error::InvalidTtl { ttl },
             other => Error::InvalidNamespace {
                 namespace: namespace.to_owned(),

@@ -1,4 +1,4 @@
-//! How a [`RedisStore`] keeps every call within its deadline: with a coarse timer of its own, or
+//! How a [`RedisStore`] keeps every call within its timeout: with a coarse timer of its own, or
 //! through the response timeout of a `MultiplexedConnection` it owns; and how replies and their
 //! timeouts become this crate's results.
 
@@ -13,15 +13,15 @@ use crate::store::redis::RedisStore;
 use crate::wait::coarse_timer;
 use crate::{Error, Result};
 
-/// Who keeps a call's deadline.
+/// Who keeps a call's timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::store::redis) enum Bound {
-    /// The store's own coarse timer ([`coarse_timer`]) around each call: for a deadline set with
+    /// The store's own coarse timer ([`coarse_timer`]) around each call: for a timeout set with
     /// [`RedisStore::timeout`], and for connections whose own response timeout the store cannot
     /// set (a `ConnectionManager` waits for its reconnections outside it).
     Own,
     /// The response timeout of the store's own clone of a `MultiplexedConnection`, set to the
-    /// deadline: redis-rs arms that timer for every request anyway, so a second one would only
+    /// timeout: redis-rs arms that timer for every request anyway, so a second one would only
     /// cost time.
     Connection,
 }
@@ -30,8 +30,8 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// `call` bounded by the store's deadline, boxed for [`Backend`](crate::backend::Backend): with a
-    /// timer of its own, or, when the connection keeps the deadline ([`Bound::Connection`]), as
+    /// `call` bounded by the store's timeout, boxed for [`Backend`](crate::backend::Backend): with a
+    /// timer of its own, or, when the connection keeps the timeout ([`Bound::Connection`]), as
     /// it is. Two boxes for
     /// two futures, so that a call without a timer does not carry room for one: a smaller
     /// future is a cheaper allocation.
@@ -42,7 +42,7 @@ where
         match self.bound {
             Bound::Connection => Box::pin(call),
             Bound::Own => Box::pin(async move {
-                let call = coarse_timer::Deadline::new(&self.timer, call);
+                let call = coarse_timer::Timeout::new(&self.timer, call);
                 call.await
                     .unwrap_or_else(|| Err(Error::Timeout(self.timeout)))
             }),
@@ -62,14 +62,14 @@ where
         }
     }
 
-    /// When the call began, if it needs to know: only a deadline kept by the connection does,
+    /// When the call began, if it needs to know: only a timeout kept by the connection does,
     /// for a call's second round trip.
     pub(in crate::store::redis) fn started(&self) -> Option<Instant> {
         (self.bound == Bound::Connection).then(Instant::now)
     }
 
-    /// Before a call's second round trip: with the deadline kept by the connection, gives that
-    /// round trip only what is left of it, so the call as a whole stays within the deadline.
+    /// Before a call's second round trip: with the timeout kept by the connection, gives that
+    /// round trip only what is left of it, so the call as a whole stays within the timeout.
     pub(in crate::store::redis) fn second_trip(
         &self,
         conn: &mut C,
@@ -90,7 +90,7 @@ where
 
     /// Whether a call should send its command once more, at once, after the first `reply`:
     /// only when the connection was found lost ([`connection_lost`]), and only once, within
-    /// what is left of the deadline. Every command a call sends is idempotent or made so (an
+    /// what is left of the timeout. Every command a call sends is idempotent or made so (an
     /// acquisition recognises our own secret already in place), so a command that reached Redis
     /// before its reply was lost does no harm sent again.
     pub(in crate::store::redis) fn retry<T>(
@@ -113,7 +113,7 @@ where
 /// Whether `error` says the connection was found dropped or could not be made (Redis restarted,
 /// a connection reset), rather than that Redis answered or took too long: the one failure worth
 /// a second try at once, on the connection the connection manager or cluster client makes anew.
-/// A timeout is not one: the call's deadline is spent.
+/// A timeout is not one: the call's timeout is spent.
 pub(in crate::store::redis) fn connection_lost(error: &redis::RedisError) -> bool {
     !error.is_timeout()
         && (error.is_connection_dropped() || error.is_connection_refusal() || error.is_io_error())

@@ -1,4 +1,4 @@
-//! [`Deadline`] and [`Beat`]: a layer's time limits and heartbeat, each with the coarse timer
+//! [`Limit`] and [`Beat`]: a layer's time limits and heartbeat, each with the coarse timer
 //! that enforces it, made together so that no setter can change one without the other.
 
 use std::sync::Arc;
@@ -10,12 +10,12 @@ use crate::wait::coarse_timer::CoarseTimer;
 /// A time limit of the layer (how long a request body may take, how long a response waits for
 /// its release), with the one coarse timer its requests share.
 #[derive(Clone, Debug)]
-pub(crate) struct Deadline {
+pub(crate) struct Limit {
     after: Duration,
     timer: Arc<CoarseTimer>,
 }
 
-impl Deadline {
+impl Limit {
     pub(crate) fn new(after: Duration) -> Self {
         Self {
             after,
