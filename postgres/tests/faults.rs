@@ -196,7 +196,7 @@ async fn a_release_after_a_stalled_acquisition_runs_after_it() {
     let secrets: Vec<Secret> = names.iter().map(|_| Secret::random()).collect();
     let lease = |i: usize| {
         let lock = LockRef::new("faults", &names[i], Duration::from_secs(20));
-        LeaseRef::new(lock, tower_lease::Mode::Exclusive, &secrets[i])
+        LeaseRef::new(lock, tower_lease::backend::Mode::Exclusive, &secrets[i])
     };
     // Sixteen connections in the pool, each with its statements prepared: without the
     // stalled calls' connections kept for their releases, the releases would go on the eight
@@ -206,7 +206,7 @@ async fn a_release_after_a_stalled_acquisition_runs_after_it() {
         let secret = Secret::random();
         let name = format!("warm-{i}").into_bytes();
         let lock = LockRef::new("faults", &name, Duration::from_secs(20));
-        let lease = LeaseRef::new(lock, tower_lease::Mode::Exclusive, &secret);
+        let lease = LeaseRef::new(lock, tower_lease::backend::Mode::Exclusive, &secret);
         let taken = store.acquire(lease).await.unwrap();
         assert!(matches!(taken, Acquisition::Acquired { .. }));
         assert!(store.release(lease).await.unwrap());

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_lease::backend::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, NotificationSink,
+    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
 };
-use tower_lease::{Lock, Mode, Result, Store};
+use tower_lease::{Lock, Result, Store};
 use tower_lease_postgres::PgStore;
 
 const JOBS: Lock<str> = Lock::new("notified", Duration::from_secs(5));

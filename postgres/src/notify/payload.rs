@@ -3,8 +3,7 @@
 //! (a namespace holds no `:`), or the kind and `*` when that would not fit NOTIFY's 8000
 //! bytes.
 
-use tower_lease::Mode;
-use tower_lease::backend::NotificationSink;
+use tower_lease::backend::{Mode, NotificationSink};
 
 /// What one notification says.
 #[derive(Debug, PartialEq, Eq)]
