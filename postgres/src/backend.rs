@@ -297,10 +297,9 @@ impl Backend for PgStore {
 
     fn check(&self) -> BoxFuture<'_, Result<Vec<tower_lease::backend::Warning>>> {
         Box::pin(async move {
-            // What the core's Warning can say of a PostgreSQL store: nothing yet; the
-            // findings are PgStore::check's.
-            let _ = PgStore::check(self).await?;
-            Ok(Vec::new())
+            let found = PgStore::check(self).await?;
+            let words = found.iter().map(|warning| warning.to_string());
+            Ok(words.map(tower_lease::backend::Warning::Backend).collect())
         })
     }
 }

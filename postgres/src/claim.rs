@@ -4,7 +4,7 @@
 use std::fmt;
 
 use tokio_postgres::Transaction;
-use tower_lease::{Idempotency, IdempotencyKey};
+use tower_lease::IdempotencyKey;
 
 use crate::backend::millis;
 
@@ -41,8 +41,8 @@ impl std::error::Error for ClaimError {
     }
 }
 
-/// Claims the idempotency key `key` of `definition` in the transaction `tx`, so the claim
-/// commits with the effect `tx` makes, or not at all.
+/// Claims the idempotency key `key` in the transaction `tx`, so the claim commits with the
+/// effect `tx` makes, or not at all.
 ///
 /// `IdempotencyLayer` stores a request's response once its handler answered, and a retry
 /// replays it. A process that dies between the handler's commit and that store leaves a key
@@ -62,7 +62,8 @@ impl std::error::Error for ClaimError {
 ///
 /// A `5xx` answered after the commit does not free a claimed key either. A second run (its
 /// reservation ran out while the first was still committing) finds the claim and gets
-/// [`ClaimError::AlreadyClaimed`]: roll back. Claims live for the definition's retention.
+/// [`ClaimError::AlreadyClaimed`]: roll back. Claims live for the definition's retention
+/// ([`IdempotencyKey::retention`]).
 ///
 /// Claim last, just before the commit: a claim being made holds off the other claims of its
 /// key (an insert into the claims' primary key) until its transaction ends.
@@ -70,7 +71,7 @@ impl std::error::Error for ClaimError {
 /// ```no_run
 /// use std::time::Duration;
 /// use axum::Extension;
-/// use tower_lease::{Idempotency, IdempotencyKey};
+/// use tower_lease::IdempotencyKey;
 /// use tower_lease_postgres::{claim, deadpool_postgres::Pool};
 ///
 /// const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(24 * 3600));
@@ -79,19 +80,15 @@ impl std::error::Error for ClaimError {
 ///     let mut client = pool.get().await.unwrap();
 ///     let tx = client.transaction().await.unwrap();
 ///     tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await.unwrap();
-///     claim(&tx, &PAYMENTS, &key).await.unwrap();
+///     claim(&tx, &key).await.unwrap();
 ///     tx.commit().await.unwrap();
 ///     "charged"
 /// }
 /// ```
-pub async fn claim(
-    tx: &Transaction<'_>,
-    definition: &Idempotency,
-    key: &IdempotencyKey,
-) -> Result<(), ClaimError> {
-    let name = store_name(key.scope().unwrap_or_default(), key.key().as_bytes());
-    let namespace = definition.namespace();
-    let retention = millis(definition.retention()).max(1);
+pub async fn claim(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), ClaimError> {
+    let name = key.stored_name();
+    let namespace = key.namespace();
+    let retention = millis(key.retention()).max(1);
     let row = tx
         .query_one(CLAIM, &[&namespace, &name, &retention])
         .await
@@ -99,31 +96,5 @@ pub async fn claim(
     match row.try_get::<_, bool>(0).map_err(ClaimError::Postgres)? {
         true => Ok(()),
         false => Err(ClaimError::AlreadyClaimed),
-    }
-}
-
-/// The name `IdempotencyLayer` gives `key` within `scope`: the scope with `\` and `:`
-/// escaped, a `:`, then the key.
-fn store_name(scope: &[u8], key: &[u8]) -> Vec<u8> {
-    let mut name = Vec::with_capacity(scope.len() + key.len() + 1);
-    for &b in scope {
-        if matches!(b, b'\\' | b':') {
-            name.push(b'\\');
-        }
-        name.push(b);
-    }
-    name.push(b':');
-    name.extend_from_slice(key);
-    name
-}
-
-#[cfg(test)]
-mod tests {
-    use super::store_name;
-
-    #[test]
-    fn names_escape_the_scope_as_the_layer_does() {
-        assert_eq!(store_name(b"", b"k1"), b":k1");
-        assert_eq!(store_name(b"a:b\\", b"k"), b"a\\:b\\\\:k");
     }
 }

@@ -68,7 +68,15 @@ async fn check_reports_asynchronous_commit_a_small_pool_and_no_listener() {
             PgWarning::NoNotifications,
         ]
     );
-    for warning in found {
+    for warning in &found {
         assert!(!warning.to_string().is_empty());
     }
+    // Through the store's handle, as an application checks any store at startup.
+    let words: Vec<String> = found.iter().map(ToString::to_string).collect();
+    let through_handle = tower_lease::Store::from(store).check().await.unwrap();
+    let expected: Vec<_> = words
+        .into_iter()
+        .map(tower_lease::backend::Warning::Backend)
+        .collect();
+    assert_eq!(through_handle, expected);
 }

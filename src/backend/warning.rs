@@ -74,6 +74,9 @@ pub enum Warning {
         /// The `INFO` field that was missing, such as `maxmemory_policy`.
         field: &'static str,
     },
+    /// A finding of a [`Backend`](super::Backend) outside this crate, in its own words (such
+    /// as `tower-lease-postgres`'s about a read-only standby).
+    Backend(String),
 }
 
 impl fmt::Display for Warning {
@@ -134,6 +137,7 @@ impl fmt::Display for Warning {
                 "Redis INFO{} does not report {field}; could not check it",
                 node(n)
             ),
+            Warning::Backend(message) => f.write_str(message),
         }
     }
 }

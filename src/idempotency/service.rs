@@ -278,7 +278,8 @@ where
         match begun {
             Begin::Reserved { fence } => {
                 let req = Request::from_parts(parts, B::from(body));
-                let key = IdempotencyKey::new(key(&name, key_len), scope, fence);
+                let key =
+                    IdempotencyKey::new(key(&name, key_len), scope, fence, &config.idempotency);
                 let reserved = Reserved {
                     name: std::borrow::Cow::<[u8]>::Owned(name).into(),
                     secret,

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The idempotency key a request runs under, in the request's extensions for the handler
 /// (`Extension<IdempotencyKey>` in axum) of every request the layer runs under a reservation.
@@ -30,11 +31,24 @@ struct Inner {
     key: String,
     scope: Option<Vec<u8>>,
     fence: Option<u64>,
+    namespace: &'static str,
+    retention: Duration,
 }
 
 impl IdempotencyKey {
-    pub(crate) fn new(key: String, scope: Option<Vec<u8>>, fence: Option<u64>) -> Self {
-        let inner = Arc::new(Inner { key, scope, fence });
+    pub(crate) fn new(
+        key: String,
+        scope: Option<Vec<u8>>,
+        fence: Option<u64>,
+        definition: &crate::Idempotency,
+    ) -> Self {
+        let inner = Arc::new(Inner {
+            key,
+            scope,
+            fence,
+            namespace: definition.namespace(),
+            retention: definition.retention(),
+        });
         Self { inner }
     }
 
@@ -53,6 +67,28 @@ impl IdempotencyKey {
     /// The reservation's fence, for a [fenced](crate::Idempotency::fenced) definition.
     pub fn fence(&self) -> Option<u64> {
         self.inner.fence
+    }
+
+    /// The namespace of the layer's [`Idempotency`](crate::Idempotency) definition.
+    pub fn namespace(&self) -> &'static str {
+        self.inner.namespace
+    }
+
+    /// How long the definition keeps a stored response
+    /// ([`Idempotency::retention`](crate::Idempotency::retention)).
+    pub fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    /// The name the key is kept under in the store: the scope (with `\` and `:` escaped), a
+    /// `:`, then the key. A [`Backend`](crate::backend::Backend)'s idempotency calls see it
+    /// as the reservation's name, so a store that lets the handler claim the key in its own
+    /// transaction (as `tower-lease-postgres` does) names the same record.
+    pub fn stored_name(&self) -> Vec<u8> {
+        super::name(
+            self.inner.scope.as_deref().unwrap_or_default(),
+            self.inner.key.as_bytes(),
+        )
     }
 }
 
