@@ -207,6 +207,42 @@ impl Backing {
         }
     }
 
+    /// Takes the exclusive lease of `name` in `namespace` away behind the store's back, as an
+    /// eviction or a failover that lost it would; `true` if one was held. On a single Redis,
+    /// the cluster or Postgres.
+    pub async fn steal_lock(&self, namespace: &str, name: &[u8]) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Some(server) = &self.postgres {
+            let (client, connection) = tower_lease_postgres::tokio_postgres::connect(
+                &server.url(),
+                tower_lease_postgres::tokio_postgres::NoTls,
+            )
+            .await
+            .expect("a line to the test's Postgres");
+            tokio::spawn(connection);
+            let taken = client
+                .execute(
+                    "UPDATE tower_lease.locks SET secret = NULL \
+                     WHERE namespace = $1 AND name = $2 AND secret IS NOT NULL",
+                    &[&namespace, &name],
+                )
+                .await
+                .expect("the lock's row");
+            return taken == 1;
+        }
+        self.raw().delete(KeyRole::Lock, namespace, name).await
+    }
+
+    /// Stops the single server behind the store (Redis or Postgres), as a crash would.
+    pub fn stop_server(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Some(server) = &mut self.postgres {
+            server.stop();
+            return;
+        }
+        self.server.as_mut().expect("a single server").stop();
+    }
+
     /// Whether the store is on Redis (a single server or the cluster).
     pub fn is_redis(&self) -> bool {
         self.raw.is_some()

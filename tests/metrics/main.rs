@@ -173,10 +173,19 @@ async fn each_core_outcome_increments_exactly_its_counter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_layer_outcome_increments_exactly_its_counter() {
+async fn each_layer_outcome_increments_exactly_its_counter_on_redis() {
     let _turn = turn().await;
+    layer_outcomes(Backing::redis(Setup::Layer).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_layer_outcome_increments_exactly_its_counter_on_postgres() {
+    let _turn = turn().await;
+    layer_outcomes(Backing::postgres(Setup::Layer).await).await;
+}
+
+async fn layer_outcomes(mut env: Backing) {
     const ACQUIRE: &str = "tower_lease_acquire_total";
-    let mut env = Backing::redis(Setup::Layer).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let short = Lock::<str>::new("short", Duration::from_millis(300));
     let app = |layer: LockLayer<extract::PathSegment>| {
@@ -243,12 +252,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
     let deleted = tower_lease_harness::poll(
         Duration::from_millis(10),
         Duration::from_secs(2),
-        || async {
-            env.raw()
-                .delete(tower_lease::store::KeyRole::Lock, "short", b"3")
-                .await
-                .then_some(())
-        },
+        || async { env.steal_lock("short", b"3").await.then_some(()) },
     )
     .await;
     assert!(deleted.is_some(), "the request took its lease");
@@ -270,7 +274,7 @@ async fn each_layer_outcome_increments_exactly_its_counter() {
     );
 
     // The store is down: refused (fail closed) or run unlocked (fail open).
-    env.server.as_mut().unwrap().stop();
+    env.stop_server();
     assert_eq!(
         http.post(closed, "/jobs/4").await.status,
         StatusCode::SERVICE_UNAVAILABLE
