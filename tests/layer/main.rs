@@ -3,17 +3,12 @@
 //! runs, untrusted names, and the options a production service needs (a required name, names
 //! from several segments, typed names, a bounded wait for the release).
 
-mod answered;
 mod bodies;
 mod clients;
-mod coalesce;
 mod lease;
 mod names;
 mod options;
+mod reads;
 mod responses;
-mod rw;
 mod semaphore;
-#[cfg(feature = "cluster")]
-mod sharded;
 mod wait;
-mod writer;
