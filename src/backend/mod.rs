@@ -262,7 +262,7 @@ impl<'a> LeaseRef<'a> {
 ///   growing when the counter is lost (a restart without persistence, a failover); a reader
 ///   of a fenced `RwLock` gets the last writer's fence (0 before any). Unfenced acquisitions
 ///   answer `None`.
-/// - **Time-outs.** The [`Store`](crate::Store) handle ends a call that takes longer than
+/// - **Timeouts.** The [`Store`](crate::Store) handle ends a call that takes longer than
 ///   [`timeout`](Self::timeout); an acquisition or a reservation it ended is finished in the
 ///   background and given back if it took the lease. An `acquire` or `idempotency_begin` that
 ///   fails with an error that leaves open whether it acted (a timeout, an

@@ -7,5 +7,5 @@
 
 mod relay;
 
-mod deadline;
 mod notifications;
+mod timeout;
