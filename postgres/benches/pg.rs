@@ -418,6 +418,12 @@ async fn bench(server: &PgServer, settings: Settings) {
         ],
     )
     .await;
+    // What the server runs with: `fsync` is off in the harness's servers.
+    let fsync_now: String = admin
+        .query_one("SELECT current_setting('fsync')", &[])
+        .await
+        .unwrap()
+        .get(0);
     let load_before = bench::load_average();
 
     let store: Store = PgStore::connect(&url).await.expect("PgStore").into();
@@ -550,9 +556,9 @@ async fn bench(server: &PgServer, settings: Settings) {
     assert_eq!(live, 0, "PgStore left leases held");
 
     println!(
-        "\nPostgreSQL {version} (fsync=off), a pool of {POOL} connections for the minimum and for \
+        "\nPostgreSQL {version} (fsync={}), a pool of {POOL} connections for the minimum and for \
          PgStore, {} rounds of {:?} per variant",
-        settings.rounds, settings.round
+        fsync_now, settings.rounds, settings.round
     );
     println!(
         "machine: {}, load average {load_before} before, {load_after} after\n",
