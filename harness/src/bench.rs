@@ -1,4 +1,5 @@
-//! What the benchmarks share: a `redis-server` of their own, interleaved rounds, medians.
+//! What the benchmarks share: a `redis-server` of their own (feature `redis`), interleaved
+//! rounds, medians.
 //!
 //! The machine these run on is shared and noisy, so every benchmark runs its variants in
 //! alternating rounds (drift then hits all of them alike) and reports medians and ratios, not
@@ -6,15 +7,18 @@
 
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(feature = "redis")]
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
 use crate::server::{Endpoint, RedisServer, server_binary};
 
 /// A boxed future, so that variants of different types can sit in one list.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+#[cfg(feature = "redis")]
 /// Where the benchmark's Redis is: a [`RedisServer`] it started (killed on drop), or
 /// `REDIS_URL`.
 #[derive(Debug)]
@@ -23,6 +27,7 @@ pub struct Redis {
     url: String,
 }
 
+#[cfg(feature = "redis")]
 impl Redis {
     /// `REDIS_URL` when set, otherwise a fresh `redis-server` on a free loopback port.
     pub fn start() -> Self {
@@ -56,6 +61,7 @@ impl Redis {
     }
 }
 
+#[cfg(feature = "redis")]
 impl Endpoint for Redis {
     fn url(&self) -> String {
         self.url.clone()
@@ -101,6 +107,7 @@ where
     Arc::new(move |task, i| Box::pin(f(task, i)))
 }
 
+#[cfg(feature = "redis")]
 /// A benchmark's `main` on a fresh `redis-server` (or `REDIS_URL`): `bench` runs with it and
 /// the [`Settings`] (`rounds` of `round_ms` unless the environment says otherwise) on a
 /// multi-threaded runtime.
@@ -244,15 +251,9 @@ pub fn resident_bytes() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
+#[cfg(feature = "redis")]
 /// One line about the machine for the report: cores, CPU model, kernel, redis-server version.
 pub fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
-        .map(|(_, m)| m.trim().to_owned())
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let binary = server_binary();
     let redis = Command::new(&binary)
         .arg("--version")
@@ -266,7 +267,29 @@ pub fn machine() -> String {
         })
         .unwrap_or_else(|| "?".into());
     let name = binary.rsplit('/').next().unwrap_or("redis-server");
-    format!("{cores} cores ({model}), {name} {redis}")
+    format!("{}, {name} {redis}", cores())
+}
+
+/// The cores this process may use and the CPU model: `2 cores (AMD EPYC …)`.
+pub fn cores() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
+        .map(|(_, m)| m.trim().to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({model})")
+}
+
+/// The load averages over 1, 5 and 15 minutes (`/proc/loadavg`).
+pub fn load_average() -> String {
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    loadavg
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs a future that never waits (the memory store's are all ready at once) to completion.
@@ -281,6 +304,7 @@ pub fn ready<F: Future>(future: F) -> F::Output {
     }
 }
 
+#[cfg(feature = "redis")]
 /// Calls so far of the commands `counted` picks by name (`evalsha`, `set`, …), from
 /// `INFO commandstats`.
 pub async fn command_calls(

@@ -8,8 +8,8 @@
 //! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;
 //! - [`http`]: axum servers on 127.0.0.1:0 and an HTTP/1 client for the layer's black-box tests;
-//! - [`bench`](mod@bench): what the benchmarks share: where their Redis is, interleaved rounds, medians
-//!   and goals, CPU time;
+//! - [`bench`](mod@bench): what the benchmarks share: interleaved rounds, medians and goals, CPU
+//!   time, and where their Redis is (feature `redis`);
 //! - [`postgres`](mod@postgres): real PostgreSQL servers, for `tower-lease-postgres` (feature
 //!   `postgres`);
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
@@ -24,7 +24,6 @@
 
 #[cfg(feature = "redis")]
 pub mod backing;
-#[cfg(feature = "redis")]
 pub mod bench;
 #[cfg(feature = "cluster")]
 pub mod cluster;
