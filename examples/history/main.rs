@@ -7,7 +7,8 @@
 //! is possible under the lock's promises (see `check.rs`).
 //!
 //! ```text
-//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency] [--postgres] [--seed N]
+//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency]
+//!     [--postgres] [--seed N] [--secs N]
 //! cargo run --example history -- check <history.jsonl>
 //! ```
 //!
@@ -42,9 +43,10 @@
 //! violations: one of broken clients (no heartbeat, no deadline check, unconditional writes),
 //! one of correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
 //! comparing the secret), one of payments over a store that acknowledges a completion before
-//! storing it, and the broken clients again with their leases in PostgreSQL, under its nemesis. Each history is written to a JSON-lines file, whose path is printed;
-//! the last line printed is `N histories, M operations, K violations`, and the exit status is
-//! non-zero when K > 0 (or, under `--control`, when a history has none).
+//! storing it, and the broken clients again with their leases in PostgreSQL, under its nemesis.
+//! Each history is written to a JSON-lines file, whose path is printed; the last line printed
+//! is `N histories, M operations, K violations`, and the exit status is non-zero when K > 0
+//! (or, under `--control`, when a history has none).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufWriter, Write};
