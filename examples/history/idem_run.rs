@@ -150,6 +150,9 @@ pub fn run_one(seed: u64, secs: u64, variant: Variant) -> idem_check::Verdict {
                     topology,
                     last_failover,
                 } => crate::nemesis::failover(choice, topology, last_failover, &runtime),
+                LockStore::Postgres { .. } => {
+                    unreachable!("the idempotency histories run on Redis")
+                }
             },
         };
         history.extend(injected);
@@ -199,6 +202,7 @@ fn primary_port(store: &LockStore) -> u16 {
     match store {
         LockStore::Single { server, .. } => server.port(),
         LockStore::Replicated { topology, .. } => topology.primary.port(),
+        LockStore::Postgres { .. } => unreachable!("the idempotency histories run on Redis"),
     }
 }
 

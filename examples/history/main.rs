@@ -7,7 +7,8 @@
 //! is possible under the lock's promises (see `check.rs`).
 //!
 //! ```text
-//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency] [--seed N]
+//! cargo run --example history -- run [--quick] [--control] [--sentinel] [--idempotency]
+//!     [--postgres] [--seed N] [--secs N]
 //! cargo run --example history -- check <history.jsonl>
 //! ```
 //!
@@ -22,18 +23,30 @@
 //! summary gives the longest write gap after each failover. `--sentinel` runs only such
 //! histories.
 //!
+//! One history in every run (the last lock history; `--postgres` runs only it) keeps the same
+//! clients' leases in PostgreSQL instead, through `tower-lease-postgres`'s `PgStore` (each
+//! process its own, with the calls' timeout of the Redis histories), on the harness's
+//! `PgServer` (a cluster of its own on a free port); the register stays in Redis. Its nemesis,
+//! besides pausing clients as above: PostgreSQL restarted after a fast shutdown (`SIGINT`) or
+//! after `SIGKILL` of every process (crash recovery), both keeping the data, which is durable;
+//! the store's backends terminated (`pg_terminate_backend` of every other backend of the
+//! database, the listening connections' included); and every process of the server paused
+//! (`SIGSTOP` of the postmaster and its children) past the calls' deadline, up to four leases,
+//! then `SIGCONT`. No fault loses data, so no overlap is excused there.
+//!
 //! Two histories in every run (`--idempotency` runs only those) pay through
 //! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that
 //! retry, and check that an acknowledged payment never runs again (`idempotency.rs`,
 //! `idem_run.rs`, `idem_check.rs`).
 //!
-//! `--control` runs three histories broken on purpose, in which the checker must find
+//! `--control` runs four histories broken on purpose, in which the checker must find
 //! violations: one of broken clients (no heartbeat, no expiry check, unconditional writes),
 //! one of correct clients over a broken lock (`broken.rs`: taken without `NX`, released without
-//! comparing the secret), and one of payments over a store that acknowledges a completion
-//! before storing it. Each history is written to a JSON-lines file, whose path is printed;
-//! the last line printed is `N histories, M operations, K violations`, and the exit status is
-//! non-zero when K > 0 (or, under `--control`, when a history has none).
+//! comparing the secret), one of payments over a store that acknowledges a completion before
+//! storing it, and the broken clients again with their leases in PostgreSQL, under its nemesis.
+//! Each history is written to a JSON-lines file, whose path is printed; the last line printed
+//! is `N histories, M operations, K violations`, and the exit status is non-zero when K > 0
+//! (or, under `--control`, when a history has none).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufWriter, Write};
@@ -84,6 +97,10 @@ enum Mode {
     BrokenClient,
     /// Correct clients over the broken lock.
     BrokenLock,
+    /// Correct clients on PostgreSQL (`PgStore`).
+    Postgres,
+    /// Broken clients on PostgreSQL.
+    PostgresBroken,
     /// The idempotency workload (`idempotency.rs`).
     Idempotent(idem_run::Variant),
 }
@@ -135,7 +152,11 @@ fn main() {
         if role == "idem-serve" {
             let replica = idempotency::Replica {
                 replica: number("--process").unwrap_or(0),
-                locks: Locks::from_args(value("--locks"), value("--sentinels")),
+                locks: Locks::from_args(
+                    value("--locks"),
+                    value("--sentinels"),
+                    value("--postgres"),
+                ),
                 register_url: value("--register").expect("--register URL"),
                 port: number("--port").expect("--port") as u16,
                 secs,
@@ -160,7 +181,8 @@ fn main() {
         return;
     }
     if let Some(role @ ("worker" | "serve" | "drive")) = command {
-        let locks = || Locks::from_args(value("--locks"), value("--sentinels"));
+        let locks =
+            || Locks::from_args(value("--locks"), value("--sentinels"), value("--postgres"));
         let register_url = || value("--register").expect("--register URL");
         let secs = number("--secs").unwrap_or(10);
         let ttl = Duration::from_millis(number("--ttl-ms").unwrap_or(300));
@@ -246,7 +268,10 @@ fn main() {
                     (Mode::BrokenClient, 15),
                     (Mode::BrokenLock, 15),
                     (IDEM_BROKEN, 15),
+                    (Mode::PostgresBroken, 15),
                 ]
+            } else if flag("--postgres") {
+                vec![(Mode::Postgres, if quick { 45 } else { 300 })]
             } else if flag("--idempotency") {
                 if quick {
                     vec![(IDEM_SINGLE, 40), (IDEM_ONCE, 45)]
@@ -261,9 +286,16 @@ fn main() {
             } else if quick {
                 let lock = [Mode::Single, Mode::Single, Mode::Replicated].map(|m| (m, 50));
                 let idem = [(IDEM_SINGLE, 40), (IDEM_ONCE, 45)];
-                lock.into_iter().chain(idem).collect()
+                let postgres = (Mode::Postgres, 45);
+                lock.into_iter().chain(idem).chain([postgres]).collect()
             } else {
-                let lock = [Mode::Single, Mode::Single, Mode::Replicated, Mode::Single];
+                let lock = [
+                    Mode::Single,
+                    Mode::Single,
+                    Mode::Replicated,
+                    Mode::Single,
+                    Mode::Postgres,
+                ];
                 let idem = [IDEM_SINGLE, IDEM_REPLICATED, IDEM_ONCE].map(|m| (m, 120));
                 lock.map(|m| (m, 300)).into_iter().chain(idem).collect()
             };
@@ -294,8 +326,8 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: history run [--quick] [--control] [--sentinel] [--idempotency] [--seed N] \
-                 | history check FILE"
+                "usage: history run [--quick] [--control] [--sentinel] [--idempotency] \
+                 [--postgres] [--seed N] [--secs N] | history check FILE"
             );
             std::process::exit(2);
         }
@@ -327,7 +359,10 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
         .expect("a runtime for the proxy");
     let replicated = mode == Mode::Replicated;
     let ttl = if replicated { REPLICATED_TTL } else { TTL };
-    let mut store = LockStore::start(replicated, &dir, &runtime);
+    let mut store = match mode {
+        Mode::Postgres | Mode::PostgresBroken => LockStore::postgres(),
+        _ => LockStore::start(replicated, &dir, &runtime),
+    };
     let register = server::RedisServer::start();
     let register_url = format!("redis://127.0.0.1:{}/", register.port());
     let locks = store.locks();
@@ -353,7 +388,7 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
                 .args(["--out", &dir.join(format!("{p}.jsonl")).to_string_lossy()])
                 .stdin(Stdio::null());
             match mode {
-                Mode::BrokenClient => {
+                Mode::BrokenClient | Mode::PostgresBroken => {
                     command.arg("--control");
                 }
                 Mode::BrokenLock => {

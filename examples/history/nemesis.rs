@@ -1,5 +1,5 @@
 //! The lock store of one history and the faults injected into it and the clients: one Redis
-//! behind the fault proxy, or a primary, a replica and three sentinels.
+//! behind the fault proxy, a primary, a replica and three sentinels, or one PostgreSQL server.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,11 +9,13 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::Value;
 
-use crate::connect::{Locks, scaled};
+use crate::connect::{Locks, call_timeout, scaled};
 use crate::proxy::{Fault, Proxy};
 use crate::record::{fault, now_us};
 use crate::sentinel::{Link, MASTER, Topology, is_primary, role};
 use crate::server::{Endpoint, RedisServer};
+use tower_lease_harness::PgServer;
+use tower_lease_postgres::tokio_postgres;
 
 /// Where one history's leases live.
 pub enum LockStore {
@@ -30,6 +32,9 @@ pub enum LockStore {
         /// When the last failover ended.
         last_failover: Option<Instant>,
     },
+    /// One PostgreSQL server (the harness's: a cluster of its own, on a free port), which the
+    /// clients reach directly through `PgStore`.
+    Postgres { server: PgServer },
 }
 
 impl LockStore {
@@ -57,9 +62,18 @@ impl LockStore {
         LockStore::Single { server, aof, proxy }
     }
 
+    /// PostgreSQL, started on this thread: its processes die with the thread that started
+    /// them, and the nemesis restarts it from here too.
+    pub fn postgres() -> Self {
+        LockStore::Postgres {
+            server: PgServer::start(),
+        }
+    }
+
     /// How the clients reach it.
     pub fn locks(&self) -> Locks {
         match self {
+            LockStore::Postgres { server } => Locks::Postgres(server.url()),
             LockStore::Single { proxy, .. } => Locks::Url(format!("redis://{}/", proxy.addr())),
             LockStore::Replicated { topology, .. } => Locks::Sentinel(topology.sentinel_urls()),
         }
@@ -88,12 +102,15 @@ impl LockStore {
             unsafe { libc::kill(pid, libc::SIGCONT) };
             return Some(fault("pause", at, now_us(), false));
         }
+        let port = match self {
+            LockStore::Postgres { server } => {
+                return Some(postgres(choice, rng, server, ttl, runtime, at));
+            }
+            LockStore::Single { server, .. } => server.port(),
+            LockStore::Replicated { topology, .. } => topology.primary.port(),
+        };
         // Every cached script forgotten.
         if choice == 12 {
-            let port = match self {
-                LockStore::Single { server, .. } => server.port(),
-                LockStore::Replicated { topology, .. } => topology.primary.port(),
-            };
             let _ = Command::new("redis-cli")
                 .args(["-p", &port.to_string(), "SCRIPT", "FLUSH"])
                 .stdout(Stdio::null())
@@ -108,8 +125,104 @@ impl LockStore {
                 topology,
                 last_failover,
             } => failover(choice, topology, last_failover, runtime),
+            LockStore::Postgres { .. } => unreachable!("answered above"),
         }
     }
+}
+
+/// A fault of PostgreSQL, which keeps its data through every one of them: a committed
+/// transaction is in the write-ahead log the server wrote before answering, and the harness's
+/// `fsync=off` loses it only with the machine, not with the server's processes. Restarted after
+/// a fast shutdown (`SIGINT` to the postmaster: it disconnects every client, checkpoints and
+/// exits) or after `SIGKILL` of every process (crash recovery from the log); the store's
+/// backends terminated (`pg_terminate_backend`, its listening connection's included); or every
+/// process paused (`SIGSTOP`) past the clients' call timeout and often past their leases, then
+/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on.
+pub fn postgres(
+    choice: u32,
+    rng: &mut StdRng,
+    server: &mut PgServer,
+    ttl: Duration,
+    runtime: &tokio::runtime::Runtime,
+    at: u64,
+) -> Value {
+    match choice {
+        4 | 5 => {
+            fast_shutdown(server);
+            server.restart();
+            fault("pg_restart", at, now_us(), false)
+        }
+        6 | 7 => {
+            // `restart` kills every process first.
+            server.restart();
+            fault("pg_kill", at, now_us(), false)
+        }
+        8..=10 => {
+            let terminated = terminate(server, runtime);
+            let mut record = fault("pg_terminate", at, now_us(), false);
+            record["terminated"] = terminated.into();
+            record
+        }
+        _ => {
+            // Past the clients' call deadline, by up to four leases.
+            let pause = call_timeout(ttl) + scaled(ttl, rng.random_range(20..1_250));
+            server.pause();
+            std::thread::sleep(pause);
+            server.resume();
+            fault("pg_pause", at, now_us(), false)
+        }
+    }
+}
+
+/// Asks the postmaster for a fast shutdown and waits (at most 30 s) until it exited; the
+/// restart that follows reaps it.
+fn fast_shutdown(server: &PgServer) {
+    let Some(pid) = server.pid() else {
+        return;
+    };
+    // SAFETY: a signal to the server our process started.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` still runs: not gone, and not a zombie its parent has yet to reap.
+fn running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state …`
+    let state = stat
+        .rfind(')')
+        .and_then(|at| stat[at + 1..].split_whitespace().next());
+    !matches!(state, Some("Z" | "X") | None)
+}
+
+/// Terminates every backend of the clients' database but this one's; answers how many.
+fn terminate(server: &PgServer, runtime: &tokio::runtime::Runtime) -> i64 {
+    runtime.block_on(async {
+        let url = server.url();
+        let connecting = tokio_postgres::connect(&url, tokio_postgres::NoTls);
+        let Ok(Ok((client, connection))) =
+            tokio::time::timeout(Duration::from_secs(5), connecting).await
+        else {
+            return 0;
+        };
+        let connection = tokio::spawn(connection);
+        let terminated = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map_or(0, |row| row.get::<_, i64>(0));
+        drop(client);
+        let _ = connection.await;
+        terminated
+    })
 }
 
 pub fn single(
