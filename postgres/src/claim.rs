@@ -69,12 +69,9 @@ impl std::error::Error for ClaimError {
 /// key (an insert into the claims' primary key) until its transaction ends.
 ///
 /// ```no_run
-/// use std::time::Duration;
 /// use axum::Extension;
 /// use tower_lease::IdempotencyKey;
 /// use tower_lease_postgres::{claim, deadpool_postgres::Pool};
-///
-/// const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(24 * 3600));
 ///
 /// async fn pay(Extension(pool): Extension<Pool>, Extension(key): Extension<IdempotencyKey>) -> &'static str {
 ///     let mut client = pool.get().await.unwrap();
