@@ -102,6 +102,7 @@ impl PgStore {
             }
             other => return Err(unknown_mode(other)),
         };
+        self.sweeper.now_and_then(&self.pool, self.timeout);
         // A permit's fence is not in the contract: none, as the memory store answers.
         let fenced = lock.fenced && mode != Mode::Permit;
         Ok(acquisition(row.try_get(0).map_err(backend)?, fenced))

@@ -38,6 +38,7 @@ impl PgStore {
                 Acts::Takes(secret, lock.ttl, IDEM_UPDATE),
             )
             .await?;
+        self.sweeper.now_and_then(&self.pool, self.timeout);
         let kind: i32 = row.try_get(0).map_err(backend)?;
         let left = || -> Result<Duration> {
             let left: Option<i64> = row.try_get(2).map_err(backend)?;

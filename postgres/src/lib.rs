@@ -34,10 +34,15 @@
 //! - Fences are `max(last + 1, server clock in µs)`, the last one kept in the lock's row for
 //!   an hour after its last acquisition: they only grow, across restarts, restores and
 //!   truncated tables, as long as the server's clock does not step back.
-//! - Ended leases are deleted by the calls that next touch their name, and a few at a time by
-//!   about one acquisition in a hundred: there is no background job.
+//! - Ended leases are deleted by the calls that next touch their name, and in batches by a
+//!   sweep each store sends about once a second after one of its acquisitions, on a task of
+//!   its own (no call waits for it): there is no background job.
 //! - A release, a withdrawn write intent and a completed idempotency key `NOTIFY` the channel
-//!   `tower_lease`; each store listens on a connection of its own and wakes its waiters.
+//!   `tower_lease` when a refused call marked the name as waited on (a notifying commit takes
+//!   a database-wide lock, so an uncontended release skips it); each store listens on a
+//!   connection of its own and wakes its waiters. The mark is written under the lock the
+//!   release takes, and a waiter tries again once it listens, so no release it waits for goes
+//!   unheard.
 //! - Every call is bounded by the store's [`timeout`](PgStore::timeout) (1 s by default). A
 //!   connection found closed is dropped and the call sent again on another within it; the
 //!   functions are safe to run twice (an acquisition that finds its own secret answers
@@ -69,6 +74,7 @@ mod idempotency;
 mod notify;
 mod schema;
 mod store;
+mod sweep;
 
 /// The README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]

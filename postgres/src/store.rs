@@ -11,6 +11,7 @@ use tower_lease::{Error, Result, Store};
 use crate::call::Stalled;
 use crate::notify::Listening;
 use crate::schema;
+use crate::sweep::Sweeper;
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -45,6 +46,7 @@ pub struct PgStore {
     pub(crate) concurrency: Option<usize>,
     pub(crate) stalled: Arc<Stalled>,
     pub(crate) listening: Option<Listening>,
+    pub(crate) sweeper: Arc<Sweeper>,
 }
 
 impl PgStore {
@@ -84,6 +86,7 @@ impl PgStore {
             concurrency: None,
             stalled: Arc::default(),
             listening: None,
+            sweeper: Arc::default(),
         })
     }
 

@@ -1,6 +1,6 @@
-//! Release notifications: every release, withdrawn write intent and completed idempotency key
+//! Release notifications: a release, withdrawn write intent or completed idempotency key
 //! `NOTIFY`s the channel `tower_lease` in the function that made it (delivered when it
-//! commits), and each store listens on a connection of its own ([`listener`]), handing what it
+//! commits) when a refused call marked the name as waited on, and each store listens on a connection of its own ([`listener`]), handing what it
 //! hears to the core's [`NotificationSink`]. The listener hears every lock, so watching one
 //! only waits until it listens.
 

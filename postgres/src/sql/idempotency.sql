@@ -42,6 +42,8 @@ BEGIN
         ELSE
             kind := 1;
             left_us := tower_lease.left_us(k.lease_expires, now);
+            -- The caller may wait for the completion or release, which notify a marked key.
+            PERFORM tower_lease.mark_waited('v', ns, nm, now);
         END IF;
         RETURN;
     END IF;
@@ -73,9 +75,6 @@ BEGIN
             unknown_expires = coalesce(excluded.unknown_expires, i.unknown_expires),
             fence = CASE WHEN fenced THEN excluded.fence ELSE i.fence END,
             fence_until = CASE WHEN fenced THEN excluded.fence_until ELSE i.fence_until END;
-    IF random() < 0.01 THEN
-        PERFORM tower_lease.sweep();
-    END IF;
     kind := 0;
     fence := issued;
 END
@@ -106,7 +105,7 @@ BEGIN
         SET secret = NULL, lease_expires = NULL, fingerprint = excluded.fingerprint,
             response = excluded.response, completed_by = excluded.completed_by,
             record_expires = excluded.record_expires, unknown_expires = NULL;
-    PERFORM tower_lease.notify('v', ns, nm);
+    PERFORM tower_lease.notify_waited('v', 'v', ns, nm);
     RETURN true;
 END
 $$;
@@ -136,7 +135,7 @@ BEGIN
     DELETE FROM tower_lease.idempotency
     WHERE namespace = ns AND name = nm AND coalesce(record_expires, now) <= now
       AND coalesce(unknown_expires, now) <= now AND coalesce(fence_until, now) <= now;
-    PERFORM tower_lease.notify('v', ns, nm);
+    PERFORM tower_lease.notify_waited('v', 'v', ns, nm);
     RETURN true;
 END
 $$;

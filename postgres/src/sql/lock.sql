@@ -29,9 +29,6 @@ BEGIN
         WHERE l.expires <= now
     RETURNING l.fence INTO issued;
     IF FOUND THEN
-        IF random() < 0.01 THEN
-            PERFORM tower_lease.sweep();
-        END IF;
         RETURN CASE WHEN fenced THEN issued ELSE 0 END;
     END IF;
     SELECT * INTO held FROM tower_lease.locks WHERE namespace = ns AND name = nm;
@@ -39,6 +36,12 @@ BEGIN
     -- fence it was given.
     IF held.secret = s THEN
         RETURN CASE WHEN fenced THEN held.fence ELSE 0 END;
+    END IF;
+    -- The caller may wait for the release, which notifies only a marked row. The row stays
+    -- locked until this commits, so a release after this refusal sees the mark. An acquisition
+    -- leaves the mark alone: a waiter refused before it still waits for its release.
+    IF held.waited <> 1 THEN
+        UPDATE tower_lease.locks SET waited = 1 WHERE namespace = ns AND name = nm;
     END IF;
     RETURN -1 - tower_lease.left_us(held.expires, now);
 END
@@ -56,26 +59,34 @@ BEGIN
 END
 $$;
 
--- Ends the lease while it is held with `s`, and tells the listeners: the row goes, or while
--- its fence counter lives, stays released (`expires` -infinity, so an acquisition that read
--- the clock before this release, and waited for the row, finds it free). Safe to send again:
--- a second release finds nothing and answers false.
+-- Ends the lease while it is held with `s`, and tells the listeners if a refused call marked
+-- the row (`waited`): the row goes, or while its fence counter lives, stays released (`expires`
+-- -infinity, so an acquisition that read the clock before this release, and waited for the
+-- row, finds it free). Safe to send again: a second release finds nothing and answers false.
 CREATE OR REPLACE FUNCTION tower_lease.lock_release(ns text, nm bytea, s bytea)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz := clock_timestamp();
+    marked boolean;
 BEGIN
     DELETE FROM tower_lease.locks
     WHERE namespace = ns AND name = nm AND secret = s AND expires > now
-      AND coalesce(fence_until, now) <= now;
+      AND coalesce(fence_until, now) <= now
+    RETURNING waited = 1 INTO marked;
     IF NOT FOUND THEN
-        UPDATE tower_lease.locks SET secret = NULL, expires = '-infinity'
-        WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
+        -- RETURNING answers the new row: -1 says it was marked (see `waited` in schema.sql).
+        UPDATE tower_lease.locks
+        SET secret = NULL, expires = '-infinity',
+            waited = CASE WHEN waited = 1 THEN -1 ELSE 0 END
+        WHERE namespace = ns AND name = nm AND secret = s AND expires > now
+        RETURNING waited = -1 INTO marked;
         IF NOT FOUND THEN
             RETURN false;
         END IF;
     END IF;
-    PERFORM tower_lease.notify('e', ns, nm);
+    IF marked THEN
+        PERFORM tower_lease.notify('e', ns, nm);
+    END IF;
     RETURN true;
 END
 $$;

@@ -20,13 +20,11 @@ BEGIN
                    WHERE namespace = ns AND name = nm AND secret = s) THEN
             RETURN 0;
         END IF;
+        PERFORM tower_lease.mark_waited('p', ns, nm, now);
         RETURN -1 - tower_lease.left_us(earliest, now);
     END IF;
     INSERT INTO tower_lease.permits VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
     ON CONFLICT (namespace, name, secret) DO UPDATE SET expires = excluded.expires;
-    IF random() < 0.01 THEN
-        PERFORM tower_lease.sweep();
-    END IF;
     RETURN 0;
 END
 $$;
@@ -45,7 +43,7 @@ END
 $$;
 
 -- Ends a live permit held with `s`; every release frees a slot, so every one tells the
--- listeners.
+-- listeners when a refused call marked the name.
 CREATE OR REPLACE FUNCTION tower_lease.permit_release(ns text, nm bytea, s bytea)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -59,7 +57,7 @@ BEGIN
     IF NOT FOUND OR ended <= now THEN
         RETURN false;
     END IF;
-    PERFORM tower_lease.notify('p', ns, nm);
+    PERFORM tower_lease.notify_waited('p', 'p', ns, nm);
     RETURN true;
 END
 $$;

@@ -16,6 +16,7 @@ BEGIN
     SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
     found_rw := FOUND;
     IF rw.writer_expires > now THEN
+        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
     END IF;
     -- A retry of an acquisition whose reply was lost finds our own live lease behind an intent.
@@ -23,13 +24,11 @@ BEGIN
         SELECT 1 FROM tower_lease.readers
         WHERE namespace = ns AND name = nm AND secret = s AND expires > now
     ) THEN
+        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(rw.intent_expires, now);
     END IF;
     INSERT INTO tower_lease.readers VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
     ON CONFLICT (namespace, name, secret) DO UPDATE SET expires = excluded.expires;
-    IF random() < 0.01 THEN
-        PERFORM tower_lease.sweep();
-    END IF;
     -- Readers keep the write generation alive, but never start one.
     IF fenced AND found_rw AND rw.fence_until > now THEN
         UPDATE tower_lease.rwlocks
@@ -61,6 +60,7 @@ BEGIN
         IF rw.writer = s THEN
             RETURN CASE WHEN fenced THEN rw.fence ELSE 0 END;
         END IF;
+        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
     END IF;
     SELECT max(expires) INTO last_reader FROM tower_lease.readers
@@ -75,6 +75,7 @@ BEGIN
                 SET intent = excluded.intent, intent_expires = excluded.intent_expires;
             PERFORM tower_lease.notify('i', ns, nm);
         END IF;
+        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(last_reader, now);
     END IF;
     DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm;
@@ -130,7 +131,7 @@ END
 $$;
 
 -- Ends a reader's or the writer's lease held with `s`. The writer's release, and the last live
--- reader's, tell the listeners.
+-- reader's, tell the listeners if a refused call marked the name.
 CREATE OR REPLACE FUNCTION tower_lease.rw_release(ns text, nm bytea, s bytea, reader boolean)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -147,7 +148,7 @@ BEGIN
         END IF;
         DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm AND expires <= now;
         IF NOT EXISTS (SELECT 1 FROM tower_lease.readers WHERE namespace = ns AND name = nm) THEN
-            PERFORM tower_lease.notify('r', ns, nm);
+            PERFORM tower_lease.notify_waited('rw', 'r', ns, nm);
         END IF;
         RETURN true;
     END IF;
@@ -159,13 +160,13 @@ BEGIN
     DELETE FROM tower_lease.rwlocks
     WHERE namespace = ns AND name = nm AND coalesce(intent_expires, now) <= now
       AND coalesce(fence_until, now) <= now;
-    PERFORM tower_lease.notify('w', ns, nm);
+    PERFORM tower_lease.notify_waited('rw', 'w', ns, nm);
     RETURN true;
 END
 $$;
 
 -- Removes the write intent while it holds `s` (the writer that left it gives up); readers
--- waiting elsewhere hear of it as of a release.
+-- waiting elsewhere (they marked the name when refused) hear of it as of a release.
 CREATE OR REPLACE FUNCTION tower_lease.withdraw_intent(ns text, nm bytea, s bytea)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -178,7 +179,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM tower_lease.notify('w', ns, nm);
+    PERFORM tower_lease.notify_waited('rw', 'w', ns, nm);
     RETURN true;
 END
 $$;

@@ -4,9 +4,9 @@
 --
 -- Times are the server's (`clock_timestamp()`, read once per call after the name's lock), as
 -- µs-precise `timestamptz`. A lease is live while `expires > now`. Rows whose leases, records
--- and fence counters all ended are deleted by the calls that next touch their name, and a few
--- at a time by `tower_lease.sweep()`, which the acquiring calls run now and then: there is no
--- background job.
+-- and fence counters all ended are deleted by the calls that next touch their name, and in
+-- batches by `tower_lease.sweep()`, which each store sends about once a second after one of its
+-- acquisitions, off that call's path (`sweep.rs`): there is no background job.
 CREATE SCHEMA IF NOT EXISTS tower_lease;
 
 CREATE TABLE IF NOT EXISTS tower_lease.schema_version (
@@ -24,6 +24,13 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
     fence_until timestamptz,
     PRIMARY KEY (namespace, name)
 );
+
+-- Whether a call was refused while the lease was held, so that its release must `NOTIFY` (an
+-- unwaited release skips it: a notifying commit takes a database-wide lock). Written by the
+-- refusal while it holds the row's lock, so a release after it sees it. 1 marked; 0 and -1
+-- unmarked (-1: a release found it marked and notified; the release answers the value it
+-- leaves, so one statement both reads and clears the mark).
+ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
 
 -- An `RwLock`'s writer, its write intent (a refused writer of a writer-preferred lock), and the
 -- write generation (fence counter); its readers are rows of `readers`.
@@ -71,6 +78,19 @@ CREATE TABLE IF NOT EXISTS tower_lease.idempotency (
     fence bigint NOT NULL DEFAULT 0,
     fence_until timestamptz,
     PRIMARY KEY (namespace, name)
+);
+
+-- The names of the other kinds ('rw', 'p', 'v') that a refused call waits on, as `waited` of
+-- `locks`: written under the name's advisory lock by the refusal, deleted (and then notified)
+-- by the next release under the same lock. A mark nobody refreshed for a minute is swept (a
+-- waiter that is still refused writes it again, and `since` is refreshed every 10 s of it),
+-- so a lock whose holder died does not keep one forever.
+CREATE TABLE IF NOT EXISTS tower_lease.waited (
+    kind text NOT NULL,
+    namespace text NOT NULL,
+    name bytea NOT NULL,
+    since timestamptz NOT NULL,
+    PRIMARY KEY (kind, namespace, name)
 );
 
 -- Keys claimed by an application's own transaction (`tower_lease_postgres::claim`): the effect
@@ -127,37 +147,84 @@ BEGIN
 END
 $$;
 
--- Deletes a few rows whose leases, records and counters all ended, without ever waiting: a
--- row another call has locked, or whose name's advisory lock another call holds, is left for
--- later (so two calls sweeping at once never wait for each other). Sequential scans that stop
--- at the first `many` dead rows: cheap while tables hold mostly live rows.
-CREATE OR REPLACE FUNCTION tower_lease.sweep(many integer DEFAULT 16)
+-- Marks a name of kind `kind` ('rw', 'p', 'v') as waited on; the caller holds the name's lock.
+-- A mark already there is left alone (no write) unless 10 s old, so a waiter refused again and
+-- again costs one write per 10 s.
+CREATE OR REPLACE FUNCTION tower_lease.mark_waited(kind text, ns text, nm bytea, now timestamptz)
+RETURNS void LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tower_lease.waited AS w VALUES (kind, ns, nm, now)
+    ON CONFLICT (kind, namespace, name) DO UPDATE SET since = excluded.since
+        WHERE w.since < now - interval '10 seconds'
+$$;
+
+-- Tells the listeners that a lease of a name of `kind` ended (`letter` as in `notify`), if a
+-- refused call marked it; clears the mark. The caller holds the name's lock, as the refusals
+-- that mark it do, so every refusal before this release is seen here. A woken waiter that is
+-- refused again marks it again before it waits, for the next release.
+CREATE OR REPLACE FUNCTION tower_lease.notify_waited(kind text, letter text, ns text, nm bytea)
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    DELETE FROM tower_lease.waited w
+    WHERE w.kind = notify_waited.kind AND w.namespace = ns AND w.name = nm;
+    IF FOUND THEN
+        PERFORM tower_lease.notify(letter, ns, nm);
+    END IF;
+END
+$$;
+
+-- Deletes up to `many` rows of each table whose leases, records and counters all ended, and the
+-- marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call has
+-- locked, or whose name's advisory lock another call holds, is left for later (so two calls
+-- sweeping at once never wait for each other). Sequential scans that stop at the first `many`
+-- dead rows. Answers how many rows went: a store sends it again while a batch was full.
+DROP FUNCTION IF EXISTS tower_lease.sweep(integer);
+CREATE FUNCTION tower_lease.sweep(many integer DEFAULT 100)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz := clock_timestamp();
+    gone integer;
+    most integer := 0;
 BEGIN
     DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.locks
         WHERE expires <= now AND (fence_until IS NULL OR fence_until <= now)
         LIMIT many FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
     DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.rwlocks
         WHERE coalesce(writer_expires, now) <= now AND coalesce(intent_expires, now) <= now
           AND coalesce(fence_until, now) <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
     DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.readers WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
     DELETE FROM tower_lease.permits t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.permits WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('p:' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
     DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.idempotency
         WHERE coalesce(lease_expires, now) <= now AND coalesce(record_expires, now) <= now
           AND coalesce(unknown_expires, now) <= now AND coalesce(fence_until, now) <= now
         LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('v:' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
     DELETE FROM tower_lease.claims t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.claims WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
+    DELETE FROM tower_lease.waited t WHERE t.ctid = ANY (ARRAY(
+        SELECT ctid FROM tower_lease.waited WHERE since < now - interval '1 minute'
+        LIMIT many FOR UPDATE SKIP LOCKED))
+      AND pg_try_advisory_xact_lock(1953260907, hashtext(t.kind || ':' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    RETURN greatest(most, gone);
 END
 $$;

@@ -1,0 +1,74 @@
+//! The sweep of ended rows: sent by the store itself about once a second, after one of its
+//! acquisitions, on a task of its own, so no call waits for it (it scans the tables: hundreds
+//! of µs) and an idle store sends none. No background job: a store that acquires sweeps.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::time::Instant;
+
+use crate::call::checkout;
+
+const SWEEP: &str = "SELECT tower_lease.sweep($1)";
+/// How often a busy store sweeps.
+const EVERY: Duration = Duration::from_secs(1);
+/// Rows of each table one statement deletes at most.
+const BATCH: i32 = 100;
+/// Statements one sweep sends at most while their batches come back full: up to 1,000 ended
+/// rows of each table a second per store, far more than crashed holders leave behind.
+const MOST_BATCHES: usize = 10;
+
+/// When the store last swept.
+#[derive(Debug, Default)]
+pub(crate) struct Sweeper {
+    last: Mutex<Option<Instant>>,
+}
+
+impl Sweeper {
+    /// Starts a sweep on its own task unless one started within [`EVERY`]; outside a tokio
+    /// runtime (never, on a call's path) it does nothing.
+    pub(crate) fn now_and_then(&self, pool: &Pool, timeout: Duration) {
+        let now = Instant::now();
+        {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|last| now.duration_since(last) < EVERY) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = pool.clone();
+        runtime.spawn(async move {
+            for _ in 0..MOST_BATCHES {
+                match tokio::time::timeout(timeout, sweep(&pool)).await {
+                    Ok(Ok(gone)) if gone >= BATCH => {}
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "tower_lease sweep failed");
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::debug!("tower_lease sweep timed out");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn sweep(pool: &Pool) -> tower_lease::Result<i32> {
+    let client = checkout(pool).await?;
+    let statement = client
+        .prepare_cached(SWEEP)
+        .await
+        .map_err(crate::backend::backend)?;
+    let row = client
+        .query_one(&statement, &[&BATCH])
+        .await
+        .map_err(crate::backend::backend)?;
+    row.try_get(0).map_err(crate::backend::backend)
+}
