@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+mod coarse_timer;
 mod error;
 pub mod idempotency;
 pub mod layer;

@@ -13,7 +13,7 @@ use super::record::cache::Replays;
 use crate::Store;
 use crate::lease::heartbeat::HeartbeatTiming;
 use crate::rejection::{Problem, Reason, Renderer};
-use crate::wait::coarse_timer::CoarseTimer;
+use crate::coarse_timer::CoarseTimer;
 
 /// The most request body bytes read for the fingerprint by default.
 pub(super) const DEFAULT_MAX_BODY: usize = 1024 * 1024;

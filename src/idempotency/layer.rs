@@ -16,7 +16,7 @@ use crate::Store;
 use crate::layer::extract::ExtractName;
 use crate::lease::heartbeat::HeartbeatTiming;
 use crate::rejection::{OnRejection, Renderer};
-use crate::wait::coarse_timer::CoarseTimer;
+use crate::coarse_timer::CoarseTimer;
 
 /// The default scope of an [`IdempotencyLayer`]: every key is unique in the whole namespace.
 #[derive(Clone, Copy, Debug, Default)]

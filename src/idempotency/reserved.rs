@@ -32,7 +32,7 @@ use crate::lease::raw::RawLease;
 use crate::name::owned::OwnedName;
 use crate::rejection::{BoxError, Reason};
 use crate::telemetry::{self, IdempotencyOutcome};
-use crate::wait::coarse_timer::CoarseTimer;
+use crate::coarse_timer::CoarseTimer;
 
 /// A key the store reserved for this request.
 pub(crate) struct Reserved {

@@ -17,7 +17,7 @@ use super::hold::lease_lost::LeaseLost;
 use super::hold::release_wait::poll_release;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::rejection::{BoxError, RejectionBody};
-use crate::wait::coarse_timer::{CoarseTimer, Overdue};
+use crate::coarse_timer::{CoarseTimer, Overdue};
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and

@@ -10,7 +10,7 @@ use super::heartbeat::{Heartbeat, HeartbeatTiming};
 use super::state::LeaseState;
 use crate::backend::BoxFuture;
 use crate::lease::raw::RawLease;
-use crate::wait::coarse_timer::{CoarseTimer, Overdue};
+use crate::coarse_timer::{CoarseTimer, Overdue};
 
 /// Owns a lease the layer holds: its place in the store's heartbeat, and its release.
 ///

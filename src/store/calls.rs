@@ -17,7 +17,7 @@ use crate::backend::{
     Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, LeaseRef, LockRef, Mode,
     Secret,
 };
-use crate::wait::coarse_timer::Timeout;
+use crate::coarse_timer::Timeout;
 use crate::{Error, Result};
 
 impl Store {

@@ -12,7 +12,7 @@ use super::memory::MemoryStore;
 use super::watch::Watch;
 use crate::backend::{Backend, Hub, Intents, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
-use crate::wait::coarse_timer::CoarseTimer;
+use crate::coarse_timer::CoarseTimer;
 use crate::wait::rooms::WaitRooms;
 use crate::{Error, Result};
 

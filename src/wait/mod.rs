@@ -1,8 +1,7 @@
 //! The bounded wait: the attempt loop ([`acquire_within`]), a waiting writer's write intent
-//! ([`write_intent`]), the waiting rooms (a queue per name in this process, [`rooms`]), the
-//! backoff between attempts (here), and the coarse timer that bounds store calls and the layer's
-//! waits ([`coarse_timer`]). The rooms sit below the [`Store`](crate::Store) handle, the loop
-//! above it.
+//! ([`write_intent`]), the waiting rooms (a queue per name in this process, [`rooms`]) and the
+//! backoff between attempts (here). The rooms sit below the [`Store`](crate::Store) handle, the
+//! loop above it.
 //!
 //! Within one process only the first waiter of a name contends on the store; the others wait
 //! their turn, first come first served, so a release wakes one contender per process, never a
@@ -11,7 +10,6 @@
 use std::time::Duration;
 
 pub(crate) mod acquire_within;
-pub(crate) mod coarse_timer;
 pub(crate) mod rooms;
 pub(crate) mod write_intent;
 

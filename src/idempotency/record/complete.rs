@@ -20,7 +20,7 @@ use crate::backend::{Completion, FINGERPRINT_LEN};
 use crate::idempotency::config::Config;
 use crate::lease::kept::KeptLease;
 use crate::rejection::Reason;
-use crate::wait::coarse_timer::Overdue;
+use crate::coarse_timer::Overdue;
 
 /// The first and the longest pause between two tries.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

@@ -21,7 +21,7 @@ use crate::layer::request_body::timeout_body::TimeoutBody;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::locks::attempt::Attempt;
 use crate::rejection::{Problem, Reason};
-use crate::wait::coarse_timer::Overdue;
+use crate::coarse_timer::Overdue;
 
 pin_project! {
     // The fields a transition moves on are `Option`s taken out of the state, rather than the

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::wait::coarse_timer::Overdue;
+use crate::coarse_timer::Overdue;
 
 /// Waits for `release` until `wait` is over; after that the caller drops `release`, which
 /// finishes it in the background.

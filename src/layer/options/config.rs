@@ -66,7 +66,7 @@ pub(crate) struct Config {
     /// How long the response waits for the release before it goes out anyway (see
     /// [`Overdue`]).
     ///
-    /// [`Overdue`]: crate::wait::coarse_timer::Overdue
+    /// [`Overdue`]: crate::coarse_timer::Overdue
     pub(crate) max_release_wait: Limit,
     /// The layer's shared read leases, when it coalesces reads (an `RwLockLayer` by default).
     /// Set through [`share_reads`](Self::share_reads), and read as a [`ReadSharing`].

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::rejection::BoxError;
-use crate::wait::coarse_timer::{CoarseTimer, Overdue};
+use crate::coarse_timer::{CoarseTimer, Overdue};
 
 pin_project! {
     /// The request body the inner service of [`LockLayer`](crate::LockLayer),

@@ -11,7 +11,7 @@ use super::{Held, Left, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::lease::heartbeat::Heartbeat;
 use crate::lease::{Lease, LeaseState};
-use crate::wait::coarse_timer::{CoarseTimer, Overdue};
+use crate::coarse_timer::{CoarseTimer, Overdue};
 
 /// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {

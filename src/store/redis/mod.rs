@@ -15,7 +15,7 @@ use self::connection::timeout::{Bound, multiplexed};
 use self::native::cas::Native;
 use self::set_nx::contended::ContendedNames;
 use crate::backend::{Acquisition, LockRef};
-use crate::wait::coarse_timer;
+use crate::coarse_timer;
 use crate::{Error, Result};
 
 mod backend;

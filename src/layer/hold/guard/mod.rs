@@ -19,7 +19,7 @@ use crate::lease::kept::KeptLease;
 use crate::lease::raw::RawLease;
 use crate::lease::{Lease, LeaseState};
 use crate::locks::attempt::Attempt;
-use crate::wait::coarse_timer::CoarseTimer;
+use crate::coarse_timer::CoarseTimer;
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;

@@ -52,7 +52,7 @@ async fn the_heartbeat_starts_when_its_first_beat_is_due_under_a_polling_future(
 
     // What the response future does while the handler runs: poll, and be woken on time.
     let heartbeat = Heartbeat::default();
-    let timer = crate::wait::coarse_timer::CoarseTimer::new(timing.every);
+    let timer = crate::coarse_timer::CoarseTimer::new(timing.every);
     let polling = std::future::poll_fn(|cx| {
         guard.poll_first_beat(cx, &heartbeat, &timer);
         std::task::Poll::<()>::Pending

@@ -10,7 +10,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use crate::backend::BoxFuture;
 use crate::store::redis::RedisStore;
-use crate::wait::coarse_timer;
+use crate::coarse_timer;
 use crate::{Error, Result};
 
 /// Who keeps a call's timeout.
