@@ -13,7 +13,7 @@ use super::watch::Watch;
 use crate::backend::{Backend, Hub, Intents, LeaseRef, Mode, Warning};
 use crate::lease::heartbeat::Heartbeat;
 use crate::coarse_timer::CoarseTimer;
-use crate::wait::rooms::WaitRooms;
+use crate::store::rooms::WaitRooms;
 use crate::{Error, Result};
 
 /// A cheap, cloneable handle on a lease store.

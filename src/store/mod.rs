@@ -12,6 +12,7 @@ mod handle;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+pub(crate) mod rooms;
 mod watch;
 
 pub use self::handle::Store;

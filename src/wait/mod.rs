@@ -1,7 +1,6 @@
 //! The bounded wait: the attempt loop ([`acquire_within`]), a waiting writer's write intent
-//! ([`write_intent`]), the waiting rooms (a queue per name in this process, [`rooms`]) and the
-//! backoff between attempts (here). The rooms sit below the [`Store`](crate::Store) handle, the
-//! loop above it.
+//! ([`write_intent`]) and the backoff between attempts (here). It waits its turn in the store's
+//! waiting rooms ([`WaitRooms`](crate::store::rooms::WaitRooms)).
 //!
 //! Within one process only the first waiter of a name contends on the store; the others wait
 //! their turn, first come first served, so a release wakes one contender per process, never a
@@ -10,7 +9,6 @@
 use std::time::Duration;
 
 pub(crate) mod acquire_within;
-pub(crate) mod rooms;
 pub(crate) mod write_intent;
 
 /// The first wait between polls for a release in another process; it doubles up to
