@@ -11,9 +11,9 @@ use super::body::IdempotentBody;
 use super::record::background::Background;
 use super::record::cache::Replays;
 use crate::Store;
-use crate::lease::heartbeat::HeartbeatTiming;
-use crate::rejection::{Problem, Reason, Renderer};
 use crate::coarse_timer::CoarseTimer;
+use crate::rejection::{Problem, Reason, Renderer};
+use crate::store::heartbeat::HeartbeatTiming;
 
 /// The most request body bytes read for the fingerprint by default.
 pub(super) const DEFAULT_MAX_BODY: usize = 1024 * 1024;

@@ -13,10 +13,10 @@ use super::config::{
 };
 use super::service::IdempotencyService;
 use crate::Store;
-use crate::layer::extract::ExtractName;
-use crate::lease::heartbeat::HeartbeatTiming;
-use crate::rejection::{OnRejection, Renderer};
 use crate::coarse_timer::CoarseTimer;
+use crate::layer::extract::ExtractName;
+use crate::rejection::{OnRejection, Renderer};
+use crate::store::heartbeat::HeartbeatTiming;
 
 /// The default scope of an [`IdempotencyLayer`]: every key is unique in the whole namespace.
 #[derive(Clone, Copy, Debug, Default)]

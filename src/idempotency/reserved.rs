@@ -26,13 +26,13 @@ use super::key::extension::IdempotencyKey;
 use super::record;
 use super::record::complete::complete;
 use crate::backend::{FINGERPRINT_LEN, Secret};
-use crate::lease::heartbeat::Heartbeat;
+use crate::coarse_timer::CoarseTimer;
 use crate::lease::kept::KeptLease;
-use crate::lease::raw::RawLease;
 use crate::name::owned::OwnedName;
 use crate::rejection::{BoxError, Reason};
+use crate::store::heartbeat::Heartbeat;
+use crate::store::raw::RawLease;
 use crate::telemetry::{self, IdempotencyOutcome};
-use crate::coarse_timer::CoarseTimer;
 
 /// A key the store reserved for this request.
 pub(crate) struct Reserved {

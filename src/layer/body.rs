@@ -15,9 +15,9 @@ use super::hold::guard::LeaseGuard;
 use super::hold::hold_times::HoldTimes;
 use super::hold::lease_lost::LeaseLost;
 use super::hold::release_wait::poll_release;
+use crate::coarse_timer::{CoarseTimer, Overdue};
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::rejection::{BoxError, RejectionBody};
-use crate::coarse_timer::{CoarseTimer, Overdue};
 
 pin_project! {
     /// The response body of [`LockLayer`](crate::LockLayer) and

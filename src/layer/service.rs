@@ -25,11 +25,11 @@ use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
 use crate::LockName;
 use crate::backend::Mode;
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
 use crate::locks::definition::Definition;
 use crate::name::owned::OwnedName;
 use crate::rejection::{Problem, Reason};
+use crate::store::raw::RawLease;
 use crate::telemetry;
 use crate::wait::acquire_within::acquire_within;
 

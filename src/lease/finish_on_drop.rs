@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::backend::BoxFuture;
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
+use crate::store::raw::RawLease;
 
 /// An acquisition's answer, with the instant its command was sent.
 pub(crate) type Acquired = (Instant, Result<Attempt<RawLease>>);

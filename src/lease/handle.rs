@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::state::LeaseState;
 use crate::backend::Mode;
+use crate::store::LeaseState;
 
 /// The lease a request holds, put in its extensions by the layer.
 ///

@@ -13,12 +13,12 @@ use tokio::time::Instant;
 use tokio_util::sync::WaitForCancellationFuture;
 
 use super::handle::Lease;
-use super::heartbeat::HeartbeatTiming;
 use super::kept::KeptLease;
-use super::state::LeaseState;
 use crate::Result;
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::lease::raw::RawLease;
+use crate::store::LeaseState;
+use crate::store::heartbeat::HeartbeatTiming;
+use crate::store::raw::RawLease;
 
 /// A lease whose heartbeat runs: made from a token by `keep_alive()`
 /// ([`LockToken::keep_alive`](crate::LockToken::keep_alive),

@@ -6,11 +6,11 @@ use std::task::Context;
 use tokio::time::Instant;
 
 use super::handle::Lease;
-use super::heartbeat::{Heartbeat, HeartbeatTiming};
-use super::state::LeaseState;
 use crate::backend::BoxFuture;
-use crate::lease::raw::RawLease;
 use crate::coarse_timer::{CoarseTimer, Overdue};
+use crate::store::LeaseState;
+use crate::store::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::store::raw::RawLease;
 
 /// Owns a lease the layer holds: its place in the store's heartbeat, and its release.
 ///

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::backend::Mode;
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
 use crate::locks::definition::Definition;
 use crate::locks::token::{LockToken, ReadToken};
 use crate::name::LockName;
 use crate::store::Store;
+use crate::store::raw::RawLease;
 use crate::telemetry::AcquireOutcome;
 use crate::wait::acquire_within::acquire_within;
 

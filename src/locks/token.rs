@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::Result;
 use crate::lease::Held;
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::lease::raw::RawLease;
+use crate::store::raw::RawLease;
 
 macro_rules! token {
     ($(#[$doc:meta])* $ty:ident) => {

@@ -11,8 +11,8 @@ use super::ghosts::Ghosts;
 use super::memory::MemoryStore;
 use super::watch::Watch;
 use crate::backend::{Backend, Hub, Intents, LeaseRef, Mode, Warning};
-use crate::lease::heartbeat::Heartbeat;
 use crate::coarse_timer::CoarseTimer;
+use crate::store::heartbeat::Heartbeat;
 use crate::store::rooms::WaitRooms;
 use crate::{Error, Result};
 

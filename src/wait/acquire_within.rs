@@ -9,10 +9,10 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Mode, Secret};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::{Attempt, outcome};
 use crate::locks::definition::Definition;
 use crate::store::Store;
+use crate::store::raw::RawLease;
 use crate::telemetry::{self, AcquireOutcome};
 use crate::wait::write_intent::KeptIntent;
 use crate::wait::{Backoff, MAX_POLL};

@@ -17,10 +17,10 @@ use tokio::time::Instant;
 use super::cache::Replays;
 use crate::Store;
 use crate::backend::{Completion, FINGERPRINT_LEN};
+use crate::coarse_timer::Overdue;
 use crate::idempotency::config::Config;
 use crate::lease::kept::KeptLease;
 use crate::rejection::Reason;
-use crate::coarse_timer::Overdue;
 
 /// The first and the longest pause between two tries.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

@@ -13,6 +13,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::coarse_timer::Overdue;
 use crate::layer::body::LeaseBody;
 use crate::layer::hold::guard::{Guarded, LeaseGuard};
 use crate::layer::hold::lease_lost::LeaseLost;
@@ -21,7 +22,6 @@ use crate::layer::request_body::timeout_body::TimeoutBody;
 use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::locks::attempt::Attempt;
 use crate::rejection::{Problem, Reason};
-use crate::coarse_timer::Overdue;
 
 pin_project! {
     // The fields a transition moves on are `Option`s taken out of the state, rather than the

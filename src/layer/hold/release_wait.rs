@@ -4,8 +4,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::coarse_timer::Overdue;
+use crate::lease::finish_on_drop::FinishOnDrop;
 
 /// Waits for `release` until `wait` is over; after that the caller drops `release`, which
 /// finishes it in the background.

@@ -12,9 +12,9 @@ use crate::layer::hold::hold_times::HoldTimes;
 use crate::layer::hold::lease_lost::LeaseLost;
 use crate::layer::options::timing::{Beat, Limit};
 use crate::layer::shared_read::{Linger, SharedReads};
-use crate::lease::heartbeat::Heartbeat;
 use crate::locks::definition::Definition;
 use crate::rejection::{Problem, Rejection, Renderer};
+use crate::store::heartbeat::Heartbeat;
 use crate::telemetry::AcquireOutcome;
 
 /// How long a response waits for its release by default: a healthy store answers in a round

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lease::heartbeat::HeartbeatTiming;
 use crate::coarse_timer::CoarseTimer;
+use crate::store::heartbeat::HeartbeatTiming;
 
 /// A time limit of the layer (how long a request body may take, how long a response waits for
 /// its release), with the one coarse timer its requests share.

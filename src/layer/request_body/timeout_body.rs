@@ -13,8 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::rejection::BoxError;
 use crate::coarse_timer::{CoarseTimer, Overdue};
+use crate::rejection::BoxError;
 
 pin_project! {
     /// The request body the inner service of [`LockLayer`](crate::LockLayer),

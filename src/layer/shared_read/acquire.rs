@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
-use crate::lease::heartbeat::HeartbeatTiming;
 use crate::lease::kept::KeptLease;
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
+use crate::store::heartbeat::HeartbeatTiming;
+use crate::store::raw::RawLease;
 use crate::{Error, Result};
 
 /// A request waiting for the acquisition another request of its share sent.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::backend::Mode;
 use crate::backend::{Hub, IntentListener};
-use crate::lease::LeaseState;
+use crate::store::LeaseState;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
 /// for a lock that does not prefer writers, which leaves no intent.

@@ -52,10 +52,10 @@ pub(crate) use self::read::SharedRead;
 
 use crate::Error;
 use crate::backend::IntentListener;
-use crate::lease::LeaseState;
-use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
 use crate::lease::kept::KeptLease;
-use crate::lease::raw::RawLease;
+use crate::store::LeaseState;
+use crate::store::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::store::raw::RawLease;
 
 /// A layer's shares of read leases, by name. The layer's lock fixes the namespace, so the name
 /// is the whole key.

@@ -9,9 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Held, Left, Share, SharedReads};
 use crate::backend::BoxFuture;
-use crate::lease::heartbeat::Heartbeat;
-use crate::lease::{Lease, LeaseState};
 use crate::coarse_timer::{CoarseTimer, Overdue};
+use crate::lease::Lease;
+use crate::store::LeaseState;
+use crate::store::heartbeat::Heartbeat;
 
 /// A request's part in a held shared lease: what its `LeaseGuard` holds.
 pub(crate) struct SharedRead {

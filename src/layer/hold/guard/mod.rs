@@ -12,14 +12,15 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::Result;
 use crate::backend::BoxFuture;
-use crate::layer::shared_read::SharedRead;
-use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::lease::heartbeat::{Heartbeat, HeartbeatTiming};
-use crate::lease::kept::KeptLease;
-use crate::lease::raw::RawLease;
-use crate::lease::{Lease, LeaseState};
-use crate::locks::attempt::Attempt;
 use crate::coarse_timer::CoarseTimer;
+use crate::layer::shared_read::SharedRead;
+use crate::lease::Lease;
+use crate::lease::finish_on_drop::FinishOnDrop;
+use crate::lease::kept::KeptLease;
+use crate::locks::attempt::Attempt;
+use crate::store::LeaseState;
+use crate::store::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::store::raw::RawLease;
 
 /// What a request's acquisition came to, as the response future takes it.
 pub(crate) type Guarded = Result<Attempt<LeaseGuard>>;

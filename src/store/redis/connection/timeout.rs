@@ -9,8 +9,8 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use crate::backend::BoxFuture;
-use crate::store::redis::RedisStore;
 use crate::coarse_timer;
+use crate::store::redis::RedisStore;
 use crate::{Error, Result};
 
 /// Who keeps a call's timeout.

@@ -1,5 +1,5 @@
-//! [`LeaseState`]: what a lease's holder (a request's guard, a [`Held`](super::Held)), the
-//! heartbeat and every [`Lease`](super::Lease) handle share about one held lease.
+//! [`LeaseState`]: what a lease's holder (a request's guard, a [`Held`](crate::Held)), the
+//! heartbeat and every [`Lease`](crate::Lease) handle share about one held lease.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
 use std::sync::{Mutex, OnceLock};
@@ -9,10 +9,10 @@ use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::raw::{RawLease, valid_for};
+use crate::store::raw::{RawLease, valid_for};
 use crate::telemetry::{self, LossReason};
 
-/// What the holder, the heartbeat and every [`Lease`](super::Lease) clone know about one held
+/// What the holder, the heartbeat and every [`Lease`](crate::Lease) clone know about one held
 /// lease.
 ///
 /// It is one allocation per lease: the end of the lease is a flag and a waker slot in here,

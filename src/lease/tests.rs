@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Heartbeat, HeartbeatTiming};
 use crate::Result;
 use crate::backend::BoxFuture;
 use crate::backend::{Acquisition, Backend, Extended, LeaseRef, LockRef, Mode};
 use crate::lease::kept::KeptLease;
-use crate::lease::raw::RawLease;
 use crate::locks::attempt::Attempt;
 use crate::store::MemoryStore;
+use crate::store::heartbeat::{Heartbeat, HeartbeatTiming};
+use crate::store::raw::RawLease;
 use crate::{Error, Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("driver", Duration::from_millis(300));

@@ -30,7 +30,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{DriverSlot, HeartbeatTiming};
 use crate::Result;
 use crate::backend::{BoxFuture, Extended};
-use crate::lease::LeaseState;
+use crate::store::LeaseState;
 use crate::telemetry::{self, ExtendOutcome, LossReason};
 
 /// The most extensions in one store call; a bigger due set goes out as several calls at once,

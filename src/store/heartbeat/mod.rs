@@ -19,8 +19,6 @@ use tokio::time::Instant;
 use super::LeaseState;
 
 mod driver;
-#[cfg(test)]
-mod tests;
 
 use self::driver::{EnrolledLease, drive};
 
@@ -66,7 +64,7 @@ impl Heartbeat {
     /// Hands the lease of `state`, acquired at `acquired_at`, to the driver (spawning it if
     /// none runs); its first extension is due one beat after the acquisition. Must be called
     /// within a tokio runtime; pair it with one [`withdraw`](Self::withdraw).
-    pub(super) fn enrol(
+    pub(crate) fn enrol(
         &self,
         state: Arc<LeaseState>,
         acquired_at: Instant,
@@ -92,7 +90,7 @@ impl Heartbeat {
 
     /// Says that an enrolled lease's guard let go (the lease is released or dropped, and its
     /// state marked over): the driver sends no extension for it from now on.
-    pub(super) fn withdraw(&self) {
+    pub(crate) fn withdraw(&self) {
         if self.driver.enrolled.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.driver.idle.notify_one();
         }
