@@ -16,6 +16,7 @@
 
 pub mod backend;
 mod coarse_timer;
+mod definition;
 mod error;
 pub mod idempotency;
 pub mod layer;
@@ -28,12 +29,12 @@ mod telemetry;
 mod wait;
 
 pub use crate::backend::Warning;
+pub use crate::definition::Attempt;
+pub use crate::definition::MAX_NAMESPACE_LEN;
 pub use crate::error::{Error, Result};
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
-pub use crate::locks::Attempt;
-pub use crate::locks::MAX_NAMESPACE_LEN;
 pub use crate::locks::Semaphore;
 pub use crate::locks::{Lock, RwLock};
 pub use crate::locks::{LockToken, Permit, ReadToken};

@@ -151,7 +151,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::definition::Definition;
+use crate::definition::Definition;
 
 mod body;
 mod config;

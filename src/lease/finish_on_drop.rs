@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::backend::BoxFuture;
-use crate::locks::attempt::Attempt;
+use crate::definition::attempt::Attempt;
 use crate::store::raw::RawLease;
 
 /// An acquisition's answer, with the instant its command was sent.

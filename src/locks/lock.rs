@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::backend::Mode;
-use crate::locks::attempt::Attempt;
-use crate::locks::definition::Definition;
+use crate::definition::Definition;
+use crate::definition::attempt::Attempt;
 use crate::locks::token::{LockToken, ReadToken};
 use crate::name::LockName;
 use crate::store::Store;

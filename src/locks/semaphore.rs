@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::backend::Mode;
-use crate::locks::attempt::Attempt;
-use crate::locks::definition::Definition;
+use crate::definition::Definition;
+use crate::definition::attempt::Attempt;
 use crate::locks::token::Permit;
 use crate::name::{LockName, check_name};
 use crate::store::Store;

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::Result;
 use crate::backend::{Acquisition, Extended, Hub, LeaseRef, Mode, Secret};
-use crate::locks::attempt::{Attempt, outcome};
-use crate::locks::definition::Definition;
+use crate::definition::Definition;
+use crate::definition::attempt::{Attempt, outcome};
 use crate::name::check_name;
 use crate::name::owned::OwnedName;
 use crate::store::Store;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Mode, Secret};
+use crate::definition::Definition;
+use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
-use crate::locks::attempt::{Attempt, outcome};
-use crate::locks::definition::Definition;
 use crate::store::Store;
 use crate::store::raw::RawLease;
 use crate::telemetry::{self, AcquireOutcome};

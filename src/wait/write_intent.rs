@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::backend::{LeaseRef, Mode, Secret};
+use crate::definition::Definition;
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::locks::definition::Definition;
 use crate::store::Store;
 
 /// A waiting writer's part in the write intent of a

@@ -14,13 +14,13 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::coarse_timer::Overdue;
+use crate::definition::attempt::Attempt;
 use crate::layer::body::LeaseBody;
 use crate::layer::hold::guard::{Guarded, LeaseGuard};
 use crate::layer::hold::lease_lost::LeaseLost;
 use crate::layer::options::config::Config;
 use crate::layer::request_body::timeout_body::TimeoutBody;
 use crate::lease::finish_on_drop::FinishOnDrop;
-use crate::locks::attempt::Attempt;
 use crate::rejection::{Problem, Reason};
 
 pin_project! {

@@ -7,12 +7,12 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use crate::Store;
+use crate::definition::Definition;
 use crate::layer::body::LeaseBody;
 use crate::layer::hold::hold_times::HoldTimes;
 use crate::layer::hold::lease_lost::LeaseLost;
 use crate::layer::options::timing::{Beat, Limit};
 use crate::layer::shared_read::{Linger, SharedReads};
-use crate::locks::definition::Definition;
 use crate::rejection::{Problem, Rejection, Renderer};
 use crate::store::heartbeat::Heartbeat;
 use crate::telemetry::AcquireOutcome;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Held, Outcome, Share, SharedRead, SharedReads};
+use crate::definition::attempt::Attempt;
 use crate::lease::kept::KeptLease;
-use crate::locks::attempt::Attempt;
 use crate::store::heartbeat::HeartbeatTiming;
 use crate::store::raw::RawLease;
 use crate::{Error, Result};

@@ -9,7 +9,7 @@ use super::*;
 use crate::Result;
 use crate::backend::BoxFuture;
 use crate::backend::Mode;
-use crate::locks::attempt::Attempt;
+use crate::definition::attempt::Attempt;
 use crate::telemetry::LossReason;
 use crate::{RwLock, Store};
 

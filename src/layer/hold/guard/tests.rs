@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::backend::Mode;
-use crate::locks::attempt::Attempt;
-use crate::locks::definition::Definition;
+use crate::definition::Definition;
+use crate::definition::attempt::Attempt;
 use crate::{Lock, Store};
 
 const LOCK: Lock<str> = Lock::new("beat", Duration::from_millis(300));

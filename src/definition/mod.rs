@@ -1,10 +1,15 @@
-//! A lock definition, as every kind of lock shares it: namespace, TTL, fencing, writer
-//! preference and permits, checked once (at compile time for a `const` definition).
+//! What a lock is before anything is held: its definition, as every kind of lock shares it
+//! (namespace, TTL, fencing, writer preference and permits, checked once: at compile time for
+//! a `const` definition), and the [`Attempt`] an acquisition answers.
 
 use std::time::Duration;
 
 use crate::backend::LockRef;
 use crate::{Error, Result};
+
+pub(crate) mod attempt;
+
+pub use self::attempt::Attempt;
 
 /// The longest namespace, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
