@@ -26,7 +26,6 @@ mod name;
 pub mod rejection;
 pub mod store;
 mod telemetry;
-mod wait;
 
 pub use crate::backend::Warning;
 pub use crate::definition::Attempt;

@@ -27,11 +27,11 @@ use crate::backend::Mode;
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
+use crate::locks::wait::acquire_within::acquire_within;
 use crate::name::owned::OwnedName;
 use crate::rejection::{Problem, Reason};
 use crate::store::raw::RawLease;
 use crate::telemetry;
-use crate::wait::acquire_within::acquire_within;
 
 /// Which leases a service takes: an exclusive lock is the case where every request writes.
 #[derive(Clone, Debug)]

@@ -9,11 +9,11 @@ use crate::backend::Mode;
 use crate::definition::Definition;
 use crate::definition::attempt::Attempt;
 use crate::locks::token::{LockToken, ReadToken};
+use crate::locks::wait::acquire_within::acquire_within;
 use crate::name::LockName;
 use crate::store::Store;
 use crate::store::raw::RawLease;
 use crate::telemetry::AcquireOutcome;
-use crate::wait::acquire_within::acquire_within;
 
 impl Definition {
     /// Takes the lease on `name` if it is free.

@@ -11,11 +11,11 @@ use crate::backend::{Mode, Secret};
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
+use crate::locks::wait::write_intent::KeptIntent;
+use crate::locks::wait::{Backoff, MAX_POLL};
 use crate::store::Store;
 use crate::store::raw::RawLease;
 use crate::telemetry::{self, AcquireOutcome};
-use crate::wait::write_intent::KeptIntent;
-use crate::wait::{Backoff, MAX_POLL};
 
 /// With release notifications, attempts follow the notifications and the holder's lease end;
 /// a slow poll remains, in case a notification is lost (a subscription that raced its own
