@@ -80,9 +80,10 @@ impl Lease {
     }
 
     /// Whether the lease is still held: not lost, not released, and not past the end of its
-    /// last confirmed extension on this process's monotonic clock. For a read that
-    /// [shares](crate::layer#shared-reads) its lease, released means this request is done with
-    /// it, whether or not other requests still share it.
+    /// last confirmed extension on this process's monotonic clock. For a read that shares its
+    /// lease with others ([`RwLockLayer::coalesce_reads`](crate::RwLockLayer::coalesce_reads)),
+    /// released means this request is done with it, whether or not other requests still share
+    /// it.
     pub fn is_held(&self) -> bool {
         !self.left() && self.state.valid_at(Instant::now())
     }

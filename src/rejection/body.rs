@@ -5,9 +5,9 @@ use std::error::Error as StdError;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 
-/// The error type of the layer's bodies ([`LeaseBody`](crate::LeaseBody),
-/// [`TimeoutBody`](crate::layer::TimeoutBody)): the inner body's error, boxed, or the layer's own
-/// ([`LeaseLostError`](crate::layer::LeaseLostError), [`BodyTimeoutError`](crate::layer::BodyTimeoutError)).
+/// The error type of the middlewares' bodies: the inner body's error, boxed, or the
+/// middleware's own (a lease lost while the response body streamed, a request body that took
+/// longer than its limit).
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// The body of a response an [`OnRejection`](super::OnRejection) hook made, boxed.
