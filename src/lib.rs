@@ -17,7 +17,6 @@
 pub mod backend;
 mod coarse_timer;
 mod definition;
-mod error;
 pub mod idempotency;
 pub mod layer;
 mod lease;
@@ -28,9 +27,9 @@ pub mod store;
 mod telemetry;
 
 pub use crate::backend::Warning;
+pub use crate::backend::error::{Error, Result};
 pub use crate::definition::Attempt;
 pub use crate::definition::MAX_NAMESPACE_LEN;
-pub use crate::error::{Error, Result};
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};

@@ -1,4 +1,6 @@
-//! The contract of a lease store: the [`Backend`] trait, and the types its calls take and answer.
+//! The contract of a lease store: the [`Backend`] trait, the types its calls take and answer,
+//! and the crate's [`Error`](crate::Error), which every call, of a store or of a lock, fails
+//! with.
 //!
 //! Everything above it (the [`Store`](crate::Store) handle, the locks, the layers) talks to a
 //! store through these alone; the built-in stores implement them, and so can a store of yours
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use crate::Result;
 
+pub(crate) mod error;
 mod idempotency;
 mod notify;
 mod warning;
