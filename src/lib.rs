@@ -14,17 +14,31 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+// The crate's parts, as stairs from the bottom up: each uses only the parts before it
+// (`import-cycles --folders src` checks it; CONTRIBUTING draws the same stairs).
+//
+// 1. The contract of a store, its types, and the one Error every call fails with.
 pub mod backend;
-mod coarse_timer;
-mod definition;
-pub mod idempotency;
-pub mod layer;
-mod lease;
-mod locks;
+// 2. Lock names and their rules.
 mod name;
-pub mod rejection;
-pub mod store;
+// 3. Every metric and label.
 mod telemetry;
+// 4. One timer per store or layer: store calls, release waits, body limits.
+mod coarse_timer;
+// 5. What a lock is before anything is held: Definition, Attempt.
+mod definition;
+// 6. The Store handle, the stores, and what the handle keeps per lease (RawLease, heartbeat).
+pub mod store;
+// 7. What owns a lease: KeptLease, Held, the handlers' Lease.
+mod lease;
+// 8. Lock, RwLock, Semaphore, their tokens, and the bounded wait.
+mod locks;
+// 9. What the middlewares answer when they refuse a request.
+pub mod rejection;
+// 10. LockLayer, RwLockLayer, SemaphoreLayer.
+pub mod layer;
+// 11. IdempotencyLayer.
+pub mod idempotency;
 
 pub use crate::backend::Warning;
 pub use crate::backend::error::{Error, Result};
