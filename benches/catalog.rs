@@ -336,7 +336,7 @@ async fn run(backing: &Backing, writes: f64, policy: &Policy, length: Duration) 
         overlaps == 0
             && gets.share(gets.first) >= 99.9
             && puts.share(puts.first) >= 99.9
-            && put_p99 <= 3.0 * ms(WRITE) + ms(READ)
+            && put_p99 <= ms(WRITE * 3 + READ)
             && get_p99 <= ms(READ) + ms(WRITE)
     } else {
         overlaps == 0 && gets.share(gets.served) >= 95.0 && puts.share(puts.served) >= 95.0
