@@ -15,9 +15,11 @@
 //! … WHERE expired`, the expiry on the server's clock, and `DELETE … WHERE name AND token`.
 //!
 //! 1. Lock cycles (`try_lock` + `release`, a name per task) at 1 and 16 tasks: the minimum,
-//!    `PgStore`, and two variants that split the difference: `PgStore`'s own SQL functions
-//!    called by hand like the minimum (the server's share of the difference, against the
-//!    client's), and the same with a copy of the release function that sends no `NOTIFY`.
+//!    `PgStore`, and three variants that split the difference: the statements `PgStore` sends
+//!    for a `Lock` (`lock_acquire_call.sql`, `lock_release_call.sql`) called by hand like the
+//!    minimum (the server's share of the difference, against the client's), `PgStore`'s SQL
+//!    functions for the same calls by hand (what the statements gain over them), and those
+//!    with a copy of the release function that sends no `NOTIFY`.
 //! 2. HTTP: one axum app (`POST /jobs/{name}`, a random name per request) behind a hand-written
 //!    `from_fn` middleware on the minimum (`409` when held, the release after the handler),
 //!    behind `LockLayer` on `PgStore`, and behind the same `from_fn` middleware around
@@ -44,13 +46,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::StatusCode;
-use http_body_util::BodyExt;
 use tower_lease::{Lock, LockLayer, Store, extract};
 use tower_lease_harness::PgServer;
 use tower_lease_harness::bench::{self, Op, Settings, median, op, quantile_us};
 use tower_lease_harness::http::{Sender, connect, serve};
 use tower_lease_postgres::PgStore;
 use tower_lease_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tower_lease_postgres::tokio_postgres::types::ToSql;
 use tower_lease_postgres::tokio_postgres::{self, Client, NoTls};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -73,15 +75,20 @@ const HAND_ACQUIRE: &str = "INSERT INTO bench_hand_locks AS l (name, token, expi
 const HAND_RELEASE: &str = "DELETE FROM bench_hand_locks WHERE name = $1 AND token = $2";
 
 /// `PgStore`'s own functions, called by hand.
-const FN_ACQUIRE: &str = "SELECT tower_lease.lock_acquire($1, $2, $3, $4, false)";
-const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3)";
+const FN_ACQUIRE: &str =
+    "SELECT acquired FROM tower_lease.lock_acquire($1, $2, $3, $4::bigint, false)";
+const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
 /// A copy of `lock_release` without its `NOTIFY`, made by the benchmark.
-const QUIET_RELEASE: &str = "SELECT bench_lock_release_quiet($1, $2, $3)";
+const QUIET_RELEASE: &str = "SELECT bench_lock_release_quiet($1, $2, $3) AS released";
+/// The statements `PgStore` sends for a `Lock` (not its functions), called by hand.
+const STATEMENT_ACQUIRE: &str = include_str!("../src/sql/lock_acquire_call.sql");
+const STATEMENT_RELEASE: &str = include_str!("../src/sql/lock_release_call.sql");
 
 const MINIMUM: &str = "minimum: INSERT … ON CONFLICT + DELETE";
 const PG_LOCK: &str = "PgStore: Lock try_lock + release";
 const FUNCTIONS: &str = "diagnostic: PgStore's functions, called by hand";
 const QUIET: &str = "diagnostic: the same, release without NOTIFY";
+const STATEMENTS: &str = "diagnostic: PgStore's statements, called by hand";
 
 const HAND_HTTP: &str = "from_fn lock by hand on the minimum";
 const LAYER_HTTP: &str = "LockLayer on PgStore";
@@ -155,12 +162,16 @@ impl Hand {
                 .await?
                 == 1);
         }
-        // PgStore's function: a fence (0, unfenced) when acquired, negative when refused.
         let name = name.as_bytes();
-        let row = client
-            .query_one(&statement, &[&"bench-fn", &name, &token, &TTL_MS])
-            .await?;
-        Ok(row.get::<_, i64>(0) >= 0)
+        let params: [&(dyn ToSql + Sync); 4] = [&"bench-fn", &name, &token, &TTL_MS];
+        if self.acquire == STATEMENT_ACQUIRE {
+            // PgStore's statement: a row when acquired, unfenced.
+            let unfenced = false;
+            let params: [&(dyn ToSql + Sync); 5] = [&"bench-fn", &name, &token, &TTL_MS, &unfenced];
+            return Ok(client.query_opt(&statement, &params).await?.is_some());
+        }
+        let row = client.query_one(&statement, &params).await?;
+        Ok(row.get("acquired"))
     }
 
     /// Whether our lease was there to release.
@@ -174,7 +185,7 @@ impl Hand {
         let row = client
             .query_one(&statement, &[&"bench-fn", &name, &token])
             .await?;
-        Ok(row.get(0))
+        Ok(row.get("released"))
     }
 }
 
@@ -285,40 +296,27 @@ struct Counts {
 
 /// Drives `senders` for `length` with a random name per request; answers the requests.
 async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, counts: &Counts) -> u64 {
-    let deadline = Instant::now() + length;
-    let mut workers = Vec::with_capacity(senders.len());
-    for mut sender in senders.drain(..) {
-        let host = host.to_owned();
-        workers.push(tokio::spawn(async move {
-            let (mut ok, mut conflict) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let req = http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
-                    .header(http::header::HOST, &host)
-                    .body(Default::default())
-                    .unwrap();
-                sender.ready().await.expect("connection closed");
-                let res = sender.send_request(req).await.expect("request failed");
-                let status = res.status();
-                res.into_body().collect().await.expect("body failed");
-                match status {
-                    StatusCode::OK => ok += 1,
-                    // Two random names of 64 bits that meet: possible, not expected.
-                    StatusCode::CONFLICT => conflict += 1,
-                    other => panic!("unexpected status {other}"),
-                }
-            }
-            (sender, ok, conflict)
-        }));
-    }
-    let mut total = 0;
-    for worker in workers {
-        let (sender, ok, conflict) = worker.await.expect("a load task panicked");
-        senders.push(sender);
-        counts.ok.fetch_add(ok, Ordering::Relaxed);
-        counts.conflict.fetch_add(conflict, Ordering::Relaxed);
-        total += ok + conflict;
-    }
-    total
+    let host = host.to_owned();
+    let request = move |_| {
+        http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
+            .header(http::header::HOST, &host)
+            .body(Default::default())
+            .unwrap()
+    };
+    let check = |_, head: &http::response::Parts| match head.status {
+        StatusCode::OK => {}
+        // Two random names of 64 bits that meet: possible, not expected.
+        StatusCode::CONFLICT => {}
+        other => panic!("unexpected status {other}"),
+    };
+    let driven = bench::drive(senders, length, request, check).await;
+    let (ok, conflict) = (
+        driven.count(StatusCode::OK),
+        driven.count(StatusCode::CONFLICT),
+    );
+    counts.ok.fetch_add(ok, Ordering::Relaxed);
+    counts.conflict.fetch_add(conflict, Ordering::Relaxed);
+    ok + conflict
 }
 
 async fn work() -> &'static str {
@@ -383,7 +381,7 @@ async fn make_quiet_release(admin: &Client) -> bool {
         .await
         .unwrap();
     let definition: String = row.get(0);
-    let notify = "PERFORM tower_lease.notify('e', ns, nm);";
+    let notify = "PERFORM tower_lease.notify('e', lock_namespace, lock_name);";
     if !definition.contains(notify) {
         return false;
     }
@@ -438,10 +436,16 @@ async fn bench(server: &PgServer, settings: Settings) {
         acquire: FN_ACQUIRE,
         release: FN_RELEASE,
     };
+    let statements = Hand {
+        pool: hand_pool.clone(),
+        acquire: STATEMENT_ACQUIRE,
+        release: STATEMENT_RELEASE,
+    };
     let mut cycles: Vec<(&str, Op)> = vec![
         (MINIMUM, hand_cycle(minimum.clone(), "hand-")),
         (PG_LOCK, store_cycle(store.clone())),
         (FUNCTIONS, hand_cycle(functions, "fn-")),
+        (STATEMENTS, hand_cycle(statements, "statement-")),
     ];
     if make_quiet_release(&admin).await {
         let quiet = Hand {
@@ -620,14 +624,17 @@ async fn bench(server: &PgServer, settings: Settings) {
         "  (LockLayer × from_fn around Lock::attempt, both on PgStore: {})",
         ratio_cell(&within(&http_rows[1].rates, &http_rows[2].rates))
     );
-    // What the diagnostic variants split: the server's share (PgStore's functions by hand ×
-    // the minimum) and the client's (PgStore × its functions by hand), within each round.
+    // What the diagnostic variants split: the server's share (PgStore's statements by hand ×
+    // the minimum) and the client's (PgStore × its statements by hand), within each round; and
+    // what the statements gain over the functions they replaced on the store's path.
     println!("\nsplit (medians of the ratios within rounds):");
     for (tasks, rows) in CONCURRENCY.iter().zip(&cycle_rows) {
         let mut line = format!(
-            "- {tasks} task(s): functions by hand × minimum {}; PgStore × functions by hand {}",
-            ratio_cell(&within(&rows[2].rates, &rows[0].rates)),
-            ratio_cell(&within(&rows[1].rates, &rows[2].rates)),
+            "- {tasks} task(s): statements by hand × minimum {}; PgStore × statements by hand {}; \
+             statements by hand × functions by hand {}",
+            ratio_cell(&within(&rows[3].rates, &rows[0].rates)),
+            ratio_cell(&within(&rows[1].rates, &rows[3].rates)),
+            ratio_cell(&within(&rows[3].rates, &rows[2].rates)),
         );
         if let Some(k) = cycles.iter().position(|(name, _)| *name == QUIET) {
             line += &format!(
