@@ -15,11 +15,9 @@
 //! … WHERE expired`, the expiry on the server's clock, and `DELETE … WHERE name AND token`.
 //!
 //! 1. Lock cycles (`try_lock` + `release`, a name per task) at 1 and 16 tasks: the minimum,
-//!    `PgStore`, and three variants that split the difference: the statements `PgStore` sends
-//!    for a `Lock` (`lock_acquire_call.sql`, `lock_release_call.sql`) called by hand like the
-//!    minimum (the server's share of the difference, against the client's), `PgStore`'s SQL
-//!    functions for the same calls by hand (what the statements gain over them), and those
-//!    with a copy of the release function that sends no `NOTIFY`.
+//!    `PgStore`, and two variants that split the difference: `PgStore`'s own SQL functions
+//!    called by hand like the minimum (the server's share of the difference, against the
+//!    client's), and the same with a copy of the release function that sends no `NOTIFY`.
 //! 2. HTTP: one axum app (`POST /jobs/{name}`, a random name per request) behind a hand-written
 //!    `from_fn` middleware on the minimum (`409` when held, the release after the handler),
 //!    behind `LockLayer` on `PgStore`, and behind the same `from_fn` middleware around
@@ -80,15 +78,11 @@ const FN_ACQUIRE: &str =
 const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
 /// A copy of `lock_release` without its `NOTIFY`, made by the benchmark.
 const QUIET_RELEASE: &str = "SELECT bench_lock_release_quiet($1, $2, $3) AS released";
-/// The statements `PgStore` sends for a `Lock` (not its functions), called by hand.
-const STATEMENT_ACQUIRE: &str = include_str!("../src/sql/lock_acquire_call.sql");
-const STATEMENT_RELEASE: &str = include_str!("../src/sql/lock_release_call.sql");
 
 const MINIMUM: &str = "minimum: INSERT … ON CONFLICT + DELETE";
 const PG_LOCK: &str = "PgStore: Lock try_lock + release";
 const FUNCTIONS: &str = "diagnostic: PgStore's functions, called by hand";
 const QUIET: &str = "diagnostic: the same, release without NOTIFY";
-const STATEMENTS: &str = "diagnostic: PgStore's statements, called by hand";
 
 const HAND_HTTP: &str = "from_fn lock by hand on the minimum";
 const LAYER_HTTP: &str = "LockLayer on PgStore";
@@ -164,12 +158,6 @@ impl Hand {
         }
         let name = name.as_bytes();
         let params: [&(dyn ToSql + Sync); 4] = [&"bench-fn", &name, &token, &TTL_MS];
-        if self.acquire == STATEMENT_ACQUIRE {
-            // PgStore's statement: a row when acquired, unfenced.
-            let unfenced = false;
-            let params: [&(dyn ToSql + Sync); 5] = [&"bench-fn", &name, &token, &TTL_MS, &unfenced];
-            return Ok(client.query_opt(&statement, &params).await?.is_some());
-        }
         let row = client.query_one(&statement, &params).await?;
         Ok(row.get("acquired"))
     }
@@ -436,16 +424,10 @@ async fn bench(server: &PgServer, settings: Settings) {
         acquire: FN_ACQUIRE,
         release: FN_RELEASE,
     };
-    let statements = Hand {
-        pool: hand_pool.clone(),
-        acquire: STATEMENT_ACQUIRE,
-        release: STATEMENT_RELEASE,
-    };
     let mut cycles: Vec<(&str, Op)> = vec![
         (MINIMUM, hand_cycle(minimum.clone(), "hand-")),
         (PG_LOCK, store_cycle(store.clone())),
         (FUNCTIONS, hand_cycle(functions, "fn-")),
-        (STATEMENTS, hand_cycle(statements, "statement-")),
     ];
     if make_quiet_release(&admin).await {
         let quiet = Hand {
@@ -624,17 +606,14 @@ async fn bench(server: &PgServer, settings: Settings) {
         "  (LockLayer × from_fn around Lock::attempt, both on PgStore: {})",
         ratio_cell(&within(&http_rows[1].rates, &http_rows[2].rates))
     );
-    // What the diagnostic variants split: the server's share (PgStore's statements by hand ×
-    // the minimum) and the client's (PgStore × its statements by hand), within each round; and
-    // what the statements gain over the functions they replaced on the store's path.
+    // What the diagnostic variants split: the server's share (PgStore's functions by hand ×
+    // the minimum) and the client's (PgStore × its functions by hand), within each round.
     println!("\nsplit (medians of the ratios within rounds):");
     for (tasks, rows) in CONCURRENCY.iter().zip(&cycle_rows) {
         let mut line = format!(
-            "- {tasks} task(s): statements by hand × minimum {}; PgStore × statements by hand {}; \
-             statements by hand × functions by hand {}",
-            ratio_cell(&within(&rows[3].rates, &rows[0].rates)),
-            ratio_cell(&within(&rows[1].rates, &rows[3].rates)),
-            ratio_cell(&within(&rows[3].rates, &rows[2].rates)),
+            "- {tasks} task(s): functions by hand × minimum {}; PgStore × functions by hand {}",
+            ratio_cell(&within(&rows[2].rates, &rows[0].rates)),
+            ratio_cell(&within(&rows[1].rates, &rows[2].rates)),
         );
         if let Some(k) = cycles.iter().position(|(name, _)| *name == QUIET) {
             line += &format!(

@@ -1,5 +1,5 @@
-//! [`Backend`] for [`PgStore`]: which function of the schema (the `.sql` files in `sql/`), or
-//! which statement of its own, each call runs, and how its answer reads: by column name.
+//! [`Backend`] for [`PgStore`]: which function of the schema (the `.sql` files in `sql/`) each
+//! call runs, and how its answer reads: by column name.
 
 use std::time::Duration;
 
@@ -14,12 +14,6 @@ use tower_lease::{Error, Result};
 use crate::PgStore;
 use crate::call::Acts;
 
-/// A `Lock`'s acquisition and release, each one statement of its own (no PL/pgSQL call:
-/// the call cost as much as the statement).
-pub(crate) const LOCK_ACQUIRE_CALL: &str = include_str!("sql/lock_acquire_call.sql");
-pub(crate) const LOCK_RELEASE_CALL: &str = include_str!("sql/lock_release_call.sql");
-/// What a `Lock`'s acquisition sends when its statement did not acquire: refused (which this
-/// marks as waited on), or sent again after its reply was lost.
 const LOCK_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
      FROM tower_lease.lock_acquire($1, $2, $3, $4, $5)";
 const READ_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
@@ -36,6 +30,7 @@ const PERMIT_EXTEND: &str =
     "SELECT tower_lease.permit_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
 const IDEMPOTENCY_EXTEND: &str =
     "SELECT tower_lease.idempotency_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
+const LOCK_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
 const RWLOCK_RELEASE: &str = "SELECT tower_lease.rwlock_release($1, $2, $3, $4) AS released";
 const PERMIT_RELEASE: &str = "SELECT tower_lease.permit_release($1, $2, $3) AS released";
 /// A reservation's release; with `$4` true, its at-most-once marker's too.
@@ -72,11 +67,6 @@ fn acquisition(row: &Row, fenced: bool) -> Result<Acquisition> {
             retry_after: Duration::from_micros(retry_after.max(0) as u64),
         });
     }
-    acquired(row, fenced)
-}
-
-/// An acquisition's fence, from the row's `fence` (NULL unfenced).
-fn acquired(row: &Row, fenced: bool) -> Result<Acquisition> {
     let fence: Option<i64> = row.try_get("fence").map_err(backend)?;
     Ok(Acquisition::Acquired {
         fence: fenced.then(|| fence.unwrap_or(0).max(0) as u64),
@@ -107,13 +97,7 @@ impl PgStore {
             Mode::Exclusive => {
                 let params: [&(dyn ToSql + Sync); 5] =
                     [&namespace, &name, &holder, &ttl, &lock.fenced];
-                let acts = Acts::Takes(secret, lock.ttl, LOCK_RELEASE_CALL);
-                // The common case, acquired, in one statement; the function answers the rest.
-                let taken = self.optional_row(LOCK_ACQUIRE_CALL, &params, acts).await?;
-                self.sweeper.now_and_then(&self.pool, self.timeout);
-                if let Some(taken) = taken {
-                    return acquired(&taken, lock.fenced);
-                }
+                let acts = Acts::Takes(secret, lock.ttl, LOCK_RELEASE);
                 self.row(LOCK_ACQUIRE, &params, acts).await?
             }
             Mode::Read => {
@@ -187,7 +171,7 @@ impl PgStore {
         let acts = Acts::GivesBack(secret);
         let row = match mode {
             Mode::Exclusive => {
-                self.row(LOCK_RELEASE_CALL, &[&namespace, &name, &holder], acts)
+                self.row(LOCK_RELEASE, &[&namespace, &name, &holder], acts)
                     .await?
             }
             Mode::Read | Mode::Write => {

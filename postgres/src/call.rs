@@ -88,19 +88,6 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         acts: Acts<'_>,
     ) -> Result<Row> {
-        self.optional_row(sql, params, acts)
-            .await?
-            .ok_or_else(|| Error::UnexpectedReply(format!("no row from {sql}")))
-    }
-
-    /// Runs `sql` (one prepared statement answering one row or none) within the store's
-    /// deadline.
-    pub(crate) async fn optional_row(
-        &self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-        acts: Acts<'_>,
-    ) -> Result<Option<Row>> {
         let deadline = Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.row_now(sql, params, acts)).await {
             Ok(answer) => answer,
@@ -113,7 +100,7 @@ impl PgStore {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
         acts: Acts<'_>,
-    ) -> Result<Option<Row>> {
+    ) -> Result<Row> {
         // A server restarted or its backends terminated leave every pooled connection closed,
         // some not yet known to be: one more try than the pool has connections.
         let most_tries = self.pool.status().max_size + 1;
@@ -138,7 +125,7 @@ impl PgStore {
             };
             let client = wire.client.as_ref().expect("just put");
             let answer = match prepare(client, sql, acts).await {
-                Ok(statement) => client.query_opt(&statement, params).await,
+                Ok(statement) => client.query_one(&statement, params).await,
                 Err(e) => Err(e),
             };
             // Answered: nothing of it is left on the wire.

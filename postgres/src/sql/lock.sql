@@ -1,10 +1,9 @@
 -- A `Lock`'s calls: one row per name, whose own row lock orders the calls on it (unlike the
 -- other kinds, whose calls touch several rows and take the name's advisory lock).
 --
--- The store sends a `Lock`'s acquisition and release as the statements of
--- `lock_acquire_call.sql` and `lock_release_call.sql`, not as calls of these functions; it calls
--- `lock_acquire` only when that statement did not acquire (refused, or sent again), and the
--- heartbeat's batch calls `lock_extend`.
+-- Each is sent as a call of its own, like every other function of the schema: the upsert and
+-- the delete sent as statements of their own, without the PL/pgSQL call around them, were
+-- measured no faster (`benches/results/postgres.md`).
 
 -- Takes the lease for `holder_secret`, or answers how long the holder's has left. A call sent
 -- again after its reply was lost finds its own secret in place: acquired, with the fence it was
