@@ -8,7 +8,7 @@ use tower_lease::IdempotencyKey;
 
 use crate::backend::millis;
 
-const CLAIM: &str = "SELECT tower_lease.claim($1, $2, $3)";
+const CLAIM: &str = "SELECT tower_lease.claim($1, $2, $3) AS claimed";
 
 /// Why [`claim`] did not claim a key.
 #[derive(Debug)]
@@ -90,7 +90,10 @@ pub async fn claim(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), Cla
         .query_one(CLAIM, &[&namespace, &name, &retention])
         .await
         .map_err(ClaimError::Postgres)?;
-    match row.try_get::<_, bool>(0).map_err(ClaimError::Postgres)? {
+    match row
+        .try_get::<_, bool>("claimed")
+        .map_err(ClaimError::Postgres)?
+    {
         true => Ok(()),
         false => Err(ClaimError::AlreadyClaimed),
     }
