@@ -8,7 +8,7 @@ use tower_lease::{Error, Result};
 
 /// The schema's version: raised with every change of a table or function, so a store of a
 /// newer version installs its own over an older one.
-pub(crate) const VERSION: i32 = 2;
+pub(crate) const VERSION: i32 = 3;
 
 /// The key of the advisory lock the installation holds (the first is the crate's).
 const INSTALL_LOCK: &str = "SELECT pg_advisory_xact_lock(1953260907, 0)";

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -300,10 +300,12 @@ async fn a_claiming_handler_that_answers_is_replayed_and_a_second_claim_is_refus
     let app = router(store.clone(), CLAIMING, None, Arc::default());
     let addr = tower_lease_harness::http::serve(app).await;
 
+    let before = SystemTime::now();
     let (status, first) = post_pay(addr, "pay-3".into()).await.unwrap();
     assert_eq!(status, 201);
     let (status, body) = post_pay(addr, "pay-3".into()).await.unwrap();
     assert_eq!((status, body), (201, first), "replayed");
+    let after = SystemTime::now();
     assert_eq!(charges(&url, "pay-3").await, 1);
 
     // A second transaction claiming the key (a run whose reservation was lost) is refused,
@@ -314,10 +316,19 @@ async fn a_claiming_handler_that_answers_is_replayed_and_a_second_claim_is_refus
         .await
         .unwrap();
     let key = claimed_key("pay-3").await;
-    assert!(matches!(
-        claim(&tx, &key).await,
-        Err(ClaimError::AlreadyClaimed { .. })
-    ));
+    let Err(ClaimError::AlreadyClaimed { claimed_at }) = claim(&tx, &key).await else {
+        panic!("a second claim of a claimed key was not refused");
+    };
+    // When the first request claimed it, on the server's clock (this machine's).
+    let slack = Duration::from_secs(1);
+    assert!(
+        claimed_at + slack >= before,
+        "{claimed_at:?} before {before:?}"
+    );
+    assert!(
+        claimed_at <= after + slack,
+        "{claimed_at:?} after {after:?}"
+    );
     drop(tx);
     assert_eq!(charges(&url, "pay-3").await, 1);
 }

@@ -4,9 +4,10 @@
 -- The first look at a key, in one step. `kind`: 0 reserved (with `fence`), 1 in flight (the
 -- holder's lease has `left_us`), 2 completed (`response`, kept `left_us` more), 3 another
 -- fingerprint completed or claimed it, 4 outcome unknown for `left_us`: an at-most-once
--- reservation died without completing, or a transaction claimed the key (its effect committed)
--- and no response was stored. `once_ms` is the at-most-once marker's retention, NULL for a
--- plain key.
+-- reservation died without completing. A key a transaction claimed (its effect committed) with
+-- no response stored is reserved (0), at-most-once or not: the handler runs again, its claim
+-- answers when the key was claimed, and it answers from its own record. `once_ms` is the
+-- at-most-once marker's retention, NULL for a plain key.
 CREATE OR REPLACE FUNCTION tower_lease.idem_begin(
     ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, fp bytea, once_ms bigint,
     OUT kind integer, OUT fence bigint, OUT left_us bigint, OUT response bytea)
@@ -16,6 +17,7 @@ DECLARE
     k tower_lease.idempotency;
     found_k boolean;
     c tower_lease.claims;
+    claimed boolean;
     issued bigint;
 BEGIN
     PERFORM tower_lease.lock_name('v', ns, nm);
@@ -48,12 +50,12 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO c FROM tower_lease.claims WHERE namespace = ns AND name = nm AND expires > now;
-    IF FOUND THEN
-        kind := CASE WHEN c.fingerprint IS NOT NULL AND c.fingerprint <> fp THEN 3 ELSE 4 END;
-        left_us := tower_lease.left_us(c.expires, now);
+    claimed := FOUND;
+    IF claimed AND c.fingerprint IS NOT NULL AND c.fingerprint <> fp THEN
+        kind := 3;
         RETURN;
     END IF;
-    IF once_ms IS NOT NULL AND k.unknown_expires > now THEN
+    IF NOT claimed AND once_ms IS NOT NULL AND k.unknown_expires > now THEN
         kind := 4;
         left_us := tower_lease.left_us(k.unknown_expires, now);
         RETURN;
@@ -157,5 +159,35 @@ BEGIN
         SET fingerprint = excluded.fingerprint, expires = excluded.expires
         WHERE c.expires <= now;
     RETURN FOUND;
+END
+$$;
+
+-- Claims a key inside the caller's transaction, as `claim` does (which stays, for the binaries
+-- of an older version), and answers NULL when claimed now or, when a committed claim of the
+-- key lives, the time it was made (for a claim without one, made by an older `claim`: its
+-- expiry less this retention). What `tower_lease_postgres::claim` sends.
+CREATE OR REPLACE FUNCTION tower_lease.claimed_before(key_namespace text, key_name bytea, retention_ms bigint)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    now timestamptz := clock_timestamp();
+    retention interval := make_interval(secs => retention_ms / 1000.0);
+    earlier timestamptz;
+BEGIN
+    INSERT INTO tower_lease.claims AS c (namespace, name, fingerprint, expires, claimed_at)
+    SELECT key_namespace, key_name,
+           (SELECT i.fingerprint FROM tower_lease.idempotency i
+            WHERE i.namespace = key_namespace AND i.name = key_name AND i.lease_expires > now),
+           now + retention, now
+    ON CONFLICT (namespace, name) DO UPDATE
+        SET fingerprint = excluded.fingerprint, expires = excluded.expires,
+            claimed_at = excluded.claimed_at
+        WHERE c.expires <= now;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The conflicting claim committed (the insert waited for its transaction) and lives.
+    SELECT coalesce(c.claimed_at, c.expires - retention) INTO earlier
+    FROM tower_lease.claims c WHERE c.namespace = key_namespace AND c.name = key_name;
+    RETURN earlier;
 END
 $$;

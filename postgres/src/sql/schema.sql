@@ -103,6 +103,10 @@ CREATE TABLE IF NOT EXISTS tower_lease.claims (
     PRIMARY KEY (namespace, name)
 );
 
+-- When the claim was made: what a second claim of the key answers (`claimed_before`). NULL for
+-- a claim made by `claim`, which older binaries send.
+ALTER TABLE tower_lease.claims ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
+
 -- The transaction-scoped advisory lock that makes every call on one name atomic: the two-key
 -- form, whose first key is this crate's (so an application's one-key advisory locks never
 -- meet ours), the second a hash of the kind of lock, the namespace and the name. Two names
