@@ -28,7 +28,7 @@ mod wait;
 
 pub use crate::backend::Warning;
 pub use crate::error::{Error, Result};
-pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
+pub use crate::idempotency::{Fingerprint, Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
 pub use crate::locks::Attempt;

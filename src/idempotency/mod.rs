@@ -191,6 +191,7 @@ mod service;
 pub use self::body::IdempotentBody;
 pub use self::future::ResponseFuture;
 pub use self::key::extension::IdempotencyKey;
+pub use self::key::fingerprint::Fingerprint;
 pub use self::layer::{IdempotencyLayer, Unscoped};
 pub use self::service::IdempotencyService;
 

@@ -4,6 +4,25 @@ use http::request::Parts;
 
 use crate::backend::FINGERPRINT_LEN;
 
+/// How [`IdempotencyLayer`](crate::IdempotencyLayer) reads a request body into its fingerprint,
+/// the part of a request a retry must repeat to be answered with the first one's response
+/// (set with [`IdempotencyLayer::fingerprint`](crate::IdempotencyLayer::fingerprint)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fingerprint {
+    /// Every byte of the body counts (the default): a retry must send the very same bytes.
+    #[default]
+    Bytes,
+    /// A JSON body counts by its meaning: whitespace between tokens, the order of an object's
+    /// members and the spelling of a string's escapes (`"\u0041"` is `"A"`) do not count.
+    /// Numbers count as written (`10`, `10.0` and `1e1` differ, as they may to the handler),
+    /// and so does the order of array items and of an object's members with one name. A body
+    /// that is not JSON (a form, malformed JSON, more than 128 levels of nesting) and an empty
+    /// one count by their bytes, as under [`Bytes`](Self::Bytes): the handler gets it as sent
+    /// and answers it as it would. The handler always gets the body's bytes as sent.
+    Json,
+}
+
 /// A 128-bit hash of the method, the path with query, and the whole body, each
 /// length-delimited so no two requests' inputs run together.
 ///

@@ -3,7 +3,7 @@
 //! [`fingerprint`](fingerprint::fingerprint).
 
 pub(super) mod extension;
-pub(super) mod fingerprint;
+pub(crate) mod fingerprint;
 
 use std::borrow::Cow;
 
