@@ -40,7 +40,7 @@
 //! | the first, its record not stored within [`complete_within`](IdempotencyLayer::complete_within) (10 s) | `503` `urn:tower-lease:idempotency-outcome-unknown` with `Retry-After`; stored in the background, then replayed |
 //! | a retry, same fingerprint, first completed | the stored response, with `Idempotent-Replayed: true`; the inner service is not called |
 //! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`max_wait`](IdempotencyLayer::max_wait), the first's response once it is stored |
-//! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
+//! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` (under [`Fingerprint::Json`], the same JSON spaced or ordered otherwise is the same fingerprint) |
 //! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
 //! | the first's handler panicked | `500` `urn:tower-lease:handler-failed`; nothing stored, the key freed before that answer: the retry runs (under [`at_most_once`](Idempotency::at_most_once), `409` outcome unknown) |
 //! | the first's response was not stored (see below) | `410` `urn:tower-lease:idempotency-not-stored`, with `Idempotent-Replayed: true` and the first's status in the detail; never a second run |
@@ -56,7 +56,11 @@
 //!
 //! Method, path with query, and the whole body, read before anything is reserved, hashed into
 //! 128 bits by a non-cryptographic hash the crate carries itself (no dependency), stable across
-//! Rust versions and platforms. A collision matters only within one key, between two requests
+//! Rust versions and platforms. Under [`fingerprint(Fingerprint::Json)`](IdempotencyLayer::fingerprint)
+//! a JSON body counts by its meaning: whitespace, the order of an object's members and the
+//! spelling of string escapes do not count, numbers count as written (`10` is not `10.0`), and
+//! a body that is not JSON counts by its bytes ([`Fingerprint::Json`]). The handler gets the
+//! body as sent either way. A collision matters only within one key, between two requests
 //! one client sent with it: by chance about 2⁻¹²⁸; made on purpose, it only replays the
 //! client's own response to itself.
 //!
