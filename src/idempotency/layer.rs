@@ -126,8 +126,11 @@ impl<E> IdempotencyLayer<E> {
     }
 
     /// Lets a retry that comes while the first request runs wait up to `wait` for it, and
-    /// answer with its response, instead of `409` at once. The retry looks again every 10 ms
-    /// at first, then every 100 ms.
+    /// answer with its response, instead of `409` at once. On a store with release
+    /// notifications (a Redis store made by `connect` or `connect_cluster`,
+    /// `tower-lease-postgres`'s `PgStore`) the completion wakes it, and it looks again at
+    /// least every second; on other stores it looks again every 10 ms at first, then every
+    /// 100 ms ([module docs](crate::idempotency#waiting)).
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.config.max_wait = wait;
         self
