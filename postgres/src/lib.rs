@@ -63,7 +63,8 @@
 //!
 //! With `IdempotencyLayer` on a `PgStore`, a handler can [`claim`] its idempotency key in the
 //! transaction that makes its effect, so that a retry after a crash between that commit and
-//! the response never runs the effect again.
+//! the response never runs the effect again: the layer runs the handler again, its claim
+//! answers [`ClaimError::AlreadyClaimed`], and it answers from its own record.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 

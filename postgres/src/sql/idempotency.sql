@@ -2,13 +2,14 @@
 -- and the claims applications make in their own transactions (`claims`).
 
 -- The first look at a key, in one step. `outcome`:
---   'reserved'         ours now, with `fence` (NULL unfenced);
+--   'reserved'         ours now, with `fence` (NULL unfenced); also a key a transaction claimed
+--                      (its effect committed) with no response stored, at-most-once or not:
+--                      the handler runs again, its claim answers when the key was claimed,
+--                      and it answers from its own record;
 --   'in_flight'        another holder's lease has `remaining_us`;
 --   'completed'        the record of this fingerprint: `response`, kept `remaining_us` more;
 --   'mismatch'         another fingerprint completed or claimed it;
---   'outcome_unknown'  for `remaining_us`: an at-most-once reservation died without
---                      completing, or a transaction claimed the key (its effect committed) and
---                      no response was stored.
+--   'outcome_unknown'  for `remaining_us`: an at-most-once reservation died without completing.
 -- `at_most_once_ms` is the at-most-once marker's retention, NULL for a plain key.
 CREATE FUNCTION tower_lease.idempotency_begin(
     key_namespace text, key_name bytea, holder_secret bytea, ttl_ms bigint, fenced boolean,
@@ -20,6 +21,7 @@ DECLARE
     k tower_lease.idempotency;
     found_k boolean;
     c tower_lease.claims;
+    claimed boolean;
     issued bigint;
 BEGIN
     PERFORM tower_lease.take_name_lock('v', key_namespace, key_name);
@@ -54,13 +56,12 @@ BEGIN
     END IF;
     SELECT * INTO c FROM tower_lease.claims cl
     WHERE cl.namespace = key_namespace AND cl.name = key_name AND cl.expires > call_time;
-    IF FOUND THEN
-        outcome := CASE WHEN c.fingerprint IS NOT NULL AND c.fingerprint <> request_fingerprint
-                        THEN 'mismatch' ELSE 'outcome_unknown' END;
-        remaining_us := tower_lease.micros_until(c.expires, call_time);
+    claimed := FOUND;
+    IF claimed AND c.fingerprint IS NOT NULL AND c.fingerprint <> request_fingerprint THEN
+        outcome := 'mismatch';
         RETURN;
     END IF;
-    IF at_most_once_ms IS NOT NULL AND k.unknown_expires > call_time THEN
+    IF NOT claimed AND at_most_once_ms IS NOT NULL AND k.unknown_expires > call_time THEN
         outcome := 'outcome_unknown';
         remaining_us := tower_lease.micros_until(k.unknown_expires, call_time);
         RETURN;
@@ -167,23 +168,34 @@ BEGIN
 END
 $$;
 
--- Claims a key inside the caller's transaction: true when claimed now, false when a committed
--- claim of the key lives. A claim being made by another open transaction is waited for (the
--- primary key's insert waits), so of two transactions claiming one key, one commits.
-CREATE FUNCTION tower_lease.claim(key_namespace text, key_name bytea, retention_ms bigint)
-RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+-- Claims a key inside the caller's transaction: NULL when claimed now or, when a committed
+-- claim of the key lives, the time it was made (for a claim without one: its expiry less this
+-- retention). A claim being made by another open transaction is waited for (the primary key's
+-- insert waits), so of two transactions claiming one key, one commits. What
+-- `tower_lease_postgres::claim` sends.
+CREATE FUNCTION tower_lease.claimed_before(key_namespace text, key_name bytea, retention_ms bigint)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     call_time timestamptz := pg_catalog.clock_timestamp();
+    retention interval := tower_lease.millis(retention_ms);
+    earlier timestamptz;
 BEGIN
-    INSERT INTO tower_lease.claims AS c
+    INSERT INTO tower_lease.claims AS c (namespace, name, fingerprint, expires, claimed_at)
     SELECT key_namespace, key_name,
            (SELECT i.fingerprint FROM tower_lease.idempotency i
             WHERE i.namespace = key_namespace AND i.name = key_name
               AND i.lease_expires > call_time),
-           call_time + tower_lease.millis(retention_ms)
+           call_time + retention, call_time
     ON CONFLICT (namespace, name) DO UPDATE
-        SET fingerprint = excluded.fingerprint, expires = excluded.expires
+        SET fingerprint = excluded.fingerprint, expires = excluded.expires,
+            claimed_at = excluded.claimed_at
         WHERE c.expires <= call_time;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The conflicting claim committed (the insert waited for its transaction) and lives.
+    SELECT coalesce(c.claimed_at, c.expires - retention) INTO earlier
+    FROM tower_lease.claims c WHERE c.namespace = key_namespace AND c.name = key_name;
+    RETURN earlier;
 END
 $$;

@@ -126,6 +126,10 @@ CREATE TABLE IF NOT EXISTS tower_lease.claims (
     PRIMARY KEY (namespace, name)
 );
 
+-- When the claim was made: what a second claim of the key answers (`claimed_before`). NULL for
+-- a claim made by `claim`, which older binaries send.
+ALTER TABLE tower_lease.claims ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
+
 -- What an acquire function answers: acquired (with the fence, NULL unfenced; 0 for a fenced
 -- reader before any write), or refused, with the µs until the lease in the way ends.
 CREATE TYPE tower_lease.acquisition AS (
