@@ -26,7 +26,7 @@ pub mod rejection;
 pub mod store;
 mod telemetry;
 
-pub use crate::backend::Warning;
+pub use crate::backend::{Fairness, Warning};
 pub use crate::backend::error::{Error, Result};
 pub use crate::definition::Attempt;
 pub use crate::definition::MAX_NAMESPACE_LEN;
