@@ -26,8 +26,8 @@ pub mod rejection;
 pub mod store;
 mod telemetry;
 
-pub use crate::backend::{Fairness, Warning};
 pub use crate::backend::error::{Error, Result};
+pub use crate::backend::{Fairness, Warning};
 pub use crate::definition::Attempt;
 pub use crate::definition::MAX_NAMESPACE_LEN;
 pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};

@@ -144,7 +144,7 @@ impl<'a> LockRef<'a> {
 
     /// How long a read phase of a [phase-fair](Fairness::PhaseFair) lock lasts at most: 500 ms
     /// or the TTL if that is shorter; `None` under the other policies, which have none. A
-    /// waiting reader's note lasts as long past the `retry_after` it was answered.
+    /// waiting reader's note lasts twice as long past the `retry_after` it was answered.
     pub fn read_phase(&self) -> Option<Duration> {
         self.fairness
             .has_read_phases()
@@ -302,8 +302,8 @@ impl<'a> LeaseRef<'a> {
 ///   caller's secret.
 /// - **Read phases** ([`Fairness::PhaseFair`], [`LockRef::read_phase`]). A reader's
 ///   [`waiting`](LeaseRef::waiting) `acquire` refused by a live writer or a write intent notes
-///   its secret as a *waiting reader* until `retry_after` plus the read phase from now (each
-///   refused attempt renews it). A writer's `release` that ends its lease turns the waiting
+///   its secret as a *waiting reader* until `retry_after` plus twice the read phase from now
+///   (each refused attempt renews it). A writer's `release` that ends its lease turns the waiting
 ///   readers noted then into the lock's *read phase*, which lasts [`LockRef::read_phase`]: its
 ///   readers are let in despite a write intent (each leaving the phase as it enters), and
 ///   while one of them has not entered, a writer is refused (`retry_after`: the phase's

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::Store;
 use crate::backend::{
-    Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, Fairness, LeaseRef, LockRef, Mode,
-    Secret,
+    Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, Fairness, LeaseRef,
+    LockRef, Mode, Secret,
 };
 use crate::coarse_timer::Timeout;
 use crate::{Error, Result};

@@ -125,10 +125,10 @@ impl RwEntry {
     }
 
     /// A phase-fair reader with `secret` that waits was refused, told `retry_after`: it is
-    /// noted as waiting until that much, and one read phase, from now.
+    /// noted as waiting until that much, and two read phases, from now.
     fn note_waiting(&mut self, lease: LeaseRef<'_>, now: Instant, retry_after: Duration) {
         if let Some(phase) = lease.lock.read_phase().filter(|_| lease.waiting) {
-            let until = now + retry_after + phase;
+            let until = now + retry_after + 2 * phase;
             self.waiting.insert(lease.secret.clone(), until);
         }
     }

@@ -9,8 +9,8 @@
 -- the writer's lease ends, or until the intent ends while a writer waits for the readers to leave.
 --
 -- Phase-fair locks: a waiting reader refused by a writer or an intent is noted in the waiting
--- readers (a sorted set of secrets scored by the note's end: the refusal's wait plus one read
--- phase); a writer's release (write_release.lua) makes them the read phase, whose readers enter
+-- readers (a sorted set of secrets scored by the note's end: the refusal's wait plus two read
+-- phases); a writer's release (write_release.lua) makes them the read phase, whose readers enter
 -- despite a newer intent, each leaving the phase (and the waiting readers) as it enters.
 --
 -- Every call costs the server's CPU, and this script runs once per read, so the common path (no
@@ -46,8 +46,8 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0 then
   end
   if blocked then
     if phase > 0 and ARGV[4] == '1' then
-      -- Noted as waiting until its next attempt, and one read phase more.
-      local ends = now + math.max(blocked, 0) + phase
+      -- Noted as waiting until its next attempt, and two read phases more.
+      local ends = now + math.max(blocked, 0) + 2 * phase
       redis.call('ZADD', KEYS[4], ends, ARGV[1])
       if redis.call('PTTL', KEYS[4]) < ends - now then
         redis.call('PEXPIREAT', KEYS[4], ends)
