@@ -187,44 +187,49 @@ struct Turn {
 }
 
 /// Waits up to 4 s on `store` for a read (or a write) of `name`, holds it for `hold`, and
-/// answers when it got in and left.
+/// answers when it got in and left; `entered` hears when it got in.
 fn waiter(
     store: Store,
     name: &'static str,
     write: bool,
     hold: Duration,
     inside: Inside,
+    entered: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> tokio::task::JoinHandle<Turn> {
     tokio::spawn(async move {
         let wait = Duration::from_secs(4);
-        if write {
+        let (entered_at, left, release) = if write {
             let token = DOCS.try_write_for(&store, name, wait).await.unwrap();
             let token = token.expect("the writer got in within its wait");
-            let entered = Instant::now();
-            let left = inside.write();
-            sleep(hold).await;
-            drop(left);
-            let at = Instant::now();
-            assert!(token.release().await.unwrap());
-            Turn { entered, left: at }
+            (Instant::now(), inside.write(), Ok(token))
         } else {
             let token = DOCS.try_read_for(&store, name, wait).await.unwrap();
             let token = token.expect("the reader got in within its wait");
-            let entered = Instant::now();
-            let left = inside.read();
-            sleep(hold).await;
-            drop(left);
-            let at = Instant::now();
-            assert!(token.release().await.unwrap());
-            Turn { entered, left: at }
+            (Instant::now(), inside.read(), Err(token))
+        };
+        if let Some(entered) = entered {
+            let _ = entered.send(());
+        }
+        sleep(hold).await;
+        drop(left);
+        let at = Instant::now();
+        let released = match release {
+            Ok(token) => token.release().await.unwrap(),
+            Err(token) => token.release().await.unwrap(),
+        };
+        assert!(released, "released while held");
+        Turn {
+            entered: entered_at,
+            left: at,
         }
     })
 }
 
 /// The phase order: a reader holds; writer 1 comes and waits; then readers 1 and 2 come (on
-/// either store) and wait; then writer 2 comes. When the first reader leaves, writer 1 gets in
-/// (promptly); when it leaves, readers 1 and 2 get in (promptly), before writer 2, which gets
-/// in (promptly) once they left. Nobody overlaps a writer.
+/// either store) and wait for writer 1's write. When the first reader leaves, writer 1 gets in
+/// (promptly); writer 2 comes while it writes. When writer 1 leaves, readers 1 and 2 get in
+/// (promptly), before writer 2, which gets in (promptly) once they left. Nobody overlaps a
+/// writer.
 pub async fn reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next(env: Env) {
     let (a, b) = stores(&env);
     let inside = Inside::default();
@@ -232,12 +237,18 @@ pub async fn reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_n
     let first = DOCS.try_read(&a, name).await.unwrap().expect("free");
     let first_inside = inside.read();
     let hold = Duration::from_millis(200);
-    let writer1 = waiter(b.clone(), name, true, hold, inside.clone());
+    let (entered, writer1_in) = tokio::sync::oneshot::channel();
+    let writer1 = waiter(
+        b.clone(),
+        name,
+        true,
+        hold * 2,
+        inside.clone(),
+        Some(entered),
+    );
     sleep(Duration::from_millis(150)).await;
-    let reader1 = waiter(a.clone(), name, false, hold, inside.clone());
-    let reader2 = waiter(b.clone(), name, false, hold, inside.clone());
-    sleep(Duration::from_millis(150)).await;
-    let writer2 = waiter(a.clone(), name, true, hold, inside.clone());
+    let reader1 = waiter(a.clone(), name, false, hold, inside.clone(), None);
+    let reader2 = waiter(b.clone(), name, false, hold, inside.clone(), None);
     sleep(Duration::from_millis(150)).await;
     assert!(
         !reader1.is_finished() && !reader2.is_finished(),
@@ -246,6 +257,8 @@ pub async fn reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_n
     drop(first_inside);
     let released = Instant::now();
     assert!(first.release().await.unwrap());
+    writer1_in.await.expect("writer 1 got in");
+    let writer2 = waiter(a.clone(), name, true, hold, inside.clone(), None);
 
     let writer1 = writer1.await.unwrap();
     let (reader1, reader2) = (reader1.await.unwrap(), reader2.await.unwrap());
