@@ -238,7 +238,8 @@ pub struct LeaseRef<'a> {
     /// For an `acquire`: the attempt is one of a bounded wait, which tries again with the same
     /// secret until it gets in or gives up. A [phase-fair](Fairness::PhaseFair) reader refused
     /// by a writer or a write intent is then noted as waiting, and let in before the next
-    /// writer once the write ends. `false` for a single attempt (`try_read`), and for every
+    /// writer once the write ends; a phase-fair writer refused by a writer leaves its write
+    /// intent (as one refused by readers always does). `false` for a single attempt (`try_read`), and for every
     /// other call.
     pub waiting: bool,
 }
@@ -296,7 +297,8 @@ impl<'a> LeaseRef<'a> {
 ///   Releasing what is not held is harmless and may be repeated.
 /// - **Write intents.** A write `acquire` of a lock whose [`LockRef::write_intent`] is `Some`
 ///   ([`Fairness::PhaseFair`], [`Fairness::WritersFirst`]) refused by live readers, or by a
-///   read phase (not by a writer), leaves a write intent holding the attempt's secret, for
+///   read phase (under `PhaseFair`, a [`waiting`](LeaseRef::waiting) attempt refused by a
+///   writer too), leaves a write intent holding the attempt's secret, for
 ///   that long (renewed by each refused attempt); a successful write acquisition removes it.
 ///   [`withdraw_intent`](Self::withdraw_intent) removes it only while it still holds the
 ///   caller's secret.

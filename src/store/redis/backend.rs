@@ -126,8 +126,9 @@ where
                     (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
                 Mode::Write => {
-                    let intent = lock.write_intent().unwrap_or_default();
-                    let last = LastArg::TtlAnd(intent.as_millis() as u64);
+                    let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
+                    let waits = (lock.read_phase().is_some() && lease.waiting).into();
+                    let last = LastArg::TtlAndTwo(intent, waits);
                     (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
                 // Reservations are taken by `idempotency_begin` only.

@@ -5,7 +5,9 @@
 -- used here: they wait for this writer, and its release lets them in), KEYS[5] read phase,
 -- KEYS[6] fence counter (only when fenced)
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a write intent lasts in ms (0: the lock is
--- readers-first, and a refused writer leaves none)
+-- readers-first, and a refused writer leaves none), ARGV[4] `1` when the lock is phase-fair and
+-- the attempt is one of a bounded wait: refused by a writer, it leaves its intent too (the reads
+-- that come after it wait for it)
 -- Returns one integer (see acquire.lua): the fence (0 when unfenced) when acquired, -3 - the ms
 -- until the blocking lease (or read phase) ends when refused.
 --
@@ -47,6 +49,9 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- with the fence we were given (the counter's value as long as we hold the lock).
   if redis.call('GET', KEYS[1]) == ARGV[1] then
     return KEYS[6] and tonumber(redis.call('GET', KEYS[6]) or '0') or 0
+  end
+  if ARGV[4] == '1' then
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
   end
   return -3 - redis.call('PTTL', KEYS[1])
 end
