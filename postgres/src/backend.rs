@@ -14,14 +14,14 @@ use crate::PgStore;
 use crate::call::Acts;
 
 const LOCK_ACQUIRE: &str = "SELECT tower_lease.lock_acquire($1, $2, $3, $4, $5)";
-const READ_ACQUIRE: &str = "SELECT tower_lease.read_acquire($1, $2, $3, $4, $5)";
-const WRITE_ACQUIRE: &str = "SELECT tower_lease.write_acquire($1, $2, $3, $4, $5, $6)";
+const READ_ACQUIRE: &str = "SELECT tower_lease.read_acquire($1, $2, $3, $4, $5, $6, $7)";
+const WRITE_ACQUIRE: &str = "SELECT tower_lease.write_acquire($1, $2, $3, $4, $5, $6, $7)";
 const PERMIT_ACQUIRE: &str = "SELECT tower_lease.permit_acquire($1, $2, $3, $4, $5)";
 const LOCK_EXTEND: &str = "SELECT tower_lease.lock_extend($1, $2, $3, $4)::integer";
 const RW_EXTEND: &str = "SELECT tower_lease.rw_extend($1, $2, $3, $4, $5)";
 const PERMIT_EXTEND: &str = "SELECT tower_lease.permit_extend($1, $2, $3, $4)::integer";
 const LOCK_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3)";
-const RW_RELEASE: &str = "SELECT tower_lease.rw_release($1, $2, $3, $4)";
+const RW_RELEASE: &str = "SELECT tower_lease.rw_release($1, $2, $3, $4, $5)";
 const PERMIT_RELEASE: &str = "SELECT tower_lease.permit_release($1, $2, $3)";
 const WITHDRAW_INTENT: &str = "SELECT tower_lease.withdraw_intent($1, $2, $3)";
 const IN_USE: &str = "SELECT tower_lease.permits_in_use($1, $2)";
@@ -85,12 +85,16 @@ impl PgStore {
             }
             Mode::Read => {
                 let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
-                self.row(READ_ACQUIRE, &[&ns, &nm, &s, &ttl, &lock.fenced], acts)
-                    .await?
+                let phase = lock.read_phase().map_or(0, millis);
+                let params: [&(dyn ToSql + Sync); 7] =
+                    [&ns, &nm, &s, &ttl, &lock.fenced, &phase, &lease.waiting];
+                self.row(READ_ACQUIRE, &params, acts).await?
             }
             Mode::Write => {
                 let intent = lock.write_intent().map_or(0, millis);
-                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &lock.fenced, &intent];
+                let waits = lock.read_phase().is_some() && lease.waiting;
+                let params: [&(dyn ToSql + Sync); 7] =
+                    [&ns, &nm, &s, &ttl, &lock.fenced, &intent, &waits];
                 let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }
@@ -144,7 +148,9 @@ impl PgStore {
             Mode::Exclusive => self.row(LOCK_RELEASE, &[&ns, &nm, &s], acts).await?,
             Mode::Read | Mode::Write => {
                 let reader = mode == Mode::Read;
-                self.row(RW_RELEASE, &[&ns, &nm, &s, &reader], acts).await?
+                let phase = lock.read_phase().map_or(0, millis);
+                self.row(RW_RELEASE, &[&ns, &nm, &s, &reader, &phase], acts)
+                    .await?
             }
             Mode::Permit => self.row(PERMIT_RELEASE, &[&ns, &nm, &s], acts).await?,
             Mode::Reservation => {

@@ -1,31 +1,49 @@
 -- An `RwLock`'s calls: its writer, intent and write generation in `rwlocks`, its readers in
 -- `readers`, both under the name's one lock ('rw'). Answers as in lock.sql.
 
--- A reader gets in unless a writer holds, or a live write intent holds new readers off;
--- acquired, it answers the write generation (0 unfenced, or before any write). A reader is
--- never refused for other readers.
-CREATE OR REPLACE FUNCTION tower_lease.read_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean)
+-- A reader gets in unless a writer holds, or a live write intent holds new readers off (unless
+-- it is one of the read phase the last write's release began); acquired, it answers the write
+-- generation (0 unfenced, or before any write). A reader is never refused for other readers. A
+-- phase-fair (`phase_ms` > 0) reader that waits (`waiting`) and is refused is noted in
+-- `waiting_readers` for the refusal's wait and two read phases.
+DROP FUNCTION IF EXISTS tower_lease.read_acquire(text, bytea, bytea, bigint, boolean);
+CREATE OR REPLACE FUNCTION tower_lease.read_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, phase_ms bigint, waiting boolean)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz;
     rw tower_lease.rwlocks;
     found_rw boolean;
+    blocked timestamptz;
 BEGIN
     PERFORM tower_lease.lock_name('rw', ns, nm);
     now := clock_timestamp();
     SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
     found_rw := FOUND;
     IF rw.writer_expires > now THEN
-        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
-    END IF;
+        blocked := rw.writer_expires;
     -- A retry of an acquisition whose reply was lost finds our own live lease behind an intent.
-    IF rw.intent_expires > now AND NOT EXISTS (
+    ELSIF rw.intent_expires > now AND NOT EXISTS (
         SELECT 1 FROM tower_lease.readers
         WHERE namespace = ns AND name = nm AND secret = s AND expires > now
-    ) THEN
+    ) AND NOT (phase_ms > 0 AND EXISTS (
+        SELECT 1 FROM tower_lease.waiting_readers
+        WHERE namespace = ns AND name = nm AND secret = s AND phase AND expires > now
+    )) THEN
+        blocked := rw.intent_expires;
+    END IF;
+    IF blocked IS NOT NULL THEN
+        IF phase_ms > 0 AND waiting THEN
+            INSERT INTO tower_lease.waiting_readers AS w (namespace, name, secret, expires)
+            VALUES (ns, nm, s, blocked + make_interval(secs => 2 * phase_ms / 1000.0))
+            ON CONFLICT (namespace, name, secret) DO UPDATE
+                SET expires = excluded.expires WHERE NOT w.phase;
+        END IF;
         PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(rw.intent_expires, now);
+        RETURN -1 - tower_lease.left_us(blocked, now);
+    END IF;
+    IF phase_ms > 0 AND waiting THEN
+        -- In: it waits no more, and leaves its read phase.
+        DELETE FROM tower_lease.waiting_readers WHERE namespace = ns AND name = nm AND secret = s;
     END IF;
     INSERT INTO tower_lease.readers VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
     ON CONFLICT (namespace, name, secret) DO UPDATE SET expires = excluded.expires;
@@ -40,10 +58,13 @@ BEGIN
 END
 $$;
 
--- A writer gets in while no writer holds and no reader lease is live. Refused by readers, a
--- writer of a writer-preferred lock (`intent_ms` > 0) leaves its write intent for `intent_ms`,
--- and the listeners hear of it; acquired, it removes any intent and the ended readers.
-CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint)
+-- A writer gets in while no writer holds, no reader lease is live and no read phase has readers
+-- still to come in. Refused by readers or a phase, a writer of a phase-fair or writers-first
+-- lock (`intent_ms` > 0) leaves its write intent for `intent_ms`, and the listeners hear of it;
+-- refused by a writer, so does a phase-fair one that waits (`waits`). Acquired, it removes any
+-- intent and the ended readers.
+DROP FUNCTION IF EXISTS tower_lease.write_acquire(text, bytea, bytea, bigint, boolean, bigint);
+CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint, waits boolean)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz;
@@ -60,11 +81,21 @@ BEGIN
         IF rw.writer = s THEN
             RETURN CASE WHEN fenced THEN rw.fence ELSE 0 END;
         END IF;
+        IF waits AND intent_ms > 0 THEN
+            UPDATE tower_lease.rwlocks
+            SET intent = s, intent_expires = now + make_interval(secs => intent_ms / 1000.0)
+            WHERE namespace = ns AND name = nm;
+        END IF;
         PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
     END IF;
     SELECT max(expires) INTO last_reader FROM tower_lease.readers
     WHERE namespace = ns AND name = nm AND expires > now;
+    IF last_reader IS NULL THEN
+        -- The readers of a read phase come in before this writer.
+        SELECT max(expires) INTO last_reader FROM tower_lease.waiting_readers
+        WHERE namespace = ns AND name = nm AND phase AND expires > now;
+    END IF;
     IF last_reader IS NOT NULL THEN
         -- Ended readers go, so a name that readers never leave holds no crashed ones for long.
         DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm AND expires <= now;
@@ -131,8 +162,10 @@ END
 $$;
 
 -- Ends a reader's or the writer's lease held with `s`. The writer's release, and the last live
--- reader's, tell the listeners if a refused call marked the name.
-CREATE OR REPLACE FUNCTION tower_lease.rw_release(ns text, nm bytea, s bytea, reader boolean)
+-- reader's, tell the listeners if a refused call marked the name. A phase-fair (`phase_ms` > 0)
+-- writer's release turns the live waiting readers into its read phase, for `phase_ms`.
+DROP FUNCTION IF EXISTS tower_lease.rw_release(text, bytea, bytea, boolean);
+CREATE OR REPLACE FUNCTION tower_lease.rw_release(ns text, nm bytea, s bytea, reader boolean, phase_ms bigint)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz;
@@ -156,6 +189,13 @@ BEGIN
     WHERE namespace = ns AND name = nm AND writer = s AND writer_expires > now;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF phase_ms > 0 THEN
+        DELETE FROM tower_lease.waiting_readers
+        WHERE namespace = ns AND name = nm AND (expires <= now OR phase);
+        UPDATE tower_lease.waiting_readers
+        SET phase = true, expires = now + make_interval(secs => phase_ms / 1000.0)
+        WHERE namespace = ns AND name = nm;
     END IF;
     DELETE FROM tower_lease.rwlocks
     WHERE namespace = ns AND name = nm AND coalesce(intent_expires, now) <= now

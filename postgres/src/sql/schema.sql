@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
 -- leaves, so one statement both reads and clears the mark).
 ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
 
--- An `RwLock`'s writer, its write intent (a refused writer of a writer-preferred lock), and the
+-- An `RwLock`'s writer, its write intent (a refused writer of a phase-fair or writers-first lock), and the
 -- write generation (fence counter); its readers are rows of `readers`.
 CREATE TABLE IF NOT EXISTS tower_lease.rwlocks (
     namespace text NOT NULL,
@@ -51,6 +51,18 @@ CREATE TABLE IF NOT EXISTS tower_lease.readers (
     name bytea NOT NULL,
     secret bytea NOT NULL,
     expires timestamptz NOT NULL,
+    PRIMARY KEY (namespace, name, secret)
+);
+
+-- The waiting readers of a phase-fair `RwLock` (refused by a writer or an intent, in a bounded
+-- wait), until `expires`; a writer's release turns the live ones into its read phase (`phase`,
+-- `expires` then the phase's end): they come in before the next writer.
+CREATE TABLE IF NOT EXISTS tower_lease.waiting_readers (
+    namespace text NOT NULL,
+    name bytea NOT NULL,
+    secret bytea NOT NULL,
+    expires timestamptz NOT NULL,
+    phase boolean NOT NULL DEFAULT false,
     PRIMARY KEY (namespace, name, secret)
 );
 
@@ -200,6 +212,11 @@ BEGIN
     most := greatest(most, gone);
     DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.readers WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
+      AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
+    DELETE FROM tower_lease.waiting_readers t WHERE t.ctid = ANY (ARRAY(
+        SELECT ctid FROM tower_lease.waiting_readers WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
       AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
