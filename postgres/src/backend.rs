@@ -92,9 +92,13 @@ impl PgStore {
             }
             Mode::Write => {
                 let intent = lock.write_intent().map_or(0, millis);
-                let waits = lock.read_phase().is_some() && lease.waiting;
+                let phase: i32 = match (lock.read_phase(), lease.waiting) {
+                    (None, _) => 0,
+                    (Some(_), false) => 1,
+                    (Some(_), true) => 2,
+                };
                 let params: [&(dyn ToSql + Sync); 7] =
-                    [&ns, &nm, &s, &ttl, &lock.fenced, &intent, &waits];
+                    [&ns, &nm, &s, &ttl, &lock.fenced, &intent, &phase];
                 let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }

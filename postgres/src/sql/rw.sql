@@ -61,10 +61,13 @@ $$;
 -- A writer gets in while no writer holds, no reader lease is live and no read phase has readers
 -- still to come in. Refused by readers or a phase, a writer of a phase-fair or writers-first
 -- lock (`intent_ms` > 0) leaves its write intent for `intent_ms`, and the listeners hear of it;
--- refused by a writer, so does a phase-fair one that waits (`waits`). Acquired, it removes any
+-- refused by a writer, so does a phase-fair one that waits (`fair` 2). Acquired, it removes any
 -- intent and the ended readers.
+-- Phase-fair writers (`fair` 1, or 2 for an attempt of a bounded wait) go in the order of their
+-- intents: another writer's live intent refuses this one.
 DROP FUNCTION IF EXISTS tower_lease.write_acquire(text, bytea, bytea, bigint, boolean, bigint);
-CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint, waits boolean)
+DROP FUNCTION IF EXISTS tower_lease.write_acquire(text, bytea, bytea, bigint, boolean, bigint, boolean);
+CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint, fair integer)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now timestamptz;
@@ -77,11 +80,16 @@ BEGIN
     now := clock_timestamp();
     SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
     found_rw := FOUND;
+    IF fair > 0 AND rw.intent_expires > now AND rw.intent <> s
+       AND coalesce(rw.writer, ''::bytea) <> s THEN
+        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
+        RETURN -1 - tower_lease.left_us(rw.intent_expires, now);
+    END IF;
     IF rw.writer_expires > now THEN
         IF rw.writer = s THEN
             RETURN CASE WHEN fenced THEN rw.fence ELSE 0 END;
         END IF;
-        IF waits AND intent_ms > 0 THEN
+        IF fair = 2 AND intent_ms > 0 THEN
             UPDATE tower_lease.rwlocks
             SET intent = s, intent_expires = now + make_interval(secs => intent_ms / 1000.0)
             WHERE namespace = ns AND name = nm;

@@ -27,7 +27,7 @@ const WATCHED_POLL: Duration = Duration::from_secs(1);
 ///
 /// Each attempt that reached the store finishes even if this future is dropped (a lease it took
 /// is given back); dropping it between attempts leaves nothing behind: no seat, no lease. A
-/// writer of a writer-preferred lock keeps its write intent alive while it waits (see
+/// writer of a phase-fair or writers-first lock keeps its write intent alive while it waits (see
 /// [`KeptIntent`]), and withdraws it when it gives up or is dropped.
 /// `on_store_error` is what a store failure counts as in the metrics.
 pub(crate) async fn acquire_within(

@@ -127,8 +127,12 @@ where
                 }
                 Mode::Write => {
                     let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
-                    let waits = (lock.read_phase().is_some() && lease.waiting).into();
-                    let last = LastArg::TtlAndTwo(intent, waits);
+                    let phase_fair = match (lock.read_phase(), lease.waiting) {
+                        (None, _) => 0,
+                        (Some(_), false) => 1,
+                        (Some(_), true) => 2,
+                    };
+                    let last = LastArg::TtlAndTwo(intent, phase_fair);
                     (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
                 // Reservations are taken by `idempotency_begin` only.

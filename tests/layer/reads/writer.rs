@@ -23,7 +23,7 @@ use tower_lease_harness::http::{Http, serve};
 use tower_lease_harness::{Backing, Witness, poll};
 
 const TTL: Duration = Duration::from_millis(900);
-const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
+const PLAIN: RwLock<str> = RwLock::new("docs", TTL).fairness(tower_lease::Fairness::ReadersFirst);
 const PREFERRED: RwLock<str> =
     RwLock::new("docs-preferred", TTL).fairness(tower_lease::Fairness::WritersFirst);
 const READ: Duration = Duration::from_millis(100);

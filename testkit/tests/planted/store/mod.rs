@@ -305,6 +305,16 @@ impl MemoryStore {
             Mode::Write => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
+                if let Some(intent) = shared
+                    .intent
+                    .as_ref()
+                    .filter(|intent| lock.read_phase().is_some() && intent.secret != *lease.secret)
+                {
+                    // Phase-fair writers go in the order of their intents.
+                    return Acquisition::Busy {
+                        retry_after: intent.until - now,
+                    };
+                }
                 // Readers block a writer, and so does a read phase while one of its readers
                 // has not come in.
                 let blocked_until = shared

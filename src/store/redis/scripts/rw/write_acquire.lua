@@ -5,9 +5,11 @@
 -- used here: they wait for this writer, and its release lets them in), KEYS[5] read phase,
 -- KEYS[6] fence counter (only when fenced)
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a write intent lasts in ms (0: the lock is
--- readers-first, and a refused writer leaves none), ARGV[4] `1` when the lock is phase-fair and
--- the attempt is one of a bounded wait: refused by a writer, it leaves its intent too (the reads
--- that come after it wait for it)
+-- readers-first, and a refused writer leaves none), ARGV[4] `0` unless the lock is phase-fair;
+-- then `1`, or `2` for an attempt of a bounded wait: refused by a writer, it leaves its intent too
+-- (the reads that come after it wait for it). Phase-fair writers go in the order of their
+-- intents: the live intent of another writer refuses this one (its time left), and is not
+-- overwritten.
 -- Returns one integer (see acquire.lua): the fence (0 when unfenced) when acquired, -3 - the ms
 -- until the blocking lease (or read phase) ends when refused.
 --
@@ -16,6 +18,13 @@
 -- ended readers). A fenced acquisition adds the counter's.
 local time
 if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0 then
+  if ARGV[4] ~= '0' then
+    local first = redis.call('GET', KEYS[3])
+    if first and first ~= ARGV[1] then
+      -- Another phase-fair writer waits: it goes first.
+      return -3 - redis.call('PTTL', KEYS[3])
+    end
+  end
   time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local last = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
@@ -50,7 +59,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) == ARGV[1] then
     return KEYS[6] and tonumber(redis.call('GET', KEYS[6]) or '0') or 0
   end
-  if ARGV[4] == '1' then
+  if ARGV[4] == '2' then
     redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
   end
   return -3 - redis.call('PTTL', KEYS[1])
