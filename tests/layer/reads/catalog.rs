@@ -122,7 +122,7 @@ async fn every_get_and_put_is_served_and_none_overlap(env: Backing) {
         gets > 50 && puts > 5,
         "too few requests: {gets} GETs, {puts} PUTs"
     );
-    let (refused_puts, refused_gets): (Vec<_>, Vec<_>) = refused.iter().partition(|r| r.0);
+    let (refused_puts, refused_gets): (Vec<_>, Vec<_>) = refused.into_iter().partition(|r| r.0);
     assert!(
         refused_gets.is_empty(),
         "{} of {gets} GETs not answered 2xx (PUT?, status, time): {refused_gets:?}",
