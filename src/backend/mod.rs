@@ -301,8 +301,8 @@ impl<'a> LeaseRef<'a> {
 ///   writer too), leaves a write intent holding the attempt's secret, for
 ///   that long (renewed by each refused attempt); a successful write acquisition removes it.
 ///   [`withdraw_intent`](Self::withdraw_intent) removes it only while it still holds the
-///   caller's secret. Under `PhaseFair`, writers go in the order of their intents: a writer is
-///   refused while another writer's intent lives (`retry_after`: the intent's time left), and
+///   caller's secret. Under `PhaseFair`, writers that wait go in the order of their intents: a
+///   [`waiting`](LeaseRef::waiting) writer is refused while another writer's intent lives (`retry_after`: the intent's time left), and
 ///   leaves none of its own then.
 /// - **Read phases** ([`Fairness::PhaseFair`], [`LockRef::read_phase`]). A reader's
 ///   [`waiting`](LeaseRef::waiting) `acquire` refused by a live writer or a write intent notes

@@ -63,8 +63,8 @@ $$;
 -- lock (`intent_ms` > 0) leaves its write intent for `intent_ms`, and the listeners hear of it;
 -- refused by a writer, so does a phase-fair one that waits (`fair` 2). Acquired, it removes any
 -- intent and the ended readers.
--- Phase-fair writers (`fair` 1, or 2 for an attempt of a bounded wait) go in the order of their
--- intents: another writer's live intent refuses this one.
+-- Phase-fair writers (`fair` 1, or 2 for an attempt of a bounded wait) that wait go in the order
+-- of their intents: another writer's live intent refuses such a one.
 DROP FUNCTION IF EXISTS tower_lease.write_acquire(text, bytea, bytea, bigint, boolean, bigint);
 DROP FUNCTION IF EXISTS tower_lease.write_acquire(text, bytea, bytea, bigint, boolean, bigint, boolean);
 CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint, fair integer)
@@ -80,7 +80,7 @@ BEGIN
     now := clock_timestamp();
     SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
     found_rw := FOUND;
-    IF fair > 0 AND rw.intent_expires > now AND rw.intent <> s
+    IF fair = 2 AND rw.intent_expires > now AND rw.intent <> s
        AND coalesce(rw.writer, ''::bytea) <> s THEN
         PERFORM tower_lease.mark_waited('rw', ns, nm, now);
         RETURN -1 - tower_lease.left_us(rw.intent_expires, now);

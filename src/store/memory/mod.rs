@@ -250,12 +250,10 @@ impl MemoryStore {
             Mode::Write => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
-                if let Some(intent) = shared
-                    .intent
-                    .as_ref()
-                    .filter(|intent| lock.read_phase().is_some() && intent.secret != *lease.secret)
-                {
-                    // Phase-fair writers go in the order of their intents.
+                if let Some(intent) = shared.intent.as_ref().filter(|intent| {
+                    lock.read_phase().is_some() && lease.waiting && intent.secret != *lease.secret
+                }) {
+                    // Phase-fair writers that wait go in the order of their intents.
                     return Acquisition::Busy {
                         retry_after: intent.until - now,
                     };

@@ -7,8 +7,8 @@
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a write intent lasts in ms (0: the lock is
 -- readers-first, and a refused writer leaves none), ARGV[4] `0` unless the lock is phase-fair;
 -- then `1`, or `2` for an attempt of a bounded wait: refused by a writer, it leaves its intent too
--- (the reads that come after it wait for it). Phase-fair writers go in the order of their
--- intents: the live intent of another writer refuses this one (its time left), and is not
+-- (the reads that come after it wait for it). Phase-fair writers that wait go in the order of
+-- their intents: the live intent of another writer refuses this one (its time left), and is not
 -- overwritten.
 -- Returns one integer (see acquire.lua): the fence (0 when unfenced) when acquired, -3 - the ms
 -- until the blocking lease (or read phase) ends when refused.
@@ -18,7 +18,7 @@
 -- ended readers). A fenced acquisition adds the counter's.
 local time
 if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0 then
-  if ARGV[4] ~= '0' then
+  if ARGV[4] == '2' then
     local first = redis.call('GET', KEYS[3])
     if first and first ~= ARGV[1] then
       -- Another phase-fair writer waits: it goes first.
