@@ -25,7 +25,7 @@ use axum::extract::{Path, State};
 use axum::routing::get;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
+use tower_lease::{Fairness, RedisStore, RwLock, RwLockLayer, Store, extract};
 use tower_lease_harness::bench::{self, Redis};
 use tower_lease_harness::http::{Sender, connect, serve};
 use tower_lease_harness::postgres::PgServer;
@@ -51,23 +51,30 @@ struct Policy {
 
 fn policies() -> Vec<Policy> {
     let lock = RwLock::new("catalog", TTL);
+    let wait = Some(Duration::from_secs(2));
     vec![
         Policy {
-            name: "defaults",
+            name: "readers-first",
+            lock: lock.fairness(Fairness::ReadersFirst),
+            max_wait: None,
+            catalog: false,
+        },
+        Policy {
+            name: "writers-first, max_wait(2 s)",
+            lock: lock.fairness(Fairness::WritersFirst),
+            max_wait: wait,
+            catalog: false,
+        },
+        Policy {
+            name: "phase-fair (defaults)",
             lock,
             max_wait: None,
             catalog: false,
         },
         Policy {
-            name: "writer_preferred, max_wait(2 s)",
-            lock: lock.writer_preferred(),
-            max_wait: Some(Duration::from_secs(2)),
-            catalog: false,
-        },
-        Policy {
-            name: "defaults, max_wait(2 s)",
+            name: "phase-fair, max_wait(2 s)",
             lock,
-            max_wait: Some(Duration::from_secs(2)),
+            max_wait: wait,
             catalog: true,
         },
     ]

@@ -24,7 +24,8 @@
 //!   are woken by release notifications on a single Redis.
 //! - `PERMITS` (default 3): how many requests of one pool may run at once across the replicas.
 //! - `READ_MS` (default 50): how long a read of a document takes.
-//! - `WRITER_PREFERRED` (default `0`): `1` makes the documents' `RwLock` writer-preferred.
+//! - `FAIRNESS` (default `phase_fair`): the documents' `RwLock`'s policy, `phase_fair`,
+//!   `readers_first` or `writers_first`.
 //! - `COALESCE_READS` (default `1`): `0` gives every read of a document a reader lease of its
 //!   own instead of sharing one per document in this process.
 //! - `RELAY_READS` (default `0`): `1` keeps each read of a document inside, after `READ_MS`,
@@ -239,10 +240,12 @@ where
     }
     let permits = std::env::var("PERMITS").map_or(Ok(3), |v| v.parse())?;
     let lock: Lock<str> = Lock::try_new("counter", ttl)?;
-    let mut docs: RwLock<str> = RwLock::try_new("docs", ttl)?;
-    if flag("WRITER_PREFERRED", false) {
-        docs = docs.writer_preferred();
-    }
+    let fairness = match std::env::var("FAIRNESS").as_deref() {
+        Ok("readers_first") => tower_lease::Fairness::ReadersFirst,
+        Ok("writers_first") => tower_lease::Fairness::WritersFirst,
+        _ => tower_lease::Fairness::PhaseFair,
+    };
+    let docs: RwLock<str> = RwLock::try_new("docs", ttl)?.fairness(fairness);
     let docs = RwLockLayer::new(store.clone(), docs, extract::path_segment(1))
         .coalesce_reads(flag("COALESCE_READS", true));
     let docs = Router::new()

@@ -40,8 +40,8 @@ pub mod layer;
 // 11. IdempotencyLayer.
 pub mod idempotency;
 
-pub use crate::backend::Warning;
 pub use crate::backend::error::{Error, Result};
+pub use crate::backend::{Fairness, Warning};
 pub use crate::definition::Attempt;
 pub use crate::definition::MAX_NAMESPACE_LEN;
 pub use crate::idempotency::{Fingerprint, Idempotency, IdempotencyKey, IdempotencyLayer};

@@ -17,9 +17,9 @@ use crate::call::Acts;
 const LOCK_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
      FROM tower_lease.lock_acquire($1, $2, $3, $4, $5)";
 const READ_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
-     FROM tower_lease.read_acquire($1, $2, $3, $4, $5)";
+     FROM tower_lease.read_acquire($1, $2, $3, $4, $5, $6, $7)";
 const WRITE_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
-     FROM tower_lease.write_acquire($1, $2, $3, $4, $5, $6)";
+     FROM tower_lease.write_acquire($1, $2, $3, $4, $5, $6, $7)";
 const PERMIT_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
      FROM tower_lease.permit_acquire($1, $2, $3, $4, $5)";
 const LOCK_EXTEND: &str =
@@ -31,7 +31,7 @@ const PERMIT_EXTEND: &str =
 const IDEMPOTENCY_EXTEND: &str =
     "SELECT tower_lease.idempotency_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
 const LOCK_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
-const RWLOCK_RELEASE: &str = "SELECT tower_lease.rwlock_release($1, $2, $3, $4) AS released";
+const RWLOCK_RELEASE: &str = "SELECT tower_lease.rwlock_release($1, $2, $3, $4, $5) AS released";
 const PERMIT_RELEASE: &str = "SELECT tower_lease.permit_release($1, $2, $3) AS released";
 /// A reservation's release; with `$4` true, its at-most-once marker's too.
 pub(crate) const IDEMPOTENCY_RELEASE: &str =
@@ -102,17 +102,31 @@ impl PgStore {
             }
             Mode::Read => {
                 let acts = Acts::Takes(secret, lock.ttl, RWLOCK_RELEASE);
-                self.row(
-                    READ_ACQUIRE,
-                    &[&namespace, &name, &holder, &ttl, &lock.fenced],
-                    acts,
-                )
-                .await?
+                let read_phase = lock.read_phase().map_or(0, millis);
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &namespace,
+                    &name,
+                    &holder,
+                    &ttl,
+                    &lock.fenced,
+                    &read_phase,
+                    &lease.waiting,
+                ];
+                self.row(READ_ACQUIRE, &params, acts).await?
             }
             Mode::Write => {
                 let intent = lock.write_intent().map_or(0, millis);
-                let params: [&(dyn ToSql + Sync); 6] =
-                    [&namespace, &name, &holder, &ttl, &lock.fenced, &intent];
+                // A phase-fair writer in a bounded wait keeps its turn among the writers.
+                let waiting_in_turn = lock.read_phase().is_some() && lease.waiting;
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &namespace,
+                    &name,
+                    &holder,
+                    &ttl,
+                    &lock.fenced,
+                    &intent,
+                    &waiting_in_turn,
+                ];
                 let acts = Acts::Takes(secret, lock.ttl, RWLOCK_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }
@@ -176,9 +190,10 @@ impl PgStore {
             }
             Mode::Read | Mode::Write => {
                 let as_reader = mode == Mode::Read;
+                let read_phase = lock.read_phase().map_or(0, millis);
                 self.row(
                     RWLOCK_RELEASE,
-                    &[&namespace, &name, &holder, &as_reader],
+                    &[&namespace, &name, &holder, &as_reader, &read_phase],
                     acts,
                 )
                 .await?

@@ -14,10 +14,12 @@ use std::time::Duration;
 use crate::Result;
 
 pub(crate) mod error;
+mod fairness;
 mod idempotency;
 mod notify;
 mod warning;
 
+pub use self::fairness::Fairness;
 pub(crate) use self::idempotency::unsupported;
 pub use self::idempotency::{Begin, Completion, FINGERPRINT_LEN};
 pub use self::notify::NotificationSink;
@@ -34,6 +36,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// before a reader slips in; and an intent whose writer left without withdrawing it (a crash, a
 /// lost connection) keeps readers out for no longer than this.
 pub(crate) const WRITE_INTENT_WINDOW: Duration = Duration::from_millis(500);
+
+/// The longest a read phase of a [phase-fair](Fairness::PhaseFair) lock lasts after the write
+/// that began it ended: the readers it lets in come within a round trip of the release's
+/// notification; one that never comes (it gave up, or crashed) holds writers off no longer.
+pub(crate) const READ_PHASE: Duration = Duration::from_millis(500);
 
 /// A boxed, `Send` future, as [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -71,7 +78,8 @@ impl Mode {
 }
 
 /// The lock a [`Backend`] call is about: namespace and name (already validated), TTL, whether
-/// acquisitions are fenced, and for a [`Semaphore`](crate::Semaphore) how many permits it has.
+/// acquisitions are fenced, an `RwLock`'s [`Fairness`], and for a
+/// [`Semaphore`](crate::Semaphore) how many permits it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockRef<'a> {
@@ -83,9 +91,10 @@ pub struct LockRef<'a> {
     pub ttl: Duration,
     /// Whether exclusive and write acquisitions take a fencing token.
     pub fenced: bool,
-    /// Whether a write attempt refused by readers makes new readers wait
-    /// ([`RwLock::writer_preferred`](crate::RwLock::writer_preferred)).
-    pub writer_preferred: bool,
+    /// For an [`RwLock`](crate::RwLock): who goes first when readers and writers contend
+    /// ([`RwLock::fairness`](crate::RwLock::fairness)); see [`write_intent`](Self::write_intent)
+    /// and [`read_phase`](Self::read_phase) for what a backend keeps for it.
+    pub fairness: Fairness,
     /// For [`Mode::Permit`]: the most permits live at once (at least 1); 0 for other locks.
     pub permits: u32,
 }
@@ -95,14 +104,17 @@ impl<'a> LockRef<'a> {
     ///
     /// The caller is responsible for what the definitions check: a valid namespace, a name of 1
     /// to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes and a TTL of at least 1 ms.
-    /// It is unfenced, not writer-preferred and no semaphore until the builders below say so.
+    /// It is unfenced, [readers-first](Fairness::ReadersFirst) (unlike
+    /// [`RwLock::new`](crate::RwLock::new), whose default is [`Fairness::PhaseFair`]: a direct
+    /// call names its policy with [`fairness`](Self::fairness)) and no semaphore until the
+    /// builders below say otherwise.
     pub fn new(namespace: &'a str, name: &'a [u8], ttl: Duration) -> Self {
         Self {
             namespace,
             name,
             ttl,
             fenced: false,
-            writer_preferred: false,
+            fairness: Fairness::ReadersFirst,
             permits: 0,
         }
     }
@@ -121,21 +133,27 @@ impl<'a> LockRef<'a> {
         Self { permits, ..self }
     }
 
-    /// How long the write intent of a refused writer attempt lasts: the write-intent window of
-    /// [`RwLock::writer_preferred`](crate::RwLock::writer_preferred), 500 ms or the TTL if that
-    /// is shorter, renewed by each attempt; `None` for a lock that does not prefer writers.
-    /// Every backend keeps the intent this long.
+    /// How long the write intent of a refused writer attempt lasts: 500 ms or the TTL if that
+    /// is shorter, renewed by each attempt; `None` for a lock whose writers leave none
+    /// ([`Fairness::ReadersFirst`]). Every backend keeps the intent this long.
     pub fn write_intent(&self) -> Option<Duration> {
-        self.writer_preferred
+        self.fairness
+            .leaves_write_intent()
             .then(|| self.ttl.min(WRITE_INTENT_WINDOW))
     }
 
-    /// The same lock, [writer-preferred](crate::RwLock::writer_preferred).
-    pub fn writer_preferred(self) -> Self {
-        Self {
-            writer_preferred: true,
-            ..self
-        }
+    /// How long a read phase of a [phase-fair](Fairness::PhaseFair) lock lasts at most: 500 ms
+    /// or the TTL if that is shorter; `None` under the other policies, which have none. A
+    /// waiting reader's note lasts twice as long past the `retry_after` it was answered.
+    pub fn read_phase(&self) -> Option<Duration> {
+        self.fairness
+            .has_read_phases()
+            .then(|| self.ttl.min(READ_PHASE))
+    }
+
+    /// The same lock under `fairness`.
+    pub fn fairness(self, fairness: Fairness) -> Self {
+        Self { fairness, ..self }
     }
 }
 
@@ -157,8 +175,9 @@ pub enum Acquisition {
 
 /// What an extension found: the lease runs on for one TTL, or it is gone.
 ///
-/// A reader's extension also says whether a writer of a
-/// [writer-preferred](crate::RwLock::writer_preferred) lock waits for the readers to leave:
+/// A reader's extension also says whether a writer waits for the readers to leave (a write
+/// intent of a [phase-fair](Fairness::PhaseFair) or [writers-first](Fairness::WritersFirst)
+/// lock):
 /// the layer then stops sharing that reader lease with new requests, so the writer gets in
 /// once the current reads end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,12 +235,33 @@ pub struct LeaseRef<'a> {
     pub mode: Mode,
     /// The secret the lease is (or is to be) held with.
     pub secret: &'a Secret,
+    /// For an `acquire`: the attempt is one of a bounded wait, which tries again with the same
+    /// secret until it gets in or gives up. A [phase-fair](Fairness::PhaseFair) reader refused
+    /// by a writer or a write intent is then noted as waiting, and let in before the next
+    /// writer once the write ends; a phase-fair writer refused by a writer leaves its write
+    /// intent (as one refused by readers always does). `false` for a single attempt (`try_read`), and for every
+    /// other call.
+    pub waiting: bool,
 }
 
 impl<'a> LeaseRef<'a> {
     /// Names a lease for a direct [`Backend`] call.
     pub fn new(lock: LockRef<'a>, mode: Mode, secret: &'a Secret) -> Self {
-        Self { lock, mode, secret }
+        Self {
+            lock,
+            mode,
+            secret,
+            waiting: false,
+        }
+    }
+
+    /// The same lease, acquired by an attempt of a bounded wait (see
+    /// [`waiting`](Self::waiting)).
+    pub fn waiting(self) -> Self {
+        Self {
+            waiting: true,
+            ..self
+        }
     }
 }
 
@@ -255,11 +295,24 @@ impl<'a> LeaseRef<'a> {
 ///   `extend` never takes it again. A reader's `extend` answers
 ///   [`Extended::HeldWriterWaiting`] when it extended the lease while a write intent lives.
 ///   Releasing what is not held is harmless and may be repeated.
-/// - **Write intents.** A write `acquire` of a [writer-preferred](LockRef::writer_preferred)
-///   lock refused by live readers (not by a writer) leaves a write intent holding the
-///   attempt's secret, for [`LockRef::write_intent`] (renewed by each refused attempt); a
-///   successful write acquisition removes it. [`withdraw_intent`](Self::withdraw_intent)
-///   removes it only while it still holds the caller's secret.
+/// - **Write intents.** A write `acquire` of a lock whose [`LockRef::write_intent`] is `Some`
+///   ([`Fairness::PhaseFair`], [`Fairness::WritersFirst`]) refused by live readers, or by a
+///   read phase (under `PhaseFair`, a [`waiting`](LeaseRef::waiting) attempt refused by a
+///   writer too), leaves a write intent holding the attempt's secret, for
+///   that long (renewed by each refused attempt); a successful write acquisition removes it.
+///   [`withdraw_intent`](Self::withdraw_intent) removes it only while it still holds the
+///   caller's secret. Under `PhaseFair`, writers that wait go in the order of their intents: a
+///   [`waiting`](LeaseRef::waiting) writer is refused while another writer's intent lives (`retry_after`: the intent's time left), and
+///   leaves none of its own then.
+/// - **Read phases** ([`Fairness::PhaseFair`], [`LockRef::read_phase`]). A reader's
+///   [`waiting`](LeaseRef::waiting) `acquire` refused by a live writer or a write intent notes
+///   its secret as a *waiting reader* until `retry_after` plus twice the read phase from now
+///   (each refused attempt renews it). A writer's `release` that ends its lease turns the waiting
+///   readers noted then into the lock's *read phase*, which lasts [`LockRef::read_phase`]: its
+///   readers are let in despite a write intent (each leaving the phase as it enters), and
+///   while one of them has not entered, a writer is refused (`retry_after`: the phase's
+///   remaining time) and leaves its intent. A reader that enters otherwise also leaves the
+///   waiting readers and the phase. Under the other policies nothing is noted.
 /// - **Fences.** Fenced exclusive and write acquisitions take a per-lock fence larger than
 ///   every fence issued before, `max(last + 1, the store's clock in µs)`, so that it keeps
 ///   growing when the counter is lost (a restart without persistence, a failover); a reader
@@ -303,7 +356,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Removes the write intent that the refused write attempts of `lease` (a [`Mode::Write`]
-    /// lease of a writer-preferred lock, with the secret those attempts carried) left, when a
+    /// lease of a lock whose writers leave intents, with the secret those attempts carried) left, when a
     /// waiting writer gives up; `true` if it removed one. An intent that holds another secret
     /// (another writer's, still waiting) stays. Like a release, a removal wakes the lock's
     /// waiters elsewhere where the store notifies them.

@@ -62,7 +62,7 @@ pub enum Warning {
     },
     /// The store has no release notifications (it was built by [`RedisStore::new`] from a
     /// connection alone): bounded waits find releases in other processes by polling, and
-    /// writers of a writer-preferred lock cannot hold readers back.
+    /// writers of a phase-fair or writers-first lock cannot hold readers back.
     ///
     /// [`RedisStore::new`]: crate::RedisStore::new
     NoNotifications,

@@ -1,10 +1,10 @@
 //! What a lock is before anything is held: its definition, as every kind of lock shares it
-//! (namespace, TTL, fencing, writer preference and permits, checked once: at compile time for
+//! (namespace, TTL, fencing, an `RwLock`'s fairness and permits, checked once: at compile time for
 //! a `const` definition), and the [`Attempt`] an acquisition answers.
 
 use std::time::Duration;
 
-use crate::backend::LockRef;
+use crate::backend::{Fairness, LockRef};
 use crate::{Error, Result};
 
 pub(crate) mod attempt;
@@ -22,7 +22,7 @@ pub(crate) struct Definition {
     pub(crate) namespace: &'static str,
     pub(crate) ttl: Duration,
     pub(crate) fenced: bool,
-    pub(crate) writer_preferred: bool,
+    pub(crate) fairness: Fairness,
     /// For a [`Semaphore`](crate::Semaphore), its permits; 0 for a lock.
     pub(crate) permits: u32,
 }
@@ -75,7 +75,7 @@ impl Definition {
             namespace,
             ttl: Duration::from_millis(millis as u64),
             fenced: false,
-            writer_preferred: false,
+            fairness: Fairness::PhaseFair,
             permits: 0,
         })
     }
@@ -104,7 +104,7 @@ impl Definition {
             name,
             ttl: self.ttl,
             fenced: self.fenced,
-            writer_preferred: self.writer_preferred,
+            fairness: self.fairness,
             permits: self.permits,
         }
     }

@@ -156,7 +156,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// told as under [`on_lease_lost`](Self::on_lease_lost), and each response still needs the
     /// lease valid when it was produced. A shared lease stops taking new requests when it is
     /// lost, when an extension finds a writer of a
-    /// [writer-preferred](crate::RwLock::writer_preferred) lock waiting (new reads then ask the
+    /// [phase-fair or writers-first](crate::RwLock::fairness) lock waiting (new reads then ask the
     /// store, which refuses them until the writer is through), and, under
     /// [`max_hold`](Self::max_hold), once half of `max_hold` has passed since it was taken.
     /// Under [`max_wait`](Self::max_wait), a read joins a held share or waits on its own, and shares
@@ -198,7 +198,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     ///
     /// A write of the name through this layer ends the layer's idle share at once, so it never
     /// waits for the linger. A write intent of a
-    /// [writer-preferred](crate::RwLock::writer_preferred) lock, from this process or another,
+    /// [phase-fair or writers-first](crate::RwLock::fairness) lock, from this process or another,
     /// ends the linger at once too.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
         let linger = Linger(linger);

@@ -250,7 +250,7 @@
 //! sharing it is told, each as above: `503` under `Abort`, the [`Lease`](crate::Lease) flag under `Continue`;
 //! and each response still needs the lease valid at the moment it was produced. A lost share
 //! takes no newcomer (they take a fresh lease), and neither does one that heard of a writer of
-//! a [writer-preferred](crate::RwLock::writer_preferred) lock waiting: new reads then ask the
+//! a [phase-fair or writers-first](crate::RwLock::fairness) lock waiting: new reads then ask the
 //! store, which refuses them until the writer is through, and the writer gets in once the reads
 //! inside end. A share hears of it at once: the writer's refused attempt raises it in its own
 //! process and publishes it on the lock's channel, to which every share of such a lock

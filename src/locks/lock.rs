@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::Result;
-use crate::backend::Mode;
+use crate::backend::{Fairness, Mode};
 use crate::definition::Definition;
 use crate::definition::attempt::Attempt;
 use crate::locks::token::{LockToken, ReadToken};
@@ -185,8 +185,9 @@ definition! {
     /// A readers–writer lock: per name, one writer or any number of readers, each reader holding
     /// a lease of its own.
     ///
-    /// Writers can starve while readers keep overlapping: a writer is refused as long as any
-    /// reader lease is live, unless the lock is [`writer_preferred`](Self::writer_preferred).
+    /// By default reads and writes take turns ([`Fairness::PhaseFair`]): a waiting writer holds
+    /// off the reads that come after it, and the reads that waited for a write go before the
+    /// next writer; see [`fairness`](Self::fairness) for the other policies.
     ///
     /// ```
     /// use std::time::Duration;
@@ -252,35 +253,54 @@ impl<N: LockName + ?Sized> Lock<N> {
 }
 
 impl<N: ?Sized> RwLock<N> {
-    /// Makes writers win over a stream of readers: a write attempt refused by live readers
-    /// leaves a *write intent* while which new readers are refused, with the intent's remaining
-    /// time as their `retry_after`. The readers already in finish, and the writer gets in.
+    /// Sets who goes first when readers and writers contend, in every process; the default is
+    /// [`Fairness::PhaseFair`]: reads and writes take turns, so neither side starves.
+    ///
+    /// Under [`PhaseFair`](Fairness::PhaseFair) and [`WritersFirst`](Fairness::WritersFirst), a
+    /// write attempt refused by live readers leaves a *write intent* while which new readers
+    /// are refused (under `PhaseFair`, until the write ends; under `WritersFirst`, with the
+    /// intent's remaining time as their `retry_after`). The readers already in finish, and the
+    /// writer gets in. Under `PhaseFair`, the readers that waited for that write
+    /// ([`try_read_for`](Self::try_read_for), the layer's `.max_wait(..)`) then go before the
+    /// next writer.
     ///
     /// An intent lives only while its writer waits, or retries within a short window: each
     /// refused attempt leaves it for 500 ms (the TTL, if shorter). A writer waiting with
-    /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least twice
-    /// per window, so its intent lasts as long as it waits, and withdraws it when it gives up:
-    /// its wait runs out, the store fails, or its future is dropped (the client left; the
+    /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least
+    /// twice per window, so its intent lasts as long as it waits, and withdraws it when it gives
+    /// up: its wait runs out, the store fails, or its future is dropped (the client left; the
     /// withdrawal then finishes in the background, within the store's timeout). An intent that
     /// another writer has written since stays. A `try_write` that is refused, or a writer that
     /// crashed, keeps readers out for one window at most; retried within the window (a client
-    /// that retries every 100 ms), the intent lasts.
+    /// that retries after its `Retry-After`), the intent lasts, and the writer gets in once the
+    /// reads in flight end.
     ///
-    /// Without it, a writer is refused as long as any reader lease lives, and overlapping readers
-    /// can keep it out for good.
-    pub const fn writer_preferred(self) -> Self {
+    /// Under [`ReadersFirst`](Fairness::ReadersFirst), a writer is refused as long as any
+    /// reader lease lives, and overlapping readers can keep it out for good.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{Fairness, RwLock};
+    ///
+    /// const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(10));
+    /// const REPORTS: RwLock<str> =
+    ///     RwLock::new("reports", Duration::from_secs(10)).fairness(Fairness::ReadersFirst);
+    /// assert_eq!(CATALOG.fairness_policy(), Fairness::PhaseFair);
+    /// assert_eq!(REPORTS.fairness_policy(), Fairness::ReadersFirst);
+    /// ```
+    pub const fn fairness(self, fairness: Fairness) -> Self {
         Self {
             definition: Definition {
-                writer_preferred: true,
+                fairness,
                 ..self.definition
             },
             name: PhantomData,
         }
     }
 
-    /// Whether writers win over new readers; see [`writer_preferred`](Self::writer_preferred).
-    pub const fn is_writer_preferred(&self) -> bool {
-        self.definition.writer_preferred
+    /// Who goes first when readers and writers contend; see [`fairness`](Self::fairness).
+    pub const fn fairness_policy(&self) -> Fairness {
+        self.definition.fairness
     }
 }
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::Store;
 use crate::backend::{
-    Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, LeaseRef, LockRef, Mode,
-    Secret,
+    Acquisition, Backend, Begin, Completion, Extended, FINGERPRINT_LEN, Fairness, LeaseRef,
+    LockRef, Mode, Secret,
 };
 use crate::coarse_timer::Timeout;
 use crate::{Error, Result};
@@ -212,7 +212,8 @@ impl Taken {
 struct OwnedLease {
     namespace: Box<str>,
     name: Box<[u8]>,
-    lock: (Duration, bool, bool, u32),
+    lock: (Duration, bool, Fairness, u32),
+    waiting: bool,
     mode: Mode,
     secret: Secret,
 }
@@ -224,28 +225,30 @@ impl OwnedLease {
             name,
             ttl,
             fenced,
-            writer_preferred,
+            fairness,
             permits,
         } = lease.lock;
         OwnedLease {
             namespace: namespace.into(),
             name: name.into(),
-            lock: (ttl, fenced, writer_preferred, permits),
+            lock: (ttl, fenced, fairness, permits),
+            waiting: lease.waiting,
             mode: lease.mode,
             secret: lease.secret.clone(),
         }
     }
 
     fn lease(&self) -> LeaseRef<'_> {
-        let (ttl, fenced, writer_preferred, permits) = self.lock;
+        let (ttl, fenced, fairness, permits) = self.lock;
         let lock = LockRef {
             namespace: &self.namespace,
             name: &self.name,
             ttl,
             fenced,
-            writer_preferred,
+            fairness,
             permits,
         };
-        LeaseRef::new(lock, self.mode, &self.secret)
+        let lease = LeaseRef::new(lock, self.mode, &self.secret);
+        if self.waiting { lease.waiting() } else { lease }
     }
 }

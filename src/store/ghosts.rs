@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::Store;
 use crate::Error;
-use crate::backend::{LeaseRef, LockRef, Mode, Secret};
+use crate::backend::{Fairness, LeaseRef, LockRef, Mode, Secret};
 
 /// The first pause before a release is sent again; it doubles up to [`LAST_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(25);
@@ -66,7 +66,7 @@ struct Ghost {
     name: Box<[u8]>,
     ttl: Duration,
     fenced: bool,
-    writer_preferred: bool,
+    fairness: Fairness,
     permits: u32,
     mode: Mode,
     secret: Secret,
@@ -95,7 +95,7 @@ impl Ghosts {
             name,
             ttl,
             fenced,
-            writer_preferred,
+            fairness,
             permits,
         } = lease.lock;
         let ghost = Ghost {
@@ -104,7 +104,7 @@ impl Ghosts {
             name: name.into(),
             ttl,
             fenced,
-            writer_preferred,
+            fairness,
             permits,
             mode: lease.mode,
             secret: lease.secret.clone(),
@@ -185,7 +185,7 @@ async fn give_back(ghost: Ghost) {
         name: &ghost.name,
         ttl: ghost.ttl,
         fenced: ghost.fenced,
-        writer_preferred: ghost.writer_preferred,
+        fairness: ghost.fairness,
         permits: ghost.permits,
     };
     let lease = LeaseRef::new(lock, ghost.mode, &ghost.secret);
@@ -198,7 +198,7 @@ async fn give_back(ghost: Ghost) {
             _ => store.release(lease).await,
         };
         let withdrawn = match (&released, lease.mode) {
-            (Ok(_), Mode::Write) if lock.writer_preferred => {
+            (Ok(_), Mode::Write) if lock.fairness.leaves_write_intent() => {
                 store.withdraw_intent(lease).await.map(|_| ())
             }
             _ => Ok(()),

@@ -91,12 +91,15 @@ impl RawLease {
             name,
             on_store_error,
             Secret::random(),
+            false,
         )
     }
 
     /// Like [`acquire_counted`](Self::acquire_counted), with the lease's `secret`: a waiting writer's
     /// attempts all carry one, so that the write intent they leave can be told from another
-    /// writer's when it withdraws it.
+    /// writer's when it withdraws it, and a waiting reader's, so that the store knows it as the
+    /// same waiting reader (`waiting`: an attempt of a bounded wait, see
+    /// [`LeaseRef::waiting`](crate::backend::LeaseRef::waiting)).
     #[allow(
         clippy::manual_async_fn,
         reason = "an async fn would keep its arguments twice"
@@ -108,6 +111,7 @@ impl RawLease {
         name: N,
         on_store_error: Option<AcquireOutcome>,
         secret: Secret,
+        waiting: bool,
     ) -> impl Future<Output = Result<Attempt<RawLease>>> + Send
     where
         N: AsRef<[u8]> + Into<OwnedName> + Send,
@@ -123,6 +127,7 @@ impl RawLease {
             let sent_at = Instant::now();
             let sent = Moment::now();
             let lease = LeaseRef::new(definition.lock_ref(name.as_ref()), mode, &secret);
+            let lease = if waiting { lease.waiting() } else { lease };
             let acquisition = store.acquire(lease).await;
             if let Err(error) = &acquisition {
                 // A call that timed out may still land: what it takes is given back.
@@ -293,9 +298,10 @@ impl RawLease {
         self.mode
     }
 
-    /// Whether a refused writer of this lock leaves a write intent.
-    pub(crate) fn writer_preferred(&self) -> bool {
-        self.definition.writer_preferred
+    /// Whether a refused writer of this lock leaves a write intent (phase-fair and writers-first
+    /// locks).
+    pub(crate) fn leaves_write_intent(&self) -> bool {
+        self.definition.fairness.leaves_write_intent()
     }
 }
 

@@ -21,7 +21,7 @@ use proptest::test_runner::TestRunner;
 use tokio::time::Instant;
 use tower_lease::Store;
 use tower_lease::backend::{
-    Acquisition, Backend, Begin, Completion, Extended, LeaseRef, LockRef, Mode, Secret,
+    Acquisition, Backend, Begin, Completion, Extended, Fairness, LeaseRef, LockRef, Mode, Secret,
 };
 
 use crate::Env;
@@ -118,7 +118,7 @@ enum Family {
 }
 
 fn ops(family: Family) -> BoxedStrategy<Op> {
-    let (name, holder) = (0..2u8, 0..3u8);
+    let (name, holder) = (0..3u8, 0..3u8);
     let advance = (1..=3u8).prop_map(Op::Advance);
     match family {
         Family::Locks => {
@@ -154,7 +154,8 @@ fn ops(family: Family) -> BoxedStrategy<Op> {
     }
 }
 
-/// The lock an op names in `case`: lock 0 prefers writers; both fenced.
+/// The lock an op names in `case`: lock 0 is writers-first, lock 1 phase-fair (its reads sent
+/// as a bounded wait's, so waiting readers are noted), lock 2 readers-first; all fenced.
 fn lock_of(name: &[u8], index: u8, mode: Mode) -> LockRef<'_> {
     let lock = LockRef::new(NS, name, TTL).fenced();
     match (mode, index) {
@@ -162,7 +163,8 @@ fn lock_of(name: &[u8], index: u8, mode: Mode) -> LockRef<'_> {
         // (Redis answers `Some(0)`, the memory store `None`).
         (Mode::Permit, _) => LockRef::new(NS, name, TTL).permits(PERMITS),
         (Mode::Reservation, _) => LockRef::new(NS, name, TTL),
-        (_, 0) => lock.writer_preferred(),
+        (_, 0) => lock.fairness(Fairness::WritersFirst),
+        (_, 1) => lock.fairness(Fairness::PhaseFair),
         _ => lock,
     }
 }
@@ -188,6 +190,7 @@ async fn call(backend: &dyn Backend, case: usize, secrets: &[Secret; 3], op: Op)
         Op::Acquire(mode, n, h) | Op::Extend(mode, n, h) | Op::Release(mode, n, h) => {
             let name = name_of(case, mode_family(mode), n);
             let lease = LeaseRef::new(lock_of(&name, n, mode), mode, &secrets[h as usize]);
+            let lease = if n == 1 { lease.waiting() } else { lease };
             match op {
                 Op::Acquire(..) => match backend.acquire(lease).await {
                     Ok(Acquisition::Acquired { fence }) => Answer::Acquired {

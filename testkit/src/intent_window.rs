@@ -12,14 +12,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::{RwLock, Store};
+use tower_lease::{Fairness, RwLock, Store};
 
 use crate::{Env, ROUNDING, poll};
 
-const DOCS: RwLock<str> = RwLock::new("intent", Duration::from_secs(2)).writer_preferred();
+const DOCS: RwLock<str> =
+    RwLock::new("intent", Duration::from_secs(2)).fairness(Fairness::WritersFirst);
 /// A lock whose intent, at two thirds of the TTL, would end before a notified waiter's next
 /// attempt (up to the last reader's remaining lease).
-const KEPT: RwLock<str> = RwLock::new("intent-kept", Duration::from_millis(900)).writer_preferred();
+const KEPT: RwLock<str> =
+    RwLock::new("intent-kept", Duration::from_millis(900)).fairness(Fairness::WritersFirst);
 /// Longer than the window and than two thirds of `KEPT`'s TTL, shorter than the TTL.
 const HOLD: Duration = Duration::from_millis(700);
 /// The write-intent window.

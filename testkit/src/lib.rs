@@ -2,7 +2,7 @@
 //! pass, for a [`Backend`](tower_lease::backend::Backend) of your own as for the built-in ones.
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
-//! [`semaphore`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
+//! [`semaphore`], [`fairness`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
 //! [`fences`], and [`differential`], which compares random sequences of calls with the memory
 //! store's answers); its doc says what it checks. [`conformance!`] declares one
 //! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
@@ -67,6 +67,7 @@
 
 pub mod differential;
 pub mod exclusive;
+pub mod fairness;
 pub mod fences;
 pub mod idempotency;
 pub mod input;
@@ -344,6 +345,12 @@ macro_rules! __scenarios {
                 abandoned_lease_frees_itself_after_ttl,
                 retry_after_is_the_holders_remaining_lease,
                 fences_increase_per_name,
+            ],
+            fairness: [
+                a_waiting_writer_is_not_starved_by_overlapping_reads,
+                a_retrying_writer_is_not_starved_by_overlapping_reads,
+                reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next,
+                a_read_phase_nobody_comes_to_ends_by_itself,
             ],
             fences: [
                 fences_of_a_fresh_name_follow_the_clock,

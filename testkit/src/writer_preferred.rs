@@ -1,20 +1,21 @@
-//! `RwLock::writer_preferred`: a write attempt refused by readers holds new readers off, with
-//! the intent's remaining time as their `retry_after`, until the readers leave and the writer
-//! gets in; an intent ends by itself one window after its attempt; without the preference, readers
-//! keep coming. A reader's extension reports a live intent (`Extended::HeldWriterWaiting`),
-//! through the single call and the batch, and still extends the lease.
+//! `Fairness::WritersFirst` (the old `writer_preferred`): a write attempt refused by readers
+//! holds new readers off, with the intent's remaining time as their `retry_after`, until the
+//! readers leave and the writer gets in; an intent ends by itself one window after its attempt;
+//! under `Fairness::ReadersFirst`, readers keep coming. A reader's extension reports a live
+//! intent (`Extended::HeldWriterWaiting`), through the single call and the batch, and still
+//! extends the lease.
 
 use std::time::Duration;
 
 use tokio::time::sleep;
-use tower_lease::RwLock;
 use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
+use tower_lease::{Fairness, RwLock};
 
 use crate::{Env, ROUNDING};
 
 const TTL: Duration = Duration::from_millis(900);
-const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).writer_preferred();
-const PLAIN: RwLock<str> = RwLock::new("plain", TTL);
+const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).fairness(Fairness::WritersFirst);
+const PLAIN: RwLock<str> = RwLock::new("plain", TTL).fairness(Fairness::ReadersFirst);
 /// The write-intent window (500 ms, shorter than the TTL).
 const INTENT: Duration = Duration::from_millis(500);
 
@@ -22,7 +23,8 @@ const INTENT: Duration = Duration::from_millis(500);
 /// remaining time; the writer gets in once the readers left, and after its write no intent is
 /// left (a reader gets in at once).
 pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env: Env) {
-    assert!(PREFERRED.is_writer_preferred() && !PLAIN.is_writer_preferred());
+    assert_eq!(PREFERRED.fairness_policy(), Fairness::WritersFirst);
+    assert_eq!(PLAIN.fairness_policy(), Fairness::ReadersFirst);
     let reader = PREFERRED
         .try_read(&env.store, "doc")
         .await
@@ -101,7 +103,7 @@ pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
     assert!(reader.release().await.unwrap());
 }
 
-/// Without `writer_preferred`, a refused writer leaves no intent: new readers get in.
+/// Readers-first, a refused writer leaves no intent: new readers get in.
 pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
     let first = PLAIN.try_read(&env.store, "doc").await.unwrap().unwrap();
     assert!(PLAIN.try_write(&env.store, "doc").await.unwrap().is_none());
@@ -121,7 +123,7 @@ pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
 pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
     let backend = env.store.backend();
     let (mine, other) = (Secret::random(), Secret::random());
-    let lock = LockRef::new("extend-intent", b"doc", TTL).writer_preferred();
+    let lock = LockRef::new("extend-intent", b"doc", TTL).fairness(Fairness::WritersFirst);
     let reader = LeaseRef::new(lock, Mode::Read, &mine);
     let acquired = backend.acquire(reader).await.unwrap();
     assert!(matches!(

@@ -62,7 +62,8 @@ async fn a_release_elsewhere_wakes_the_waiter() {
 }
 
 const TTL: Duration = Duration::from_secs(3);
-const PREFERRED: RwLock<str> = RwLock::new("relay-docs", TTL).writer_preferred();
+const PREFERRED: RwLock<str> =
+    RwLock::new("relay-docs", TTL).fairness(tower_lease::Fairness::WritersFirst);
 const READ: Duration = Duration::from_millis(100);
 
 async fn read(State(w): State<Witness>) -> &'static str {

@@ -100,7 +100,7 @@ impl Backend for Process {
             let acquisition = self.relay.server.acquire(lease).await?;
             if let Acquisition::Busy { .. } = acquisition
                 && lease.mode == Mode::Write
-                && lease.lock.writer_preferred
+                && lease.lock.write_intent().is_some()
             {
                 self.publish(Event::WriteIntent {
                     namespace: lease.lock.namespace.to_owned(),

@@ -68,7 +68,14 @@ async fn run_with(
         ("LOCK_TTL_MS", ttl_ms),
         ("READ_MS", "100"),
         ("WORK_MS", "20"),
-        ("WRITER_PREFERRED", if preferred { "1" } else { "0" }),
+        (
+            "FAIRNESS",
+            if preferred {
+                "writers_first"
+            } else {
+                "readers_first"
+            },
+        ),
         ("RELAY_READS", if relay { "1" } else { "0" }),
     ];
     let replicas: Vec<Replica> = (0..3)

@@ -84,7 +84,8 @@ fn new_panics_clearly_outside_const() {
 #[test]
 fn definitions_are_const_and_copy() {
     const JOBS: Lock<u64> = Lock::new("jobs", Duration::from_secs(5)).fenced();
-    const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(5)).writer_preferred();
+    const DOCS: RwLock<str> =
+        RwLock::new("docs", Duration::from_secs(5)).fairness(tower_lease::Fairness::WritersFirst);
     // Each use of a `const` is a fresh value, so copies are taken from a binding: used again
     // after it was moved, it must be `Copy`.
     let jobs = JOBS;
@@ -96,5 +97,5 @@ fn definitions_are_const_and_copy() {
     let docs = DOCS;
     let copy = docs;
     assert_eq!(copy, docs);
-    assert!(docs.is_writer_preferred());
+    assert_eq!(docs.fairness_policy(), tower_lease::Fairness::WritersFirst);
 }

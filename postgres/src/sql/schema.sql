@@ -55,8 +55,8 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
 -- leaves, so one statement both reads and clears the mark).
 ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
 
--- An `RwLock`'s writer, its write intent (a refused writer of a writer-preferred lock), and the
--- write generation (fence counter); its readers are rows of `readers`.
+-- An `RwLock`'s writer, its write intent (a refused writer of a phase-fair or writers-first
+-- lock), and the write generation (fence counter); its readers are rows of `readers`.
 CREATE TABLE IF NOT EXISTS tower_lease.rwlocks (
     namespace text NOT NULL,
     name bytea NOT NULL,
@@ -74,6 +74,18 @@ CREATE TABLE IF NOT EXISTS tower_lease.readers (
     name bytea NOT NULL,
     secret bytea NOT NULL,
     expires timestamptz NOT NULL,
+    PRIMARY KEY (namespace, name, secret)
+);
+
+-- The waiting readers of a phase-fair `RwLock` (refused by a writer or an intent, in a bounded
+-- wait), until `expires`; a writer's release turns the live ones into its read phase (`phase`,
+-- `expires` then the phase's end): they come in before the next writer.
+CREATE TABLE IF NOT EXISTS tower_lease.waiting_readers (
+    namespace text NOT NULL,
+    name bytea NOT NULL,
+    secret bytea NOT NULL,
+    expires timestamptz NOT NULL,
+    phase boolean NOT NULL DEFAULT false,
     PRIMARY KEY (namespace, name, secret)
 );
 
@@ -275,6 +287,13 @@ BEGIN
     most := greatest(most, gone);
     DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.readers WHERE expires <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    most := greatest(most, gone);
+    DELETE FROM tower_lease.waiting_readers t WHERE t.ctid = ANY (ARRAY(
+        SELECT ctid FROM tower_lease.waiting_readers WHERE expires <= call_time
         LIMIT batch FOR UPDATE SKIP LOCKED))
       AND pg_catalog.pg_try_advisory_xact_lock(
           tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));

@@ -1,5 +1,5 @@
 //! Write intents as this process hears of them, for the shared read leases of the layer: a
-//! refused writer of a [writer-preferred](crate::RwLock::writer_preferred) lock in this process
+//! refused writer of a [intent-leaving](crate::Fairness::leaves_write_intent) lock in this process
 //! raises them at once, and one in another process through the store's backend, which hands
 //! what it hears to [`NotificationSink::write_intent`](super::NotificationSink::write_intent).
 //!

@@ -51,7 +51,7 @@ impl NotificationSink {
         }
     }
 
-    /// A write attempt on the [writer-preferred](crate::RwLock::writer_preferred) `RwLock` on
+    /// A write attempt on the [intent-leaving](crate::Fairness::leaves_write_intent) `RwLock` on
     /// `name` in `namespace` was refused by readers and left its write intent: this process's
     /// shared reads of it stop taking new readers, so the writer gets in once the reads in
     /// flight end.

@@ -15,10 +15,10 @@ use crate::backend::{Hub, IntentListener};
 use crate::store::LeaseState;
 
 /// Listens for intents on the name of `state`'s lease, for as long as the lease lives; `None`
-/// for a lock that does not prefer writers, which leaves no intent.
+/// for a readers-first lock, which leaves no intent.
 pub(super) fn listen(state: &Arc<LeaseState>) -> Option<IntentListener> {
     let holding = &state.holding;
-    if !holding.writer_preferred() {
+    if !holding.leaves_write_intent() {
         return None;
     }
     let store = holding.store();

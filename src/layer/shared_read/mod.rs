@@ -114,7 +114,7 @@ struct Held {
     enrolled: AtomicBool,
     /// The lease: taken out by the last request to leave, which releases it.
     lease: Mutex<Option<KeptLease>>,
-    /// Hears of a write intent on the name at once (writer-preferred locks only).
+    /// Hears of a write intent on the name at once (phase-fair or writers-first locks only).
     intent: Option<IntentListener>,
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 
-use crate::backend::{Mode, Secret};
+use crate::backend::{Fairness, Mode, Secret};
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{Acquired, FinishOnDrop};
@@ -27,7 +27,7 @@ const WATCHED_POLL: Duration = Duration::from_secs(1);
 ///
 /// Each attempt that reached the store finishes even if this future is dropped (a lease it took
 /// is given back); dropping it between attempts leaves nothing behind: no seat, no lease. A
-/// writer of a writer-preferred lock keeps its write intent alive while it waits (see
+/// writer of a phase-fair or writers-first lock keeps its write intent alive while it waits (see
 /// [`KeptIntent`]), and withdraws it when it gives up or is dropped.
 /// `on_store_error` is what a store failure counts as in the metrics.
 pub(crate) async fn acquire_within(
@@ -59,7 +59,12 @@ pub(crate) async fn acquire_within(
     };
     // Only the first waiter of the name in this process contends; the others queue, and the
     // turn passes on when this one is done (served, out of time, or dropped).
+    // Phase-fair readers each note themselves as waiting in the store, so they all contend.
+    let together = mode == Mode::Read && definition.fairness.has_read_phases();
     let turn = loop {
+        if together {
+            break seat.together();
+        }
         if let Some(turn) = seat.turn(deadline).await {
             break turn;
         }
@@ -69,10 +74,10 @@ pub(crate) async fn acquire_within(
         // turn found the store failing: this one's own attempt ends its wait with the store's
         // error too, or if the store answers, queues it again.
         let probe = Definition {
-            writer_preferred: false,
+            fairness: Fairness::ReadersFirst,
             ..definition
         };
-        let (sent_at, attempt) = attempt(&store, probe, mode, &name, &secret).await;
+        let (sent_at, attempt) = attempt(&store, probe, mode, &name, &secret, false).await;
         if matches!(attempt, Ok(Attempt::Busy { .. })) && Instant::now() < deadline {
             continue;
         }
@@ -101,7 +106,10 @@ pub(crate) async fn acquire_within(
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            let (sent_at, attempt) = attempt(&store, definition, mode, &name, &secret).await;
+            // The last attempt, at the deadline, is not noted as a waiting reader's.
+            let waiting = Instant::now() < deadline;
+            let (sent_at, attempt) =
+                attempt(&store, definition, mode, &name, &secret, waiting).await;
             if let (Some(intent), Ok(Attempt::Busy { .. })) = (&mut intent, &attempt) {
                 intent.refused();
             }
@@ -175,13 +183,15 @@ pub(crate) async fn acquire_within(
 }
 
 /// One attempt with `secret`, with the instant it was sent; finished in a task of its own if the waiter is
-/// dropped while it is on the wire.
+/// dropped while it is on the wire. `waiting`: the wait goes on if it is refused (see
+/// [`LeaseRef::waiting`](crate::backend::LeaseRef::waiting)).
 async fn attempt(
     store: &Store,
     definition: Definition,
     mode: Mode,
     name: &[u8],
     secret: &Secret,
+    waiting: bool,
 ) -> Acquired {
     let (store, name, secret) = (store.clone(), name.to_vec(), secret.clone());
     let call = Box::pin(async move {
@@ -189,7 +199,8 @@ async fn attempt(
         let sent_at = Instant::now();
         let name = Cow::Owned(name);
         let attempt =
-            RawLease::acquire_with_secret(store, definition, mode, name, None, secret).await;
+            RawLease::acquire_with_secret(store, definition, mode, name, None, secret, waiting)
+                .await;
         (sent_at, attempt)
     });
     FinishOnDrop::acquisition(call).await

@@ -9,7 +9,7 @@ use crate::lease::finish_on_drop::FinishOnDrop;
 use crate::store::Store;
 
 /// A waiting writer's part in the write intent of a
-/// [writer-preferred](crate::RwLock::writer_preferred) lock.
+/// [phase-fair or writers-first](crate::RwLock::fairness) lock.
 ///
 /// An intent lives for a short window after each refused attempt
 /// ([`LockRef::write_intent`](crate::backend::LockRef::write_intent)), so the waiter attempts at

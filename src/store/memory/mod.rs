@@ -1,7 +1,9 @@
 //! Leases in this process's memory, with the same semantics as the Redis scripts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -59,8 +61,23 @@ struct StoredLease {
 struct RwEntry {
     writer: Option<StoredLease>,
     readers: HashMap<Secret, Instant>,
-    /// The write intent that refuses new readers for a waiting writer (writer-preferred locks).
+    /// The write intent that refuses new readers for a waiting writer (phase-fair and
+    /// writers-first locks).
     intent: Option<Intent>,
+    /// Phase-fair locks: the readers that wait for a writer or an intent, with how long each
+    /// note lasts.
+    waiting: HashMap<Secret, Instant>,
+    /// Phase-fair locks: the read phase a write's release began, while a reader of it has not
+    /// entered.
+    phase: Option<Phase>,
+}
+
+/// The read phase of a phase-fair lock: the readers that waited for the write that ended, let
+/// in before the next writer, until they all came in or the phase ends.
+#[derive(Debug)]
+struct Phase {
+    until: Instant,
+    readers: HashSet<Secret>,
 }
 
 /// A write intent: until when it lives, and the secret of the writer attempt that left it.
@@ -89,10 +106,63 @@ impl RwEntry {
         {
             self.intent = None;
         }
+        self.waiting.retain(|_, until| *until > now);
+        if self
+            .phase
+            .as_ref()
+            .is_some_and(|phase| phase.until <= now || phase.readers.is_empty())
+        {
+            self.phase = None;
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.writer.is_none() && self.readers.is_empty() && self.intent.is_none()
+        self.writer.is_none()
+            && self.readers.is_empty()
+            && self.intent.is_none()
+            && self.waiting.is_empty()
+            && self.phase.is_none()
+    }
+
+    /// A phase-fair reader with `secret` that waits was refused, told `retry_after`: it is
+    /// noted as waiting until that much, and two read phases, from now.
+    fn note_waiting(&mut self, lease: LeaseRef<'_>, now: Instant, retry_after: Duration) {
+        if let Some(phase) = lease.lock.read_phase().filter(|_| lease.waiting) {
+            let until = now + retry_after + 2 * phase;
+            self.waiting.insert(lease.secret.clone(), until);
+        }
+    }
+
+    /// A phase-fair write ended by its release: the readers waiting now are let in before the
+    /// next writer, for at most `phase`.
+    fn begin_read_phase(&mut self, phase: Option<Duration>, now: Instant) {
+        let Some(phase) = phase else { return };
+        if self.waiting.is_empty() {
+            return;
+        }
+        let readers = self.waiting.drain().map(|(secret, _)| secret).collect();
+        self.phase = Some(Phase {
+            until: now + phase,
+            readers,
+        });
+    }
+
+    /// Whether `secret` is a reader of the live read phase.
+    fn in_phase(&self, secret: &Secret) -> bool {
+        self.phase
+            .as_ref()
+            .is_some_and(|phase| phase.readers.contains(secret))
+    }
+
+    /// A reader with `secret` entered: it waits no more, and has left its phase.
+    fn entered(&mut self, secret: &Secret) {
+        self.waiting.remove(secret);
+        if let Some(phase) = &mut self.phase {
+            phase.readers.remove(secret);
+            if phase.readers.is_empty() {
+                self.phase = None;
+            }
+        }
     }
 }
 
@@ -151,16 +221,26 @@ impl MemoryStore {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
                 if let Some(writer) = &shared.writer {
-                    return Acquisition::Busy {
-                        retry_after: writer.ends - now,
-                    };
+                    let retry_after = writer.ends - now;
+                    shared.note_waiting(lease, now, retry_after);
+                    return Acquisition::Busy { retry_after };
                 }
                 if let Some(intent) = &shared.intent {
-                    return Acquisition::Busy {
-                        retry_after: intent.until - now,
-                    };
+                    let retry_after = intent.until - now;
+                    if shared.readers.contains_key(lease.secret) {
+                        // A retry whose first reply was lost: our own live lease.
+                    } else if shared.in_phase(lease.secret) {
+                        // Waited for the write that ended: in before the next writer.
+                        shared.entered(lease.secret);
+                        shared.readers.insert(lease.secret.clone(), ends);
+                    } else {
+                        shared.note_waiting(lease, now, retry_after);
+                        return Acquisition::Busy { retry_after };
+                    }
+                } else {
+                    shared.entered(lease.secret);
+                    shared.readers.insert(lease.secret.clone(), ends);
                 }
-                shared.readers.insert(lease.secret.clone(), ends);
                 let fence = lock
                     .fenced
                     .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
@@ -170,14 +250,28 @@ impl MemoryStore {
             Mode::Write => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
+                if let Some(intent) = shared.intent.as_ref().filter(|intent| {
+                    lock.read_phase().is_some() && lease.waiting && intent.secret != *lease.secret
+                }) {
+                    // Phase-fair writers that wait go in the order of their intents.
+                    return Acquisition::Busy {
+                        retry_after: intent.until - now,
+                    };
+                }
+                // Readers block a writer, and so does a read phase while one of its readers
+                // has not come in.
                 let blocked_until = shared
                     .writer
                     .as_ref()
                     .map(|w| w.ends)
-                    .or_else(|| shared.readers.values().max().copied());
+                    .or_else(|| shared.readers.values().max().copied())
+                    .or_else(|| shared.phase.as_ref().map(|phase| phase.until));
                 if let Some(until) = blocked_until {
-                    if let Some(intent) = lock.write_intent().filter(|_| shared.writer.is_none()) {
-                        // Refused by readers: new ones wait while the intent lives.
+                    if let Some(intent) = lock.write_intent().filter(|_| {
+                        shared.writer.is_none() || (lock.read_phase().is_some() && lease.waiting)
+                    }) {
+                        // Refused by readers (or, a phase-fair writer that waits, by a writer):
+                        // new readers wait while the intent lives.
                         shared.intent = Some(Intent {
                             until: now + intent,
                             secret: lease.secret.clone(),
@@ -206,7 +300,9 @@ impl MemoryStore {
         if lease.mode == Mode::Reservation {
             return self.idempotency.update(lease, extend);
         }
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let now = Instant::now();
         let new_end = now + lock.ttl;
         let mut state = self.lock();
@@ -272,6 +368,7 @@ impl MemoryStore {
                                 writer.ends = new_end;
                             } else {
                                 shared.writer = None;
+                                shared.begin_read_phase(lock.read_phase(), now);
                             }
                             true
                         }

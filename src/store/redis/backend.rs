@@ -10,7 +10,7 @@ use super::extend_many::{extend_keys, extended};
 use super::native::cas::{Cas, native_mode};
 use super::scripts::{
     ACQUIRE, Call, Holder, LastArg, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE,
-    WITHDRAW_INTENT, WRITE_ACQUIRE, holder_script,
+    WITHDRAW_INTENT, WRITE_ACQUIRE, WRITE_RELEASE, holder_script,
 };
 use super::{KeyRole, RedisStore, acquisition, answered_one, notify};
 use crate::backend::{
@@ -85,7 +85,9 @@ where
     }
 
     fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let wait = self.replicas;
         if mode == Mode::Exclusive && !lock.fenced {
             if let Some(replicas) = wait {
@@ -98,7 +100,13 @@ where
             return self.bounded(self.set_nx(lock, secret));
         }
         self.bounded(async move {
-            const RW: &[KeyRole] = &[KeyRole::Writer, KeyRole::Readers, KeyRole::WriteIntent];
+            const RW: &[KeyRole] = &[
+                KeyRole::Writer,
+                KeyRole::Readers,
+                KeyRole::WriteIntent,
+                KeyRole::WaitingReaders,
+                KeyRole::ReadPhase,
+            ];
             let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
                 Mode::Exclusive => (
                     &ACQUIRE,
@@ -112,10 +120,19 @@ where
                     None,
                     LastArg::TtlAnd(lock.permits.into()),
                 ),
-                Mode::Read => (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), LastArg::Ttl),
+                Mode::Read => {
+                    let phase = lock.read_phase().unwrap_or_default().as_millis() as u64;
+                    let last = LastArg::TtlAndTwo(phase, lease.waiting.into());
+                    (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
+                }
                 Mode::Write => {
-                    let intent = lock.write_intent().unwrap_or_default();
-                    let last = LastArg::TtlAnd(intent.as_millis() as u64);
+                    let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
+                    let phase_fair = match (lock.read_phase(), lease.waiting) {
+                        (None, _) => 0,
+                        (Some(_), false) => 1,
+                        (Some(_), true) => 2,
+                    };
+                    let last = LastArg::TtlAndTwo(intent, phase_fair);
                     (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
                 }
                 // Reservations are taken by `idempotency_begin` only.
@@ -182,11 +199,13 @@ where
     }
 
     fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        if lease.mode != Mode::Write || !lease.lock.writer_preferred {
+        if lease.mode != Mode::Write || lease.lock.write_intent().is_none() {
             return Box::pin(async { Ok(false) });
         }
         self.bounded(async move {
-            let LeaseRef { lock, mode, secret } = lease;
+            let LeaseRef {
+                lock, mode, secret, ..
+            } = lease;
             let channel = notify::channel(&self.layout, mode, lock.namespace, lock.name);
             let (roles, last) = ([KeyRole::WriteIntent], LastArg::Channel(&channel));
             let reply = self
@@ -216,6 +235,10 @@ where
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        if lease.mode == Mode::Write && lease.lock.read_phase().is_some() {
+            // Its release begins a read phase: a script, never a native compare-and-delete.
+            return self.bounded(self.release_script(lease, false));
+        }
         if native_mode(lease.mode) && self.native.get() != Cas::Lua {
             return self.bounded(async move {
                 match self.release_native(lease).await? {
@@ -285,6 +308,12 @@ where
             Mode::Read | Mode::Permit => Vec::new(),
             _ => notify::channel(self.layout(), lease.mode, lock.namespace, lock.name),
         };
+        if let (Mode::Write, Some(phase)) = (lease.mode, lock.read_phase()) {
+            let roles = [KeyRole::Writer, KeyRole::WaitingReaders, KeyRole::ReadPhase];
+            let last = LastArg::ChannelAnd(&channel, phase.as_millis() as u64);
+            let reply = self.run(&WRITE_RELEASE, lock, &roles, None, secret, last);
+            return answered_one(reply.await?);
+        }
         let last = match lease.mode {
             Mode::Read | Mode::Permit if live => LastArg::Live,
             Mode::Read | Mode::Permit => LastArg::None,

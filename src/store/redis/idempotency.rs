@@ -205,7 +205,9 @@ where
 
     /// Frees the key of `lease` with its marker (`idem_free.lua`).
     pub(super) async fn idem_free(&self, lease: LeaseRef<'_>) -> Result<bool> {
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let keys = [
             self.key_arg(KeyRole::Idempotency, lock),
             self.key_arg(KeyRole::IdempotencyUnknown, lock),
@@ -224,7 +226,9 @@ where
         if let Some(stored) = self.complete_native(lease, completion).await? {
             return Ok(stored);
         }
-        let LeaseRef { lock, mode, secret } = lease;
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
         let keys = [self.key_arg(KeyRole::Idempotency, lock)];
         let channel = notify::channel(self.layout(), mode, lock.namespace, lock.name);
         // At least 1 ms: `PX 0` is refused.

@@ -74,6 +74,8 @@ impl KeyLayout {
             KeyRole::Writer => (b":rwlock:{", b":w"),
             KeyRole::Readers => (b":rwlock:{", b":r"),
             KeyRole::WriteIntent => (b":rwlock:{", b":wi"),
+            KeyRole::WaitingReaders => (b":rwlock:{", b":wr"),
+            KeyRole::ReadPhase => (b":rwlock:{", b":rp"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
             KeyRole::Permits => (b":sem:{", b""),
             KeyRole::Idempotency => (b":idem:{", b""),
@@ -132,10 +134,19 @@ pub enum KeyRole {
     Writer,
     /// The reader set of an [`RwLock`](crate::RwLock).
     Readers,
-    /// The write intent of a [writer-preferred](crate::RwLock::writer_preferred)
-    /// [`RwLock`](crate::RwLock): a refused writer's secret, `PX` about two heartbeats, while
-    /// new readers are refused.
+    /// The write intent of an [`RwLock`](crate::RwLock) whose writers leave one
+    /// ([`Fairness::PhaseFair`](crate::Fairness::PhaseFair),
+    /// [`Fairness::WritersFirst`](crate::Fairness::WritersFirst)): a refused writer's secret,
+    /// `PX` about two heartbeats, while new readers are refused.
     WriteIntent,
+    /// The waiting readers of a [phase-fair](crate::Fairness::PhaseFair)
+    /// [`RwLock`](crate::RwLock): a sorted set of the secrets of readers refused by a writer or
+    /// an intent, scored by when each note ends (server ms).
+    WaitingReaders,
+    /// The read phase of a [phase-fair](crate::Fairness::PhaseFair) [`RwLock`](crate::RwLock):
+    /// the waiting readers a write's release let in before the next writer (the sorted set of
+    /// [`WaitingReaders`](Self::WaitingReaders), renamed), `PX` the phase's length.
+    ReadPhase,
     /// The fence counter of an [`RwLock`](crate::RwLock).
     RwLockFence,
     /// The permits of a [`Semaphore`](crate::Semaphore): a sorted set of permit secrets scored

@@ -42,7 +42,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// options.
 ///
 /// Made by one of four constructors, each with release notifications (a waiter hears of a
-/// release elsewhere at once) and write intents (a writer-preferred writer's refusal reaches
+/// release elsewhere at once) and write intents (a refused writer's intent reaches
 /// readers in other processes):
 ///
 /// | constructor | connects to |
@@ -131,7 +131,7 @@ where
     ///
     /// - **release notifications**: bounded waiters find releases in other processes by polling
     ///   (5 to 100 ms apart), and a writer of a
-    ///   [writer-preferred](crate::RwLock::writer_preferred) lock cannot hold readers of other
+    ///   [phase-fair or writers-first](crate::RwLock::fairness) lock cannot hold readers of other
     ///   processes back, so under a steady stream of readers it may wait until its bound.
     ///   [`notifications`](Self::notifications) adds them; [`Store::check`](crate::Store::check)
     ///   warns ([`Warning::NoNotifications`](crate::Warning::NoNotifications)) while they are

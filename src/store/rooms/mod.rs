@@ -107,6 +107,11 @@ impl WaitRooms {
         for &mode in freed {
             name.mode = mode;
             if let Some(room) = rooms.get(&name) {
+                if mode == Mode::Read {
+                    // Phase-fair readers wait together (see `Seat::together`): every one of
+                    // them tries again.
+                    room.released.notify_waiters();
+                }
                 room.released.notify_one();
             }
         }
@@ -134,18 +139,32 @@ impl Seat {
             let queued = false;
             return Some(Turn {
                 seat: self,
-                _permit,
+                _permit: Some(_permit),
                 queued,
             });
         }
         tokio::select! {
             permit = self.room.turn.acquire() => {
-                let _permit = permit.expect("the turn semaphore is never closed");
+                let _permit = Some(permit.expect("the turn semaphore is never closed"));
                 let queued = true;
                 Some(Turn { seat: self, _permit, queued })
             }
             () = self.room.store_failed.notified() => None,
             () = sleep_until(deadline) => None,
+        }
+    }
+}
+
+impl Seat {
+    /// A turn that does not wait for the others: every waiter of the room contends at once, each
+    /// woken by this process's releases. Phase-fair readers wait so, since the store lets in
+    /// the readers that waited for a write, and only those, before the next writer: a reader
+    /// queued behind another here would not be among them.
+    pub(crate) fn together(&self) -> Turn<'_> {
+        Turn {
+            seat: self,
+            _permit: None,
+            queued: false,
         }
     }
 }
@@ -164,7 +183,8 @@ impl Drop for Seat {
 /// The right to contend on the store for a name, until dropped.
 pub(crate) struct Turn<'a> {
     seat: &'a Seat,
-    _permit: tokio::sync::SemaphorePermit<'a>,
+    /// `None` for a turn taken [together](Seat::together) with the others.
+    _permit: Option<tokio::sync::SemaphorePermit<'a>>,
     /// Whether the waiter queued for it behind others of this process.
     pub(crate) queued: bool,
 }

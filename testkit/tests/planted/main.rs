@@ -116,6 +116,9 @@ caught! {
         "semaphore::an_abandoned_permit_frees_its_slot_after_its_ttl",
         "differential::permit_sequences_answer_as_the_memory_store",
     ],
+    no_read_phase: NoReadPhase => [
+        "fairness::reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next",
+    ],
     begin_once_no_marker: BeginOnceNoMarker => ["idempotency::at_most_once_marks_the_key"],
     stranger_completes: StrangerCompletes => [
         "idempotency::a_stranger_cannot_touch_a_live_reservation",

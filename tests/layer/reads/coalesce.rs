@@ -247,8 +247,8 @@ async fn reader_secrets(env: &Backing, lock: RwLock<str>, name: &str) -> Vec<Vec
 /// attempt, well within the linger, gets in.
 async fn a_lingering_share_is_reused_and_a_preferred_writer_ends_the_linger(env: Backing) {
     const LINGER: Duration = Duration::from_millis(400);
-    const PREFERRED: RwLock<str> =
-        RwLock::new("lingering-docs", Duration::from_secs(6)).writer_preferred();
+    const PREFERRED: RwLock<str> = RwLock::new("lingering-docs", Duration::from_secs(6))
+        .fairness(tower_lease::Fairness::WritersFirst);
     let (opener, gate) = Gate::new();
     opener.send_replace(true);
     let layer = || RwLockLayer::new(env.store.clone(), PREFERRED, extract::path_segment(1));

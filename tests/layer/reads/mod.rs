@@ -2,6 +2,7 @@
 //! them, an answered read's lease released, and the shares on a cluster.
 
 mod answered;
+mod catalog;
 mod coalesce;
 mod rw;
 #[cfg(feature = "cluster")]

@@ -12,7 +12,10 @@ use tower_lease::{RwLock, RwLockLayer, extract};
 use tower_lease_harness::http::{Http, serve};
 use tower_lease_harness::{Backing, Gate};
 
-const CATALOG: RwLock<str> = RwLock::new("catalog", Duration::from_secs(2));
+/// Readers first: a refused write leaves no intent, so reads keep coming in while it is refused
+/// (the phase-fair default's order is `reads::catalog`'s and the test kit's `fairness`).
+const CATALOG: RwLock<str> =
+    RwLock::new("catalog", Duration::from_secs(2)).fairness(tower_lease::Fairness::ReadersFirst);
 
 tower_lease_harness::store_tests!(
     Layer: [

@@ -15,7 +15,8 @@ use tower_lease_harness::cluster::RedisCluster;
 use tower_lease_harness::http::{Http, serve};
 
 /// A share lingers at most a quarter of a heartbeat (a twelfth of the TTL): 1.67 s.
-const DOCS: RwLock<str> = RwLock::new("docs", Duration::from_secs(20)).writer_preferred();
+const DOCS: RwLock<str> =
+    RwLock::new("docs", Duration::from_secs(20)).fairness(tower_lease::Fairness::WritersFirst);
 /// Far longer than the writer's wait below: only the intent can end it in time.
 const LINGER: Duration = Duration::from_millis(1500);
 /// Long enough that two reads sent together overlap.

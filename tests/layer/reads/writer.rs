@@ -23,8 +23,9 @@ use tower_lease_harness::http::{Http, serve};
 use tower_lease_harness::{Backing, Witness, poll};
 
 const TTL: Duration = Duration::from_millis(900);
-const PLAIN: RwLock<str> = RwLock::new("docs", TTL);
-const PREFERRED: RwLock<str> = RwLock::new("docs-preferred", TTL).writer_preferred();
+const PLAIN: RwLock<str> = RwLock::new("docs", TTL).fairness(tower_lease::Fairness::ReadersFirst);
+const PREFERRED: RwLock<str> =
+    RwLock::new("docs-preferred", TTL).fairness(tower_lease::Fairness::WritersFirst);
 const READ: Duration = Duration::from_millis(100);
 /// The layer's default heartbeat: a third of the TTL.
 const BEAT: Duration = Duration::from_millis(300);
@@ -207,7 +208,8 @@ async fn a_plain_writer_starves_while_reads_overlap(env: Backing) {
 }
 
 /// A lock whose intent, at two thirds of the TTL, would last 1333 ms; its window is 500 ms.
-const LONG: RwLock<str> = RwLock::new("docs-long", Duration::from_secs(2)).writer_preferred();
+const LONG: RwLock<str> =
+    RwLock::new("docs-long", Duration::from_secs(2)).fairness(tower_lease::Fairness::WritersFirst);
 const WINDOW: Duration = Duration::from_millis(500);
 
 async fn a_waiting_put_whose_client_left_lets_reads_in_at_once(env: Backing) {

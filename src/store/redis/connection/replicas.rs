@@ -123,11 +123,7 @@ where
         }
         let (replies, wait) = split_wait(self.reply(reply)?)?;
         let acquisition = self.set_nx_answer(lock, replies, retried)?;
-        let lease = LeaseRef {
-            lock,
-            mode: Mode::Exclusive,
-            secret,
-        };
+        let lease = LeaseRef::new(lock, Mode::Exclusive, secret);
         self.unless_replicated(lease, acquisition, Some(wait), replicas)
             .await
     }

@@ -49,7 +49,7 @@ use super::{KeyLayout, KeyRole};
 use crate::backend::{Mode, NotificationSink};
 use redis::aio::PubSubStream;
 
-/// The payload of the message a refused writer of a writer-preferred lock publishes on the
+/// The payload of the message a refused writer of a phase-fair or writers-first lock publishes on the
 /// lock's channel (`write_acquire.lua`); a release publishes an empty one.
 const INTENT: &[u8] = b"w";
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);

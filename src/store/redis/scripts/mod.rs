@@ -25,6 +25,8 @@ pub(in crate::store::redis) static READ_RELEASE: Lua =
     Lua::new(include_str!("rw/read_release.lua"));
 pub(in crate::store::redis) static WRITE_ACQUIRE: Lua =
     Lua::new(include_str!("rw/write_acquire.lua"));
+pub(in crate::store::redis) static WRITE_RELEASE: Lua =
+    Lua::new(include_str!("rw/write_release.lua"));
 pub(in crate::store::redis) static WITHDRAW_INTENT: Lua =
     Lua::new(include_str!("rw/withdraw_intent.lua"));
 pub(in crate::store::redis) static PERMIT_ACQUIRE: Lua =
@@ -146,7 +148,13 @@ pub(in crate::store::redis) enum LastArg<'a> {
     /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
+    /// The TTL, then two numbers more: a read acquisition's read phase in ms (0 for none) and
+    /// `1` for an attempt of a bounded wait (else `0`); a write acquisition's intent in ms and
+    /// `0` unless the lock is phase-fair, `2` for its attempt of a bounded wait, else `1`.
+    TtlAndTwo(u64, u64),
     Channel(&'a [u8]),
+    /// The channel, then one number: a phase-fair write release's read phase in ms.
+    ChannelAnd(&'a [u8], u64),
     /// `1`: a reader's or a permit's release whose holder confirmed it live until after now.
     Live,
     /// Nothing after the secret.
@@ -216,8 +224,15 @@ where
                 LastArg::TtlAnd(number) => {
                     command.arg(lock.ttl.as_millis() as u64).arg(number);
                 }
+                LastArg::TtlAndTwo(first, second) => {
+                    let ttl = lock.ttl.as_millis() as u64;
+                    command.arg(ttl).arg(first).arg(second);
+                }
                 LastArg::Channel(channel) => {
                     command.arg(channel);
+                }
+                LastArg::ChannelAnd(channel, number) => {
+                    command.arg(channel).arg(number);
                 }
                 LastArg::Live => {
                     command.arg(1);

@@ -1,35 +1,64 @@
 -- Shared acquire for `RwLock`. Readers live in a sorted set scored by lease end (server ms).
--- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] write intent, KEYS[4] fence counter (only when
--- fenced)
--- ARGV[1] secret, ARGV[2] TTL in ms
+-- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] write intent, KEYS[4] waiting readers, KEYS[5]
+-- read phase, KEYS[6] fence counter (only when fenced)
+-- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a read phase lasts in ms (0: the lock is not
+-- phase-fair), ARGV[4] `1` when the attempt is one of a bounded wait (it comes back with the same
+-- secret)
 -- Returns one integer (see acquire.lua): when acquired, the current write generation (0 when
 -- unfenced, never written, or not acquired at all for an hour); when refused, -3 - the ms until
--- the writer's lease ends, or until the intent ends while a writer of a writer-preferred lock
--- waits for the readers to leave.
+-- the writer's lease ends, or until the intent ends while a writer waits for the readers to leave.
+--
+-- Phase-fair locks: a waiting reader refused by a writer or an intent is noted in the waiting
+-- readers (a sorted set of secrets scored by the note's end: the refusal's wait plus two read
+-- phases); a writer's release (write_release.lua) makes them the read phase, whose readers enter
+-- despite a newer intent, each leaving the phase (and the waiting readers) as it enters.
 --
 -- Every call costs the server's CPU, and this script runs once per read, so the common path (no
--- writer, no intent) makes four: TIME, one EXISTS for both blockers, ZADD, PEXPIREAT. Ended readers
--- are not dropped here: they block no reader, the set never outlives its longest lease, and the
--- release, the extend and the write acquire drop them. No helper functions: a script's body runs
--- whole on every call, so each one would be a closure made anew each time.
+-- writer, no intent, nobody waiting) makes four: TIME, one EXISTS for every blocker, ZADD,
+-- PEXPIREAT. Ended readers are not dropped here: they block no reader, the set never outlives its
+-- longest lease, and the release, the extend and the write acquire drop them. No helper
+-- functions: a script's body runs whole on every call, so each one would be a closure made anew
+-- each time.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- Set when a retry finds our own live lease behind an intent: acquired, nothing to add.
 local kept = false
-if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0 then
+  local phase = tonumber(ARGV[3])
+  -- How long what refuses us lasts, if something does.
+  local blocked
   -- A writer holds only while no reader lease is live, so it never holds ours.
   local writer = redis.call('PTTL', KEYS[1])
   if writer ~= -2 then
-    return -3 - writer
-  end
-  local intent = redis.call('PTTL', KEYS[3])
-  if intent > 0 then
-    -- A retry of an acquisition whose reply was lost finds our own live lease: acquired.
-    local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
-    if not mine or tonumber(mine) < now then
-      return -3 - intent
+    blocked = writer
+  else
+    local intent = redis.call('PTTL', KEYS[3])
+    if intent > 0 then
+      -- A retry of an acquisition whose reply was lost finds our own live lease: acquired.
+      local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
+      if mine and tonumber(mine) >= now then
+        kept = true
+      elseif phase == 0 or redis.call('ZREM', KEYS[5], ARGV[1]) == 0 then
+        -- Not one of the read phase that waited for the last write: after the intent's writer.
+        blocked = intent
+      end
     end
-    kept = true
+  end
+  if blocked then
+    if phase > 0 and ARGV[4] == '1' then
+      -- Noted as waiting until its next attempt, and two read phases more.
+      local ends = now + math.max(blocked, 0) + 2 * phase
+      redis.call('ZADD', KEYS[4], ends, ARGV[1])
+      if redis.call('PTTL', KEYS[4]) < ends - now then
+        redis.call('PEXPIREAT', KEYS[4], ends)
+      end
+    end
+    return -3 - blocked
+  end
+  if phase > 0 and ARGV[4] == '1' then
+    -- In: it waits no more (and, entering without an intent, leaves its phase).
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('ZREM', KEYS[5], ARGV[1])
   end
 end
 if not kept then
@@ -49,12 +78,12 @@ end
 -- The write generation, whose counter a reader keeps alive: it expires an hour after the
 -- lock's last acquisition, read or write (or one TTL, if longer), so a name in use keeps its
 -- generation, and one nobody uses leaves no key behind.
-if not KEYS[4] then
+if not KEYS[6] then
   return 0
 end
-local fence = redis.call('GET', KEYS[4])
+local fence = redis.call('GET', KEYS[6])
 if not fence then
   return 0
 end
-redis.call('PEXPIRE', KEYS[4], math.max(3600000, tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[6], math.max(3600000, tonumber(ARGV[2])))
 return tonumber(fence)

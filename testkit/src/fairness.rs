@@ -1,0 +1,326 @@
+//! `Fairness::PhaseFair`, the default of `RwLock::new`: reads and writes take turns across
+//! stores (the [`Env`]'s second store, where it has one, stands for another process).
+//!
+//! - A writer is not starved by reads that keep overlapping in another store, whether it
+//!   waits (`try_write_for`) or retries after each refusal's `retry_after` (`try_write`).
+//! - Reads that arrive while a writer waits wait for its write, and then get in before a second
+//!   writer that came before them; nobody overlaps a writer.
+//! - Hand-offs: a waiting writer gets in promptly once the last read before it ends, and the
+//!   reads that waited get in promptly once the write ends; a writer waiting for a read phase
+//!   gets in promptly once its reads end.
+//! - A read phase whose reader never comes (it gave up) holds writers off no longer than the
+//!   phase (500 ms, at most the TTL).
+//!
+//! The bounds are generous (a loaded 2-core machine; a store without notifications polls every
+//! 100 ms at most): [`HANDOFF`] for a hand-off.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+use tower_lease::{Fairness, RwLock, Store};
+
+use crate::Env;
+
+const TTL: Duration = Duration::from_secs(2);
+/// The default policy, as a catalog uses it.
+const DOCS: RwLock<str> = RwLock::new("fair", TTL);
+/// The longest a hand-off may take: a notification and a round trip, or a poll, on a loaded
+/// machine.
+pub const HANDOFF: Duration = Duration::from_millis(300);
+/// How long a read is held in the streams of reads.
+const READ: Duration = Duration::from_millis(150);
+/// The read phase's bound (500 ms, shorter than the TTL).
+const PHASE: Duration = Duration::from_millis(500);
+
+/// The two stores of the [`Env`]: the store under test, and the second one if there is one
+/// (else the same again).
+fn stores(env: &Env) -> (Store, Store) {
+    let elsewhere = env.elsewhere().unwrap_or_else(|| env.store.clone());
+    (env.store.clone(), elsewhere)
+}
+
+/// Who is inside the lock: asserts that a writer is alone.
+#[derive(Clone, Default)]
+struct Inside {
+    readers: Arc<AtomicUsize>,
+    writers: Arc<AtomicUsize>,
+}
+
+impl Inside {
+    fn read(&self) -> Left {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(
+            self.writers.load(Ordering::SeqCst),
+            0,
+            "a reader got in while a writer held the lock"
+        );
+        Left(self.readers.clone())
+    }
+
+    fn write(&self) -> Left {
+        let writers = self.writers.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(writers, 0, "two writers held the lock");
+        assert_eq!(
+            self.readers.load(Ordering::SeqCst),
+            0,
+            "a writer got in while a reader held the lock"
+        );
+        Left(self.writers.clone())
+    }
+}
+
+/// Leaves the count when dropped.
+struct Left(Arc<AtomicUsize>);
+
+impl Drop for Left {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads of `name` on `store` that keep overlapping until `stop`: one starts every 40 ms (when
+/// the lock lets it in at once) and is held for [`READ`].
+fn steady_reads(
+    store: Store,
+    name: &'static str,
+    inside: Inside,
+    stop: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut served = 0;
+        let mut reads = Vec::new();
+        while stop.load(Ordering::SeqCst) == 0 {
+            if let Some(token) = DOCS.try_read(&store, name).await.unwrap() {
+                served += 1;
+                let inside = inside.clone();
+                reads.push(tokio::spawn(async move {
+                    let left = inside.read();
+                    sleep(READ).await;
+                    drop(left);
+                    assert!(token.release().await.unwrap());
+                }));
+            }
+            sleep(Duration::from_millis(40)).await;
+        }
+        for read in reads {
+            read.await.unwrap();
+        }
+        served
+    })
+}
+
+/// A writer waiting on one store is not starved by reads that keep overlapping on the other:
+/// it gets in within the reads in flight when it came, plus a hand-off; readers that come after
+/// it are held off (they get in again after its write).
+pub async fn a_waiting_writer_is_not_starved_by_overlapping_reads(env: Env) {
+    assert_eq!(DOCS.fairness_policy(), Fairness::PhaseFair, "the default");
+    let (readers, writers) = stores(&env);
+    let (inside, stop) = (Inside::default(), Arc::new(AtomicUsize::new(0)));
+    let reads = steady_reads(readers, "steady", inside.clone(), stop.clone());
+    // The reads overlap by now.
+    sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let writer = DOCS
+        .try_write_for(&writers, "steady", Duration::from_secs(3))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let writer = writer.expect("the writer got in among steady reads");
+    let left = inside.write();
+    assert!(
+        took <= READ + HANDOFF,
+        "the writer got in after {took:?}, more than the reads in flight ({READ:?}) and a hand-off"
+    );
+    sleep(Duration::from_millis(50)).await;
+    drop(left);
+    assert!(writer.release().await.unwrap());
+    // Reads come in again after the write.
+    sleep(Duration::from_millis(300)).await;
+    stop.store(1, Ordering::SeqCst);
+    let served = reads.await.unwrap();
+    assert!(served >= 6, "reads were served before and after: {served}");
+}
+
+/// A writer that does not wait (`try_write`) but retries after each refusal's `retry_after`
+/// gets in among reads that keep overlapping in another store: its refused attempts leave an
+/// intent that holds new reads off.
+pub async fn a_retrying_writer_is_not_starved_by_overlapping_reads(env: Env) {
+    let (readers, writers) = stores(&env);
+    let (inside, stop) = (Inside::default(), Arc::new(AtomicUsize::new(0)));
+    let reads = steady_reads(readers, "retried", inside.clone(), stop.clone());
+    sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut attempts = 0;
+    let writer = loop {
+        attempts += 1;
+        let attempt = DOCS.attempt_write(&writers, "retried").await.unwrap();
+        if let Some(retry_after) = attempt.retry_after() {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "the retrying writer is starved ({attempts} attempts)"
+            );
+            // A client honours the refusal's retry-after (with a little slack).
+            sleep(retry_after.min(Duration::from_millis(400)) + Duration::from_millis(5)).await;
+            continue;
+        }
+        break attempt.acquired().expect("acquired");
+    };
+    let took = started.elapsed();
+    let left = inside.write();
+    assert!(
+        took <= READ + 2 * HANDOFF,
+        "the retrying writer got in after {took:?} ({attempts} attempts)"
+    );
+    drop(left);
+    assert!(writer.release().await.unwrap());
+    stop.store(1, Ordering::SeqCst);
+    reads.await.unwrap();
+}
+
+/// One task's wait for the lock, and when it got in and left.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    entered: Instant,
+    left: Instant,
+}
+
+/// Waits up to 4 s on `store` for a read (or a write) of `name`, holds it for `hold`, and
+/// answers when it got in and left; `entered` hears when it got in.
+fn waiter(
+    store: Store,
+    name: &'static str,
+    write: bool,
+    hold: Duration,
+    inside: Inside,
+    entered: Option<tokio::sync::oneshot::Sender<()>>,
+) -> tokio::task::JoinHandle<Turn> {
+    tokio::spawn(async move {
+        let wait = Duration::from_secs(4);
+        let (entered_at, left, release) = if write {
+            let token = DOCS.try_write_for(&store, name, wait).await.unwrap();
+            let token = token.expect("the writer got in within its wait");
+            (Instant::now(), inside.write(), Ok(token))
+        } else {
+            let token = DOCS.try_read_for(&store, name, wait).await.unwrap();
+            let token = token.expect("the reader got in within its wait");
+            (Instant::now(), inside.read(), Err(token))
+        };
+        if let Some(entered) = entered {
+            let _ = entered.send(());
+        }
+        sleep(hold).await;
+        drop(left);
+        let at = Instant::now();
+        let released = match release {
+            Ok(token) => token.release().await.unwrap(),
+            Err(token) => token.release().await.unwrap(),
+        };
+        assert!(released, "released while held");
+        Turn {
+            entered: entered_at,
+            left: at,
+        }
+    })
+}
+
+/// The phase order: a reader holds; writer 1 comes and waits; then readers 1 and 2 come (on
+/// either store) and wait for writer 1's write. When the first reader leaves, writer 1 gets in
+/// (promptly); writer 2 comes while it writes. When writer 1 leaves, readers 1 and 2 get in
+/// (promptly), before writer 2, which gets in (promptly) once they left. Nobody overlaps a
+/// writer.
+pub async fn reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next(env: Env) {
+    let (a, b) = stores(&env);
+    let inside = Inside::default();
+    let name = "phases";
+    let first = DOCS.try_read(&a, name).await.unwrap().expect("free");
+    let first_inside = inside.read();
+    let hold = Duration::from_millis(200);
+    let (entered, writer1_in) = tokio::sync::oneshot::channel();
+    let writer1 = waiter(
+        b.clone(),
+        name,
+        true,
+        hold * 2,
+        inside.clone(),
+        Some(entered),
+    );
+    sleep(Duration::from_millis(150)).await;
+    let reader1 = waiter(a.clone(), name, false, hold, inside.clone(), None);
+    let reader2 = waiter(b.clone(), name, false, hold, inside.clone(), None);
+    sleep(Duration::from_millis(150)).await;
+    assert!(
+        !reader1.is_finished() && !reader2.is_finished(),
+        "reads that came after a waiting writer wait for its write"
+    );
+    drop(first_inside);
+    let released = Instant::now();
+    assert!(first.release().await.unwrap());
+    writer1_in.await.expect("writer 1 got in");
+    let writer2 = waiter(a.clone(), name, true, hold, inside.clone(), None);
+
+    let writer1 = writer1.await.unwrap();
+    let (reader1, reader2) = (reader1.await.unwrap(), reader2.await.unwrap());
+    let writer2 = writer2.await.unwrap();
+    let handoff = writer1.entered.saturating_duration_since(released);
+    assert!(
+        handoff <= HANDOFF,
+        "writer 1 got in {handoff:?} after the last read before it ended"
+    );
+    for (which, reader) in [("1", reader1), ("2", reader2)] {
+        assert!(
+            reader.entered >= writer1.left,
+            "reader {which} got in before writer 1's write ended: {reader:?}, {writer1:?}"
+        );
+        let handoff = reader.entered.saturating_duration_since(writer1.left);
+        assert!(
+            handoff <= HANDOFF,
+            "reader {which} got in {handoff:?} after writer 1's write ended"
+        );
+        assert!(
+            reader.left <= writer2.entered,
+            "reader {which} went before writer 2: {reader:?}, {writer2:?}"
+        );
+    }
+    let last_read = reader1.left.max(reader2.left);
+    let handoff = writer2.entered.saturating_duration_since(last_read);
+    assert!(
+        handoff <= HANDOFF,
+        "writer 2 got in {handoff:?} after the read phase's reads ended"
+    );
+}
+
+/// A reader that waited for a write and gave up before it ended is let in by the write's
+/// release all the same; its read phase holds the next writer off no longer than the phase
+/// (500 ms), and a reader that did not wait is not held by it.
+pub async fn a_read_phase_nobody_comes_to_ends_by_itself(env: Env) {
+    let (a, b) = stores(&env);
+    let name = "phase-gone";
+    let writer = DOCS.try_write(&a, name).await.unwrap().expect("free");
+    // Waits 200 ms of the write's 600: gives up, its note lives on.
+    let gave_up = DOCS
+        .try_read_for(&b, name, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(gave_up.is_none(), "the writer holds");
+    sleep(Duration::from_millis(400)).await;
+    assert!(writer.release().await.unwrap());
+    let released = Instant::now();
+    let next = DOCS
+        .try_write_for(&a, name, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let took = released.elapsed();
+    let next = next.expect("the next writer gets in once the phase ended");
+    assert!(
+        took <= PHASE + HANDOFF,
+        "the next writer waited {took:?} for a read phase nobody came to"
+    );
+    assert!(next.release().await.unwrap());
+    let reader = DOCS.try_read(&b, name).await.unwrap();
+    assert!(
+        reader.expect("a reader gets in").release().await.unwrap(),
+        "released"
+    );
+}
