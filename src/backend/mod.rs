@@ -88,6 +88,12 @@ pub struct LockRef<'a> {
     pub writer_preferred: bool,
     /// For [`Mode::Permit`]: the most permits live at once (at least 1); 0 for other locks.
     pub permits: u32,
+    /// Whether this acquisition is a bounded wait's attempt, made once the waiter watches the
+    /// lock's releases: a backend whose releases notify only a lock marked as waited on (as
+    /// the Redis and Postgres stores do) marks it when it refuses this attempt, in the same
+    /// call, so that the release after the refusal notifies. Backends that notify every release,
+    /// or none, ignore it. Only acquisitions set it.
+    pub waiting: bool,
 }
 
 impl<'a> LockRef<'a> {
@@ -104,6 +110,7 @@ impl<'a> LockRef<'a> {
             fenced: false,
             writer_preferred: false,
             permits: 0,
+            waiting: false,
         }
     }
 
@@ -134,6 +141,15 @@ impl<'a> LockRef<'a> {
     pub fn writer_preferred(self) -> Self {
         Self {
             writer_preferred: true,
+            ..self
+        }
+    }
+
+    /// The same lock, for an attempt of a caller that waits for its release
+    /// ([`waiting`](Self::waiting)).
+    pub fn waiting(self) -> Self {
+        Self {
+            waiting: true,
             ..self
         }
     }

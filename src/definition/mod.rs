@@ -25,6 +25,9 @@ pub(crate) struct Definition {
     pub(crate) writer_preferred: bool,
     /// For a [`Semaphore`](crate::Semaphore), its permits; 0 for a lock.
     pub(crate) permits: u32,
+    /// Whether the attempt is a bounded wait's, whose refusal marks the name as waited on
+    /// ([`LockRef::waiting`]); false in every definition, set by the wait loop per attempt.
+    pub(crate) waiting: bool,
 }
 
 /// Why a definition is invalid; `const` so that [`Lock::new`](crate::Lock::new) fails at compile time.
@@ -77,6 +80,7 @@ impl Definition {
             fenced: false,
             writer_preferred: false,
             permits: 0,
+            waiting: false,
         })
     }
 
@@ -106,6 +110,7 @@ impl Definition {
             fenced: self.fenced,
             writer_preferred: self.writer_preferred,
             permits: self.permits,
+            waiting: self.waiting,
         }
     }
 

@@ -212,7 +212,7 @@ impl Taken {
 struct OwnedLease {
     namespace: Box<str>,
     name: Box<[u8]>,
-    lock: (Duration, bool, bool, u32),
+    lock: (Duration, bool, bool, u32, bool),
     mode: Mode,
     secret: Secret,
 }
@@ -226,18 +226,19 @@ impl OwnedLease {
             fenced,
             writer_preferred,
             permits,
+            waiting,
         } = lease.lock;
         OwnedLease {
             namespace: namespace.into(),
             name: name.into(),
-            lock: (ttl, fenced, writer_preferred, permits),
+            lock: (ttl, fenced, writer_preferred, permits, waiting),
             mode: lease.mode,
             secret: lease.secret.clone(),
         }
     }
 
     fn lease(&self) -> LeaseRef<'_> {
-        let (ttl, fenced, writer_preferred, permits) = self.lock;
+        let (ttl, fenced, writer_preferred, permits, waiting) = self.lock;
         let lock = LockRef {
             namespace: &self.namespace,
             name: &self.name,
@@ -245,6 +246,7 @@ impl OwnedLease {
             fenced,
             writer_preferred,
             permits,
+            waiting,
         };
         LeaseRef::new(lock, self.mode, &self.secret)
     }

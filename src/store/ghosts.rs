@@ -97,6 +97,7 @@ impl Ghosts {
             fenced,
             writer_preferred,
             permits,
+            ..
         } = lease.lock;
         let ghost = Ghost {
             store: store.clone(),
@@ -187,6 +188,8 @@ async fn give_back(ghost: Ghost) {
         fenced: ghost.fenced,
         writer_preferred: ghost.writer_preferred,
         permits: ghost.permits,
+        // A give-back releases: it never waits.
+        waiting: false,
     };
     let lease = LeaseRef::new(lock, ghost.mode, &ghost.secret);
     let store = &ghost.store;

@@ -88,6 +88,11 @@ pub(crate) async fn acquire_within(
     let mut held_here = turn.inherit_held();
     // Whether it waited before the attempt that answers: in the queue, or between attempts.
     let mut waited = turn.queued;
+    // Whether the last attempt marked the name as waited on: one sent while this waiter
+    // watches the releases does (`Definition::waiting`), so a store that notifies only marked
+    // names notifies the release after it. Until then this process's own releases wake the
+    // waiter through the room, and a refusal that did not mark is followed by one that does.
+    let mut marked = false;
     if held_here && std::mem::take(&mut unwatched) {
         // The lock is this process's: there is no attempt to hold up, and the subscription
         // made now sees the release, so the attempt after it is the only one.
@@ -101,7 +106,12 @@ pub(crate) async fn acquire_within(
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            let (sent_at, attempt) = attempt(&store, definition, mode, &name, &secret).await;
+            marked = watch.is_some();
+            let waiting = Definition {
+                waiting: marked,
+                ..definition
+            };
+            let (sent_at, attempt) = attempt(&store, waiting, mode, &name, &secret).await;
             if let (Some(intent), Ok(Attempt::Busy { .. })) = (&mut intent, &attempt) {
                 intent.refused();
             }
@@ -144,6 +154,11 @@ pub(crate) async fn acquire_within(
             }
             published = watch.as_ref().map(|watch| watch.released());
         }
+        // Refused without a mark while watching: a release that came before the mark would
+        // notify nobody, so the next attempt marks the name and tries it again at once.
+        if retry_after.is_some() && !marked && watch.is_some() {
+            continue;
+        }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
         let pause = match (&published, until_lease_end) {
@@ -164,9 +179,11 @@ pub(crate) async fn acquire_within(
         };
         waited = true;
         tokio::select! {
-            // With notifications, this process's own releases arrive as messages too: waking
-            // for both would send a second attempt per release.
-            () = released, if watch.is_none() => {}
+            // With notifications, this process's own releases of a name this waiter marked
+            // arrive as messages too: waking for both would send a second attempt per release.
+            // Not marked (a waiter that inherited a lock held here, and sent nothing yet), a
+            // release here may publish nothing, so its room wakes the waiter.
+            () = released, if watch.is_none() || !marked => {}
             () = published => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}

@@ -146,6 +146,9 @@ pub(in crate::store::redis) enum LastArg<'a> {
     /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
     /// acquisition, the most permits live at once for a permit's.
     TtlAnd(u64),
+    /// The TTL, then two numbers more: a permit acquisition's most permits live at once, and
+    /// how long its refusal marks the name as waited on (0 for not at all).
+    TtlAndTwo(u64, u64),
     Channel(&'a [u8]),
     /// `1`: a reader's or a permit's release whose holder confirmed it live until after now.
     Live,
@@ -215,6 +218,12 @@ where
                 }
                 LastArg::TtlAnd(number) => {
                     command.arg(lock.ttl.as_millis() as u64).arg(number);
+                }
+                LastArg::TtlAndTwo(first, second) => {
+                    command
+                        .arg(lock.ttl.as_millis() as u64)
+                        .arg(first)
+                        .arg(second);
                 }
                 LastArg::Channel(channel) => {
                     command.arg(channel);
