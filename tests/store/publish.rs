@@ -227,13 +227,23 @@ async fn a_release_between_the_refusal_and_the_mark_still_wakes_the_waiter() {
         let name = format!("interleaved-{round}");
         let (lock_holder, permit_holders) = if kind == "lock" {
             (
-                Some(JOBS.try_lock(&holder_replica, &name).await.unwrap().unwrap()),
+                Some(
+                    JOBS.try_lock(&holder_replica, &name)
+                        .await
+                        .unwrap()
+                        .unwrap(),
+                ),
                 Vec::new(),
             )
         } else {
             let mut permits = Vec::new();
             for _ in 0..2 {
-                permits.push(POOL.try_acquire(&holder_replica, &name).await.unwrap().unwrap());
+                permits.push(
+                    POOL.try_acquire(&holder_replica, &name)
+                        .await
+                        .unwrap()
+                        .unwrap(),
+                );
             }
             (None, permits)
         };
