@@ -100,6 +100,13 @@ pub(crate) async fn acquire_within(
     }
     loop {
         let released = turn.released();
+        // A notification kept from before this point is stale: the attempt below (or, for a
+        // lock held here, this process's own room) sees what it told. Dropped, it cannot wake
+        // the waiter for a needless attempt (a release here wakes the room and, for a name
+        // others marked, publishes too).
+        if let Some(watch) = &watch {
+            let _ = futures_util::FutureExt::now_or_never(watch.released());
+        }
         let mut published = watch.as_ref().map(|watch| watch.released());
         let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
@@ -184,7 +191,9 @@ pub(crate) async fn acquire_within(
             // Not marked (a waiter that inherited a lock held here, and sent nothing yet), a
             // release here may publish nothing, so its room wakes the waiter.
             () = released, if watch.is_none() || !marked => {}
-            () = published => {}
+            // Until then the notifications are not listened to: the lock is held here, and the
+            // message its release may also publish would only wake the waiter a second time.
+            () = published, if marked => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}
         }

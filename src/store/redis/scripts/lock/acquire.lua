@@ -9,7 +9,9 @@
 -- table would cost the server more to hand back than the rest of the script.
 --
 -- A refused caller that waits marks the name (KEYS[2], `PX` ARGV[3]) in this same call: the
--- release publishes only when it finds a mark, and a release after this refusal finds it.
+-- release publishes only when it finds a mark, and a release after this refusal finds it. The
+-- mark is set with `PSETEX` (`SET … PX` by another name), so that `INFO commandstats` counts
+-- marks apart from the acquisitions' `SET`s.
 --
 -- A fence is max(last + 1, server time in µs): it grows with every acquisition, and one issued
 -- after the counter was lost (a restart without persistence, a failover, a flush) is still above
@@ -36,6 +38,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return KEYS[3] and tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 end
 if ARGV[3] ~= '0' then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  redis.call('PSETEX', KEYS[2], ARGV[3], '1')
 end
 return -3 - redis.call('PTTL', KEYS[1])

@@ -22,7 +22,7 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
       return 0
     end
     if ARGV[4] ~= '0' then
-      redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+      redis.call('PSETEX', KEYS[2], ARGV[4], '1')
     end
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     -- No member at all only with a limit of 0, which the callers never send.
