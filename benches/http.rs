@@ -18,7 +18,7 @@
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Request, State};
@@ -26,7 +26,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::StatusCode;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use redis::aio::MultiplexedConnection;
 use tower_lease::store::KeyRole;
 use tower_lease::{Lock, LockLayer, RedisStore, Store, extract};
@@ -167,44 +167,30 @@ async fn drive(
     counts: &Counts,
     name: Option<&'static str>,
 ) -> f64 {
-    let start = Instant::now();
-    let deadline = start + length;
-    let mut workers = Vec::with_capacity(senders.len());
-    for mut sender in senders.drain(..) {
-        let host = host.to_owned();
-        workers.push(tokio::spawn(async move {
-            let (mut ok, mut conflict) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let path = match name {
-                    Some(name) => format!("/jobs/{name}"),
-                    None => format!("/jobs/{:x}", rand::random::<u64>()),
-                };
-                let req = http::Request::post(path)
-                    .header(http::header::HOST, &host)
-                    .body(Empty::new())
-                    .unwrap();
-                sender.ready().await.expect("connection closed");
-                let res = sender.send_request(req).await.expect("request failed");
-                let status = res.status();
-                res.into_body().collect().await.expect("body failed");
-                match status {
-                    StatusCode::OK if name.is_none() => ok += 1,
-                    StatusCode::CONFLICT => conflict += 1,
-                    other => panic!("unexpected status {other}"),
-                }
-            }
-            (sender, ok, conflict)
-        }));
-    }
-    let mut total = 0;
-    for worker in workers {
-        let (sender, ok, conflict) = worker.await.expect("a load task panicked");
-        senders.push(sender);
-        counts.ok.fetch_add(ok, Ordering::Relaxed);
-        counts.conflict.fetch_add(conflict, Ordering::Relaxed);
-        total += ok + conflict;
-    }
-    total as f64 / start.elapsed().as_secs_f64()
+    let host = host.to_owned();
+    let request = move |_| {
+        let path = match name {
+            Some(name) => format!("/jobs/{name}"),
+            None => format!("/jobs/{:x}", rand::random::<u64>()),
+        };
+        http::Request::post(path)
+            .header(http::header::HOST, &host)
+            .body(Empty::new())
+            .unwrap()
+    };
+    let check = move |_, head: &http::response::Parts| match head.status {
+        StatusCode::OK if name.is_none() => {}
+        StatusCode::CONFLICT => {}
+        other => panic!("unexpected status {other}"),
+    };
+    let driven = bench::drive(senders, length, request, check).await;
+    counts
+        .ok
+        .fetch_add(driven.count(StatusCode::OK), Ordering::Relaxed);
+    counts
+        .conflict
+        .fetch_add(driven.count(StatusCode::CONFLICT), Ordering::Relaxed);
+    driven.per_second()
 }
 
 const BARE: &str = "bare";

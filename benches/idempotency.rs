@@ -13,7 +13,7 @@
 //! `Idempotent-Replayed: true`); the first-request app sends a new random key each time; the
 //! `LockLayer` app a new random name. Any other answer stops the benchmark.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
@@ -68,51 +68,33 @@ enum Load {
 
 /// Drives `senders` for `length`; answers requests per second and the requests answered.
 async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, load: Load) -> (f64, u64) {
-    let start = Instant::now();
-    let deadline = start + length;
-    let mut workers = Vec::with_capacity(senders.len());
-    for (i, mut sender) in senders.drain(..).enumerate() {
-        let host = host.to_owned();
-        workers.push(tokio::spawn(async move {
-            let mut done = 0u64;
-            while Instant::now() < deadline {
-                let (path, key) = match load {
-                    Load::Plain => (format!("/orders/{:x}", rand::random::<u64>()), None),
-                    Load::Replay => ("/orders/o".to_owned(), Some(format!("replay-{i}"))),
-                    Load::First => {
-                        let key = format!("first-{:x}", rand::random::<u64>());
-                        ("/orders/o".to_owned(), Some(key))
-                    }
-                };
-                let mut req = http::Request::post(path).header(http::header::HOST, &host);
-                if let Some(key) = key {
-                    req = req.header("idempotency-key", key);
-                }
-                sender.ready().await.expect("connection closed");
-                let res = sender
-                    .send_request(req.body(Empty::new()).unwrap())
-                    .await
-                    .expect("request failed");
-                assert_eq!(res.status(), StatusCode::OK, "unexpected status");
-                let replayed = res.headers().contains_key("idempotent-replayed");
-                assert_eq!(
-                    replayed,
-                    load == Load::Replay,
-                    "replayed or not as expected"
-                );
-                res.into_body().collect().await.expect("body failed");
-                done += 1;
+    let host = host.to_owned();
+    let request = move |connection| {
+        let (path, key) = match load {
+            Load::Plain => (format!("/orders/{:x}", rand::random::<u64>()), None),
+            Load::Replay => ("/orders/o".to_owned(), Some(format!("replay-{connection}"))),
+            Load::First => {
+                let key = format!("first-{:x}", rand::random::<u64>());
+                ("/orders/o".to_owned(), Some(key))
             }
-            (sender, done)
-        }));
-    }
-    let mut total = 0;
-    for worker in workers {
-        let (sender, done) = worker.await.expect("a load task panicked");
-        senders.push(sender);
-        total += done;
-    }
-    (total as f64 / start.elapsed().as_secs_f64(), total)
+        };
+        let mut req = http::Request::post(path).header(http::header::HOST, &host);
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.body(Empty::new()).unwrap()
+    };
+    let check = move |_, head: &http::response::Parts| {
+        assert_eq!(head.status, StatusCode::OK, "unexpected status");
+        let replayed = head.headers.contains_key("idempotent-replayed");
+        assert_eq!(
+            replayed,
+            load == Load::Replay,
+            "replayed or not as expected"
+        );
+    };
+    let driven = bench::drive(senders, length, request, check).await;
+    (driven.per_second(), driven.responses())
 }
 
 async fn bench(redis: &Redis, settings: Settings) {

@@ -13,12 +13,12 @@
 //! random name per request, where nothing is shared. Every response must be `200`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
 
 use tower_lease_harness::Endpoint;
@@ -57,40 +57,23 @@ async fn drive(
     names: Names,
     ok: &AtomicU64,
 ) -> f64 {
-    let start = Instant::now();
-    let deadline = start + length;
-    let mut workers = Vec::with_capacity(senders.len());
-    for (i, mut sender) in senders.drain(..).enumerate() {
-        let host = host.to_owned();
-        workers.push(tokio::spawn(async move {
-            let mut done = 0u64;
-            while Instant::now() < deadline {
-                let path = match names {
-                    Names::Hot => format!("/docs/hot-{}", i % HOT_NAMES),
-                    Names::Distinct => format!("/docs/{:x}", rand::random::<u64>()),
-                };
-                let req = http::Request::get(path)
-                    .header(http::header::HOST, &host)
-                    .body(Empty::new())
-                    .unwrap();
-                sender.ready().await.expect("connection closed");
-                let res = sender.send_request(req).await.expect("request failed");
-                let status = res.status();
-                res.into_body().collect().await.expect("body failed");
-                assert_eq!(status, StatusCode::OK, "a read was refused");
-                done += 1;
-            }
-            (sender, done)
-        }));
-    }
-    let mut total = 0;
-    for worker in workers {
-        let (sender, done) = worker.await.expect("a load task panicked");
-        senders.push(sender);
-        total += done;
-    }
-    ok.fetch_add(total, Ordering::Relaxed);
-    total as f64 / start.elapsed().as_secs_f64()
+    let host = host.to_owned();
+    let request = move |connection| {
+        let path = match names {
+            Names::Hot => format!("/docs/hot-{}", connection % HOT_NAMES),
+            Names::Distinct => format!("/docs/{:x}", rand::random::<u64>()),
+        };
+        http::Request::get(path)
+            .header(http::header::HOST, &host)
+            .body(Empty::new())
+            .unwrap()
+    };
+    let check = |_, head: &http::response::Parts| {
+        assert_eq!(head.status, StatusCode::OK, "a read was refused");
+    };
+    let driven = bench::drive(senders, length, request, check).await;
+    ok.fetch_add(driven.responses(), Ordering::Relaxed);
+    driven.per_second()
 }
 
 fn server_cpu(redis: &Redis) -> Option<Duration> {

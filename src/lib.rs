@@ -44,7 +44,7 @@ pub use crate::backend::Warning;
 pub use crate::backend::error::{Error, Result};
 pub use crate::definition::Attempt;
 pub use crate::definition::MAX_NAMESPACE_LEN;
-pub use crate::idempotency::{Idempotency, IdempotencyKey, IdempotencyLayer};
+pub use crate::idempotency::{Fingerprint, Idempotency, IdempotencyKey, IdempotencyLayer};
 pub use crate::layer::{LeaseBody, LeaseLost, LockLayer, RwLockLayer, SemaphoreLayer, extract};
 pub use crate::lease::{Held, Lease, Run};
 pub use crate::locks::Semaphore;

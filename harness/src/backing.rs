@@ -190,11 +190,15 @@ impl Backing {
     /// (`CLIENT PAUSE ms WRITE`): their write commands and scripts queue, and run when the
     /// pause ends, as on a slow or stalled Redis. Reads and this call's own line go on.
     pub async fn pause_writes(&self, ms: u64) {
-        let mut servers: Vec<&RedisServer> = self.server.iter().collect();
+        let servers: Vec<&RedisServer> = self.server.iter().collect();
         #[cfg(feature = "cluster")]
-        if let Some(cluster) = &self._cluster {
-            servers.extend(cluster.nodes());
-        }
+        let servers = {
+            let mut servers = servers;
+            if let Some(cluster) = &self._cluster {
+                servers.extend(cluster.nodes());
+            }
+            servers
+        };
         assert!(!servers.is_empty(), "this test runs on Redis only");
         for server in servers {
             let mut conn = server.connection().await;

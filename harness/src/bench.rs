@@ -1,10 +1,11 @@
 //! What the benchmarks share: a `redis-server` of their own (feature `redis`), interleaved
-//! rounds, medians.
+//! rounds, medians, and the HTTP benchmarks' load generator ([`drive`]).
 //!
 //! The machine these run on is shared and noisy, so every benchmark runs its variants in
 //! alternating rounds (drift then hits all of them alike) and reports medians and ratios, not
 //! single absolute numbers.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 #[cfg(feature = "redis")]
@@ -12,6 +13,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+
+use crate::http::Sender;
 #[cfg(feature = "redis")]
 use crate::server::{Endpoint, RedisServer, server_binary};
 
@@ -174,6 +180,78 @@ pub async fn run(op: &Op, tasks: usize, length: Duration) -> Run {
     }
     total.elapsed = start.elapsed();
     total
+}
+
+/// What [`drive`] did: the responses, by status, and how long it took.
+#[derive(Clone, Debug, Default)]
+pub struct Driven {
+    pub by_status: BTreeMap<StatusCode, u64>,
+    pub elapsed: Duration,
+}
+
+impl Driven {
+    /// How many responses came back.
+    pub fn responses(&self) -> u64 {
+        self.by_status.values().sum()
+    }
+
+    /// How many responses had `status`.
+    pub fn count(&self, status: StatusCode) -> u64 {
+        self.by_status.get(&status).copied().unwrap_or(0)
+    }
+
+    pub fn per_second(&self) -> f64 {
+        self.responses() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// The HTTP benchmarks' load generator: each keep-alive connection of `senders` on a task of
+/// its own, one request at a time, the next once the whole body of the last came back, until
+/// `length` has passed. `request(connection)` makes each request (path, `Host`, headers);
+/// `check(connection, head)` sees each response's head and panics at one the benchmark does not
+/// expect. The connections go back into `senders` for the next round.
+pub async fn drive<Q, C>(
+    senders: &mut Vec<Sender>,
+    length: Duration,
+    request: Q,
+    check: C,
+) -> Driven
+where
+    Q: Fn(usize) -> http::Request<Empty<Bytes>> + Send + Sync + 'static,
+    C: Fn(usize, &http::response::Parts) + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let deadline = start + length;
+    let (request, check) = (Arc::new(request), Arc::new(check));
+    let mut workers = Vec::with_capacity(senders.len());
+    for (connection, mut sender) in senders.drain(..).enumerate() {
+        let (request, check) = (request.clone(), check.clone());
+        workers.push(tokio::spawn(async move {
+            let mut by_status: BTreeMap<StatusCode, u64> = BTreeMap::new();
+            while Instant::now() < deadline {
+                sender.ready().await.expect("connection closed");
+                let response = sender
+                    .send_request(request(connection))
+                    .await
+                    .expect("request failed");
+                let (head, body) = response.into_parts();
+                check(connection, &head);
+                body.collect().await.expect("body failed");
+                *by_status.entry(head.status).or_default() += 1;
+            }
+            (sender, by_status)
+        }));
+    }
+    let mut driven = Driven::default();
+    for worker in workers {
+        let (sender, by_status) = worker.await.expect("a load task panicked");
+        senders.push(sender);
+        for (status, count) in by_status {
+            *driven.by_status.entry(status).or_default() += count;
+        }
+    }
+    driven.elapsed = start.elapsed();
+    driven
 }
 
 /// The median of `values` (which must not be empty).

@@ -201,8 +201,9 @@ pub fn on_valkey() -> bool {
     server_binary().contains("valkey")
 }
 
-/// Something redis-rs connects to: a [`RedisServer`], or the [fault proxy](crate::proxy::Proxy)
-/// in front of one.
+/// Something redis-rs connects to: a [`RedisServer`], or anything in front of one that
+/// implements it (the fault proxy, a sentinel, a benchmark's server); this file knows none of
+/// them, which all build on it.
 pub trait Endpoint {
     /// `redis://127.0.0.1:port/`.
     fn url(&self) -> String;

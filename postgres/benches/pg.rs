@@ -44,13 +44,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::StatusCode;
-use http_body_util::BodyExt;
 use tower_lease::{Lock, LockLayer, Store, extract};
 use tower_lease_harness::PgServer;
 use tower_lease_harness::bench::{self, Op, Settings, median, op, quantile_us};
 use tower_lease_harness::http::{Sender, connect, serve};
 use tower_lease_postgres::PgStore;
 use tower_lease_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tower_lease_postgres::tokio_postgres::types::ToSql;
 use tower_lease_postgres::tokio_postgres::{self, Client, NoTls};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -73,10 +73,11 @@ const HAND_ACQUIRE: &str = "INSERT INTO bench_hand_locks AS l (name, token, expi
 const HAND_RELEASE: &str = "DELETE FROM bench_hand_locks WHERE name = $1 AND token = $2";
 
 /// `PgStore`'s own functions, called by hand.
-const FN_ACQUIRE: &str = "SELECT tower_lease.lock_acquire($1, $2, $3, $4, false)";
-const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3)";
+const FN_ACQUIRE: &str =
+    "SELECT acquired FROM tower_lease.lock_acquire($1, $2, $3, $4::bigint, false)";
+const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
 /// A copy of `lock_release` without its `NOTIFY`, made by the benchmark.
-const QUIET_RELEASE: &str = "SELECT bench_lock_release_quiet($1, $2, $3)";
+const QUIET_RELEASE: &str = "SELECT bench_lock_release_quiet($1, $2, $3) AS released";
 
 const MINIMUM: &str = "minimum: INSERT … ON CONFLICT + DELETE";
 const PG_LOCK: &str = "PgStore: Lock try_lock + release";
@@ -155,12 +156,10 @@ impl Hand {
                 .await?
                 == 1);
         }
-        // PgStore's function: a fence (0, unfenced) when acquired, negative when refused.
         let name = name.as_bytes();
-        let row = client
-            .query_one(&statement, &[&"bench-fn", &name, &token, &TTL_MS])
-            .await?;
-        Ok(row.get::<_, i64>(0) >= 0)
+        let params: [&(dyn ToSql + Sync); 4] = [&"bench-fn", &name, &token, &TTL_MS];
+        let row = client.query_one(&statement, &params).await?;
+        Ok(row.get("acquired"))
     }
 
     /// Whether our lease was there to release.
@@ -174,7 +173,7 @@ impl Hand {
         let row = client
             .query_one(&statement, &[&"bench-fn", &name, &token])
             .await?;
-        Ok(row.get(0))
+        Ok(row.get("released"))
     }
 }
 
@@ -285,40 +284,27 @@ struct Counts {
 
 /// Drives `senders` for `length` with a random name per request; answers the requests.
 async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, counts: &Counts) -> u64 {
-    let deadline = Instant::now() + length;
-    let mut workers = Vec::with_capacity(senders.len());
-    for mut sender in senders.drain(..) {
-        let host = host.to_owned();
-        workers.push(tokio::spawn(async move {
-            let (mut ok, mut conflict) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let req = http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
-                    .header(http::header::HOST, &host)
-                    .body(Default::default())
-                    .unwrap();
-                sender.ready().await.expect("connection closed");
-                let res = sender.send_request(req).await.expect("request failed");
-                let status = res.status();
-                res.into_body().collect().await.expect("body failed");
-                match status {
-                    StatusCode::OK => ok += 1,
-                    // Two random names of 64 bits that meet: possible, not expected.
-                    StatusCode::CONFLICT => conflict += 1,
-                    other => panic!("unexpected status {other}"),
-                }
-            }
-            (sender, ok, conflict)
-        }));
-    }
-    let mut total = 0;
-    for worker in workers {
-        let (sender, ok, conflict) = worker.await.expect("a load task panicked");
-        senders.push(sender);
-        counts.ok.fetch_add(ok, Ordering::Relaxed);
-        counts.conflict.fetch_add(conflict, Ordering::Relaxed);
-        total += ok + conflict;
-    }
-    total
+    let host = host.to_owned();
+    let request = move |_| {
+        http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
+            .header(http::header::HOST, &host)
+            .body(Default::default())
+            .unwrap()
+    };
+    let check = |_, head: &http::response::Parts| match head.status {
+        StatusCode::OK => {}
+        // Two random names of 64 bits that meet: possible, not expected.
+        StatusCode::CONFLICT => {}
+        other => panic!("unexpected status {other}"),
+    };
+    let driven = bench::drive(senders, length, request, check).await;
+    let (ok, conflict) = (
+        driven.count(StatusCode::OK),
+        driven.count(StatusCode::CONFLICT),
+    );
+    counts.ok.fetch_add(ok, Ordering::Relaxed);
+    counts.conflict.fetch_add(conflict, Ordering::Relaxed);
+    ok + conflict
 }
 
 async fn work() -> &'static str {
@@ -383,7 +369,7 @@ async fn make_quiet_release(admin: &Client) -> bool {
         .await
         .unwrap();
     let definition: String = row.get(0);
-    let notify = "PERFORM tower_lease.notify('e', ns, nm);";
+    let notify = "PERFORM tower_lease.notify('e', lock_namespace, lock_name);";
     if !definition.contains(notify) {
         return false;
     }

@@ -1,8 +1,9 @@
-//! [`Backend`] for [`PgStore`]: which function of the schema each call runs (the `.sql` files
-//! in `sql/`), and how its answer reads.
+//! [`Backend`] for [`PgStore`]: which function of the schema (the `.sql` files in `sql/`) each
+//! call runs, and how its answer reads: by column name.
 
 use std::time::Duration;
 
+use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use tower_lease::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
@@ -13,20 +14,32 @@ use tower_lease::{Error, Result};
 use crate::PgStore;
 use crate::call::Acts;
 
-const LOCK_ACQUIRE: &str = "SELECT tower_lease.lock_acquire($1, $2, $3, $4, $5)";
-const READ_ACQUIRE: &str = "SELECT tower_lease.read_acquire($1, $2, $3, $4, $5)";
-const WRITE_ACQUIRE: &str = "SELECT tower_lease.write_acquire($1, $2, $3, $4, $5, $6)";
-const PERMIT_ACQUIRE: &str = "SELECT tower_lease.permit_acquire($1, $2, $3, $4, $5)";
-const LOCK_EXTEND: &str = "SELECT tower_lease.lock_extend($1, $2, $3, $4)::integer";
-const RW_EXTEND: &str = "SELECT tower_lease.rw_extend($1, $2, $3, $4, $5)";
-const PERMIT_EXTEND: &str = "SELECT tower_lease.permit_extend($1, $2, $3, $4)::integer";
-const LOCK_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3)";
-const RW_RELEASE: &str = "SELECT tower_lease.rw_release($1, $2, $3, $4)";
-const PERMIT_RELEASE: &str = "SELECT tower_lease.permit_release($1, $2, $3)";
-const WITHDRAW_INTENT: &str = "SELECT tower_lease.withdraw_intent($1, $2, $3)";
-const IN_USE: &str = "SELECT tower_lease.permits_in_use($1, $2)";
-pub(crate) const IDEM_UPDATE: &str = "SELECT tower_lease.idem_update($1, $2, $3, $4, $5, $6)";
-const EXTEND_MANY: &str = "SELECT tower_lease.extend_many($1, $2, $3, $4, $5)";
+const LOCK_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
+     FROM tower_lease.lock_acquire($1, $2, $3, $4, $5)";
+const READ_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
+     FROM tower_lease.read_acquire($1, $2, $3, $4, $5)";
+const WRITE_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
+     FROM tower_lease.write_acquire($1, $2, $3, $4, $5, $6)";
+const PERMIT_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
+     FROM tower_lease.permit_acquire($1, $2, $3, $4, $5)";
+const LOCK_EXTEND: &str =
+    "SELECT tower_lease.lock_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
+const RWLOCK_EXTEND: &str =
+    "SELECT held, writer_waiting FROM tower_lease.rwlock_extend($1, $2, $3, $4, $5)";
+const PERMIT_EXTEND: &str =
+    "SELECT tower_lease.permit_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
+const IDEMPOTENCY_EXTEND: &str =
+    "SELECT tower_lease.idempotency_extend($1, $2, $3, $4) AS held, false AS writer_waiting";
+const LOCK_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
+const RWLOCK_RELEASE: &str = "SELECT tower_lease.rwlock_release($1, $2, $3, $4) AS released";
+const PERMIT_RELEASE: &str = "SELECT tower_lease.permit_release($1, $2, $3) AS released";
+/// A reservation's release; with `$4` true, its at-most-once marker's too.
+pub(crate) const IDEMPOTENCY_RELEASE: &str =
+    "SELECT tower_lease.idempotency_release($1, $2, $3, $4) AS released";
+const WITHDRAW_INTENT: &str = "SELECT tower_lease.withdraw_intent($1, $2, $3) AS withdrawn";
+const PERMITS_IN_USE: &str = "SELECT tower_lease.permits_in_use($1, $2) AS in_use";
+const EXTEND_MANY: &str =
+    "SELECT held, writer_waiting FROM tower_lease.extend_many($1, $2, $3, $4, $5)";
 
 /// A TTL in whole milliseconds, as the functions take it.
 pub(crate) fn millis(ttl: Duration) -> i64 {
@@ -45,24 +58,27 @@ pub(crate) fn letter(mode: Mode) -> &'static str {
     }
 }
 
-/// An acquire function's answer: a fence (0 or more), or -1 - the µs the blocker has left.
-fn acquisition(answer: i64, fence: bool) -> Acquisition {
-    match answer {
-        fence_or_zero @ 0.. => Acquisition::Acquired {
-            fence: fence.then_some(fence_or_zero as u64),
-        },
-        refused => Acquisition::Busy {
-            retry_after: Duration::from_micros((-1 - refused) as u64),
-        },
+/// An acquire function's answer (`tower_lease.acquisition`); `fenced`: whether the caller
+/// asked for a fence.
+fn acquisition(row: &Row, fenced: bool) -> Result<Acquisition> {
+    if !row.try_get::<_, bool>("acquired").map_err(backend)? {
+        let retry_after: i64 = row.try_get("retry_after_us").map_err(backend)?;
+        return Ok(Acquisition::Busy {
+            retry_after: Duration::from_micros(retry_after.max(0) as u64),
+        });
     }
+    let fence: Option<i64> = row.try_get("fence").map_err(backend)?;
+    Ok(Acquisition::Acquired {
+        fence: fenced.then(|| fence.unwrap_or(0).max(0) as u64),
+    })
 }
 
-/// An extend function's answer.
-fn extended(answer: i32) -> Extended {
-    match answer {
-        0 => Extended::Gone,
-        2 => Extended::HeldWriterWaiting,
-        _ => Extended::Held,
+/// An extend's answer.
+fn extended(held: bool, writer_waiting: bool) -> Extended {
+    match (held, writer_waiting) {
+        (false, _) => Extended::Gone,
+        (true, true) => Extended::HeldWriterWaiting,
+        (true, false) => Extended::Held,
     }
 }
 
@@ -75,110 +91,135 @@ impl PgStore {
         let LeaseRef {
             lock, mode, secret, ..
         } = lease;
-        let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
+        let (namespace, name, holder) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let ttl = millis(lock.ttl);
         let row = match mode {
             Mode::Exclusive => {
-                let params: [&(dyn ToSql + Sync); 5] = [&ns, &nm, &s, &ttl, &lock.fenced];
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&namespace, &name, &holder, &ttl, &lock.fenced];
                 let acts = Acts::Takes(secret, lock.ttl, LOCK_RELEASE);
                 self.row(LOCK_ACQUIRE, &params, acts).await?
             }
             Mode::Read => {
-                let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
-                self.row(READ_ACQUIRE, &[&ns, &nm, &s, &ttl, &lock.fenced], acts)
-                    .await?
+                let acts = Acts::Takes(secret, lock.ttl, RWLOCK_RELEASE);
+                self.row(
+                    READ_ACQUIRE,
+                    &[&namespace, &name, &holder, &ttl, &lock.fenced],
+                    acts,
+                )
+                .await?
             }
             Mode::Write => {
                 let intent = lock.write_intent().map_or(0, millis);
-                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &lock.fenced, &intent];
-                let acts = Acts::Takes(secret, lock.ttl, RW_RELEASE);
+                let params: [&(dyn ToSql + Sync); 6] =
+                    [&namespace, &name, &holder, &ttl, &lock.fenced, &intent];
+                let acts = Acts::Takes(secret, lock.ttl, RWLOCK_RELEASE);
                 self.row(WRITE_ACQUIRE, &params, acts).await?
             }
             Mode::Permit => {
                 let most = lock.permits.min(i32::MAX as u32) as i32;
                 let acts = Acts::Takes(secret, lock.ttl, PERMIT_RELEASE);
-                self.row(PERMIT_ACQUIRE, &[&ns, &nm, &s, &ttl, &most], acts)
-                    .await?
+                self.row(
+                    PERMIT_ACQUIRE,
+                    &[&namespace, &name, &holder, &ttl, &most],
+                    acts,
+                )
+                .await?
             }
             other => return Err(unknown_mode(other)),
         };
         self.sweeper.now_and_then(&self.pool, self.timeout);
         // A permit's fence is not in the contract: none, as the memory store answers.
-        let fenced = lock.fenced && mode != Mode::Permit;
-        Ok(acquisition(row.try_get(0).map_err(backend)?, fenced))
+        acquisition(&row, lock.fenced && mode != Mode::Permit)
     }
 
     async fn extend_now(&self, lease: LeaseRef<'_>) -> Result<Extended> {
         let LeaseRef {
             lock, mode, secret, ..
         } = lease;
-        let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
+        let (namespace, name, holder) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let ttl = millis(lock.ttl);
         let acts = Acts::Plainly;
+        let params: [&(dyn ToSql + Sync); 4] = [&namespace, &name, &holder, &ttl];
         let row = match mode {
-            Mode::Exclusive => self.row(LOCK_EXTEND, &[&ns, &nm, &s, &ttl], acts).await?,
+            Mode::Exclusive => self.row(LOCK_EXTEND, &params, acts).await?,
             Mode::Read | Mode::Write => {
-                let reader = mode == Mode::Read;
-                self.row(RW_EXTEND, &[&ns, &nm, &s, &ttl, &reader], acts)
-                    .await?
+                let as_reader = mode == Mode::Read;
+                self.row(
+                    RWLOCK_EXTEND,
+                    &[&namespace, &name, &holder, &ttl, &as_reader],
+                    acts,
+                )
+                .await?
             }
-            Mode::Permit => self.row(PERMIT_EXTEND, &[&ns, &nm, &s, &ttl], acts).await?,
-            Mode::Reservation => {
-                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &true, &false];
-                let row = self.row(IDEM_UPDATE, &params, acts).await?;
-                let held: bool = row.try_get(0).map_err(backend)?;
-                return Ok(if held { Extended::Held } else { Extended::Gone });
-            }
+            Mode::Permit => self.row(PERMIT_EXTEND, &params, acts).await?,
+            Mode::Reservation => self.row(IDEMPOTENCY_EXTEND, &params, acts).await?,
             other => return Err(unknown_mode(other)),
         };
-        Ok(extended(row.try_get(0).map_err(backend)?))
+        let held = row.try_get("held").map_err(backend)?;
+        Ok(extended(
+            held,
+            row.try_get("writer_waiting").map_err(backend)?,
+        ))
     }
 
     async fn release_now(&self, lease: LeaseRef<'_>) -> Result<bool> {
         let LeaseRef {
             lock, mode, secret, ..
         } = lease;
-        let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
+        let (namespace, name, holder) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
         let acts = Acts::GivesBack(secret);
         let row = match mode {
-            Mode::Exclusive => self.row(LOCK_RELEASE, &[&ns, &nm, &s], acts).await?,
-            Mode::Read | Mode::Write => {
-                let reader = mode == Mode::Read;
-                self.row(RW_RELEASE, &[&ns, &nm, &s, &reader], acts).await?
+            Mode::Exclusive => {
+                self.row(LOCK_RELEASE, &[&namespace, &name, &holder], acts)
+                    .await?
             }
-            Mode::Permit => self.row(PERMIT_RELEASE, &[&ns, &nm, &s], acts).await?,
+            Mode::Read | Mode::Write => {
+                let as_reader = mode == Mode::Read;
+                self.row(
+                    RWLOCK_RELEASE,
+                    &[&namespace, &name, &holder, &as_reader],
+                    acts,
+                )
+                .await?
+            }
+            Mode::Permit => {
+                self.row(PERMIT_RELEASE, &[&namespace, &name, &holder], acts)
+                    .await?
+            }
             Mode::Reservation => {
-                let ttl = millis(lock.ttl);
-                let params: [&(dyn ToSql + Sync); 6] = [&ns, &nm, &s, &ttl, &false, &false];
-                self.row(IDEM_UPDATE, &params, acts).await?
+                let forget_at_most_once = false;
+                let params: [&(dyn ToSql + Sync); 4] =
+                    [&namespace, &name, &holder, &forget_at_most_once];
+                self.row(IDEMPOTENCY_RELEASE, &params, acts).await?
             }
             other => return Err(unknown_mode(other)),
         };
-        row.try_get(0).map_err(backend)
+        row.try_get("released").map_err(backend)
     }
 
     async fn extend_many_now(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<Extended>> {
-        let kinds: Vec<&str> = leases.iter().map(|l| letter(l.mode)).collect();
-        let nss: Vec<&str> = leases.iter().map(|l| l.lock.namespace).collect();
-        let nms: Vec<&[u8]> = leases.iter().map(|l| l.lock.name).collect();
-        let ss: Vec<&[u8]> = leases.iter().map(|l| &l.secret.as_bytes()[..]).collect();
+        let modes: Vec<&str> = leases.iter().map(|l| letter(l.mode)).collect();
+        let namespaces: Vec<&str> = leases.iter().map(|l| l.lock.namespace).collect();
+        let names: Vec<&[u8]> = leases.iter().map(|l| l.lock.name).collect();
+        let secrets: Vec<&[u8]> = leases.iter().map(|l| &l.secret.as_bytes()[..]).collect();
         let ttls: Vec<i64> = leases.iter().map(|l| millis(l.lock.ttl)).collect();
-        let row = self
-            .row(
-                EXTEND_MANY,
-                &[&kinds, &nss, &nms, &ss, &ttls],
-                Acts::Plainly,
-            )
-            .await?;
-        let answers: Vec<i32> = row.try_get(0).map_err(backend)?;
-        if answers.len() != leases.len() {
+        let params: [&(dyn ToSql + Sync); 5] = [&modes, &namespaces, &names, &secrets, &ttls];
+        let row = self.row(EXTEND_MANY, &params, Acts::Plainly).await?;
+        let held: Vec<bool> = row.try_get("held").map_err(backend)?;
+        let writer_waiting: Vec<bool> = row.try_get("writer_waiting").map_err(backend)?;
+        if held.len() != leases.len() || writer_waiting.len() != leases.len() {
             return Err(Error::UnexpectedReply(format!(
                 "extend_many answered {} of {} leases",
-                answers.len(),
+                held.len(),
                 leases.len()
             )));
         }
-        Ok(answers.into_iter().map(extended).collect())
+        Ok(held
+            .into_iter()
+            .zip(writer_waiting)
+            .map(|(h, w)| extended(h, w))
+            .collect())
     }
 }
 
@@ -205,19 +246,25 @@ impl Backend for PgStore {
                 return Ok(false);
             }
             let LeaseRef { lock, secret, .. } = lease;
-            let (ns, nm, s) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
+            let (namespace, name, holder) = (lock.namespace, lock.name, &secret.as_bytes()[..]);
             let row = self
-                .row(WITHDRAW_INTENT, &[&ns, &nm, &s], Acts::GivesBack(secret))
+                .row(
+                    WITHDRAW_INTENT,
+                    &[&namespace, &name, &holder],
+                    Acts::GivesBack(secret),
+                )
                 .await?;
-            row.try_get(0).map_err(backend)
+            row.try_get("withdrawn").map_err(backend)
         })
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
         Box::pin(async move {
-            let (ns, nm) = (lock.namespace, lock.name);
-            let row = self.row(IN_USE, &[&ns, &nm], Acts::Plainly).await?;
-            let live: i32 = row.try_get(0).map_err(backend)?;
+            let (namespace, name) = (lock.namespace, lock.name);
+            let row = self
+                .row(PERMITS_IN_USE, &[&namespace, &name], Acts::Plainly)
+                .await?;
+            let live: i32 = row.try_get("in_use").map_err(backend)?;
             Ok(live.max(0) as u32)
         })
     }
@@ -246,7 +293,7 @@ impl Backend for PgStore {
         lease: LeaseRef<'a>,
         fingerprint: &'a [u8; FINGERPRINT_LEN],
     ) -> BoxFuture<'a, Result<Begin>> {
-        Box::pin(self.idem_begin(lease, fingerprint, None))
+        Box::pin(self.begin_key(lease, fingerprint, None))
     }
 
     fn idempotency_begin_once<'a>(
@@ -255,7 +302,7 @@ impl Backend for PgStore {
         fingerprint: &'a [u8; FINGERPRINT_LEN],
         retention: Duration,
     ) -> BoxFuture<'a, Result<Begin>> {
-        Box::pin(self.idem_begin(lease, fingerprint, Some(retention)))
+        Box::pin(self.begin_key(lease, fingerprint, Some(retention)))
     }
 
     fn idempotency_complete<'a>(
@@ -263,11 +310,11 @@ impl Backend for PgStore {
         lease: LeaseRef<'a>,
         completion: Completion<'a>,
     ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.idem_complete(lease, completion))
+        Box::pin(self.complete_key(lease, completion))
     }
 
     fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.idem_free(lease))
+        Box::pin(self.free_key(lease))
     }
 
     fn timeout(&self) -> Duration {

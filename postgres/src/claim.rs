@@ -2,21 +2,27 @@
 //! and the claim commit together.
 
 use std::fmt;
+use std::time::SystemTime;
 
 use tokio_postgres::Transaction;
 use tower_lease::IdempotencyKey;
 
 use crate::backend::millis;
 
-const CLAIM: &str = "SELECT tower_lease.claim($1, $2, $3)";
+/// Answers NULL when the key was claimed now, else when its living claim was made.
+const CLAIM: &str = "SELECT tower_lease.claimed_before($1, $2, $3) AS claimed_before";
 
 /// Why [`claim`] did not claim a key.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ClaimError {
     /// A committed transaction claimed the key already, within the definition's retention:
-    /// its effect was made. Roll back, and do not make it again.
-    AlreadyClaimed,
+    /// its effect was made. Roll back, do not make it again, and answer from the record that
+    /// transaction left (its response was never stored, or this run would not have started).
+    AlreadyClaimed {
+        /// When the committed claim was made, on the database server's clock.
+        claimed_at: SystemTime,
+    },
     /// The statement failed (the transaction is aborted then, as for any failed statement).
     Postgres(tokio_postgres::Error),
 }
@@ -24,7 +30,7 @@ pub enum ClaimError {
 impl fmt::Display for ClaimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ClaimError::AlreadyClaimed => {
+            ClaimError::AlreadyClaimed { .. } => {
                 f.write_str("the idempotency key was claimed by a committed transaction")
             }
             ClaimError::Postgres(e) => write!(f, "claiming the idempotency key failed: {e}"),
@@ -35,7 +41,7 @@ impl fmt::Display for ClaimError {
 impl std::error::Error for ClaimError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClaimError::AlreadyClaimed => None,
+            ClaimError::AlreadyClaimed { .. } => None,
             ClaimError::Postgres(e) => Some(e),
         }
     }
@@ -52,34 +58,77 @@ impl std::error::Error for ClaimError {
 ///
 /// - a retry while the first request still runs is answered as usual (`409` in flight, or
 ///   its response under `max_wait`);
-/// - a retry after the first committed and died before its response was stored is answered
-///   `409` `urn:tower-lease:idempotency-outcome-unknown` (no `Retry-After`) for the
-///   definition's retention: the effect was made, the response is lost, and the handler never
-///   runs again; one with another fingerprint (another body under the same key) is answered
-///   `422` key reused;
+/// - a retry after the first committed and died before its response was stored runs the
+///   handler again, under the key's reservation as any first request (never two runs at
+///   once): its `claim` answers [`ClaimError::AlreadyClaimed`] with the time of the first
+///   claim, and the handler rolls back and answers from its own record (the receipt the
+///   first run would have sent), which the layer stores and replays from then on. One with
+///   another fingerprint (another body under the same key) is answered `422` key reused;
 /// - once the first request's response is stored, retries replay it;
-/// - a first request whose transaction rolled back claimed nothing: its retries run it.
+/// - a first request whose transaction rolled back claimed nothing: its retries run it (or,
+///   under `at_most_once`, are answered `409` outcome unknown if it died).
 ///
-/// A `5xx` answered after the commit does not free a claimed key either. A second run (its
-/// reservation ran out while the first was still committing) finds the claim and gets
-/// [`ClaimError::AlreadyClaimed`]: roll back. Claims live for the definition's retention
-/// ([`IdempotencyKey::retention`]).
+/// So a handler that claims must find what its first run did by the key, and answer the
+/// same. What it does before its `claim` runs again on a retry: keep it in the transaction.
+/// A `5xx` answered after the commit does not free a claimed key either: the next retry runs
+/// the handler again, and its claim answers `AlreadyClaimed`. A second run while the first is
+/// still committing (its reservation ran out) waits for that commit in its `claim`, then gets
+/// `AlreadyClaimed` too. Claims live for the definition's retention
+/// ([`IdempotencyKey::retention`]), under `at_most_once` too: a claimed key is known to have
+/// taken effect, so its outcome is not unknown.
 ///
 /// Claim last, just before the commit: a claim being made holds off the other claims of its
 /// key (an insert into the claims' primary key) until its transaction ends.
 ///
+/// The call is one statement, `SELECT tower_lease.claimed_before($1, $2, $3)` with the key's
+/// [`namespace`](IdempotencyKey::namespace) (`text`), its
+/// [`stored_name`](IdempotencyKey::stored_name) (`bytea`) and the retention in milliseconds
+/// (`bigint`, at least 1); it answers `NULL` when it claimed the key, and the first claim's
+/// `timestamptz` when the key was claimed already.
+///
 /// ```no_run
 /// use axum::Extension;
+/// use axum::http::StatusCode;
 /// use tower_lease::IdempotencyKey;
-/// use tower_lease_postgres::{claim, deadpool_postgres::Pool};
+/// use tower_lease_postgres::{ClaimError, claim, deadpool_postgres::Pool};
 ///
-/// async fn pay(Extension(pool): Extension<Pool>, Extension(key): Extension<IdempotencyKey>) -> &'static str {
-///     let mut client = pool.get().await.unwrap();
-///     let tx = client.transaction().await.unwrap();
-///     tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await.unwrap();
-///     claim(&tx, &key).await.unwrap();
-///     tx.commit().await.unwrap();
-///     "charged"
+/// async fn pay(
+///     Extension(pool): Extension<Pool>,
+///     Extension(key): Extension<IdempotencyKey>,
+/// ) -> Result<(StatusCode, String), StatusCode> {
+///     fn error<E>(_: E) -> StatusCode {
+///         StatusCode::INTERNAL_SERVER_ERROR
+///     }
+///     let mut client = pool.get().await.map_err(error)?;
+///     let tx = client.transaction().await.map_err(error)?;
+///     let row = tx
+///         .query_one(
+///             "INSERT INTO payments (idempotency_key, amount) VALUES ($1, 10) RETURNING id",
+///             &[&key.key()],
+///         )
+///         .await
+///         .map_err(error)?;
+///     let id: i64 = row.get(0);
+///     match claim(&tx, &key).await {
+///         Ok(()) => {}
+///         // Charged by an earlier run, whose response was lost: no second charge, and the
+///         // same answer, from the record.
+///         Err(ClaimError::AlreadyClaimed { .. }) => {
+///             tx.rollback().await.map_err(error)?;
+///             let row = client
+///                 .query_one(
+///                     "SELECT id FROM payments WHERE idempotency_key = $1",
+///                     &[&key.key()],
+///                 )
+///                 .await
+///                 .map_err(error)?;
+///             let id: i64 = row.get(0);
+///             return Ok((StatusCode::CREATED, format!("payment {id}")));
+///         }
+///         Err(_) => return Err(StatusCode::INTERNAL_SERVER_ERROR),
+///     }
+///     tx.commit().await.map_err(error)?;
+///     Ok((StatusCode::CREATED, format!("payment {id}")))
 /// }
 /// ```
 pub async fn claim(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), ClaimError> {
@@ -90,8 +139,11 @@ pub async fn claim(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), Cla
         .query_one(CLAIM, &[&namespace, &name, &retention])
         .await
         .map_err(ClaimError::Postgres)?;
-    match row.try_get::<_, bool>(0).map_err(ClaimError::Postgres)? {
-        true => Ok(()),
-        false => Err(ClaimError::AlreadyClaimed),
+    match row
+        .try_get::<_, Option<SystemTime>>("claimed_before")
+        .map_err(ClaimError::Postgres)?
+    {
+        None => Ok(()),
+        Some(claimed_at) => Err(ClaimError::AlreadyClaimed { claimed_at }),
     }
 }

@@ -24,6 +24,7 @@
 //!
 //! Each call is one PL/pgSQL function of the schema `tower_lease` (installed at connect, see
 //! [`PgStore::from_pool`]), sent as one prepared statement: one round trip, one transaction.
+//! A store refuses a schema that a newer version installed.
 //! The calls on one name are ordered: a `Lock`'s by the lock of its one row (its acquisition
 //! is one `INSERT … ON CONFLICT DO UPDATE … WHERE` the lease ended, as `SET NX` on Redis), the
 //! other kinds' by a transaction-scoped advisory lock on the name, since they touch several
@@ -62,7 +63,8 @@
 //!
 //! With `IdempotencyLayer` on a `PgStore`, a handler can [`claim`] its idempotency key in the
 //! transaction that makes its effect, so that a retry after a crash between that commit and
-//! the response never runs the effect again.
+//! the response never runs the effect again: the layer runs the handler again, its claim
+//! answers [`ClaimError::AlreadyClaimed`], and it answers from its own record.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 

@@ -74,7 +74,9 @@ impl PgStore {
     /// A store on `pool`, after installing the schema: the schema `tower_lease`, its tables and
     /// its functions, created when missing and replaced when older than this version, in one
     /// transaction under an advisory lock, so replicas that start at once install it once. The
-    /// database user needs the `CREATE` privilege on the database the first time.
+    /// database user needs the `CREATE` privilege on the database the first time. A schema that
+    /// a newer version of this crate installed is refused with an error naming both versions:
+    /// this version's calls would not match its functions.
     ///
     /// A pool has no way to open the extra connection that listens for releases: add
     /// [`listen`](Self::listen), or waiters poll for releases made by other processes.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::call::checkout;
 
-const SWEEP: &str = "SELECT tower_lease.sweep($1)";
+const SWEEP: &str = "SELECT tower_lease.sweep($1) AS most_gone";
 /// How often a busy store sweeps.
 const EVERY: Duration = Duration::from_secs(1);
 /// Rows of each table one statement deletes at most.
@@ -70,5 +70,5 @@ async fn sweep(pool: &Pool) -> tower_lease::Result<i32> {
         .query_one(&statement, &[&BATCH])
         .await
         .map_err(crate::backend::backend)?;
-    row.try_get(0).map_err(crate::backend::backend)
+    row.try_get("most_gone").map_err(crate::backend::backend)
 }

@@ -21,6 +21,12 @@ pub enum Begin {
     /// lease held with its secret for one TTL, which the caller extends and releases like any
     /// other lease.
     ///
+    /// A store where handlers claim keys in their own transactions (`tower-lease-postgres`)
+    /// answers it too for a key claimed without a stored response: the claim's effect
+    /// committed, the handler runs again under this reservation, learns from its claim that
+    /// it ran, and answers from its own record. The layer runs the request either way, so a
+    /// backend without claims answers as before.
+    ///
     /// [`Mode::Reservation`]: super::Mode::Reservation
     Reserved {
         /// For a fenced reservation: a fence larger than every fence issued before for this

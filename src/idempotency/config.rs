@@ -8,6 +8,7 @@ use http::Response;
 
 use super::Idempotency;
 use super::body::IdempotentBody;
+use super::key::fingerprint::Fingerprint;
 use super::record::background::Background;
 use super::record::cache::Replays;
 use crate::Store;
@@ -33,6 +34,8 @@ pub(crate) struct Config {
     pub(crate) store: Store,
     pub(crate) idempotency: Idempotency,
     pub(crate) require_key: bool,
+    /// How a request body counts in its fingerprint.
+    pub(crate) fingerprint: Fingerprint,
     /// How long a retry waits for the first request to finish (zero: answer `409` at once).
     pub(crate) max_wait: Duration,
     pub(crate) max_body: usize,

@@ -11,6 +11,7 @@ use super::Idempotency;
 use super::config::{
     Config, DEFAULT_BODY_TIMEOUT, DEFAULT_COMPLETE_WITHIN, DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE,
 };
+use super::key::fingerprint::Fingerprint;
 use super::service::IdempotencyService;
 use crate::Store;
 use crate::coarse_timer::CoarseTimer;
@@ -62,6 +63,7 @@ impl IdempotencyLayer {
             store,
             idempotency,
             require_key: false,
+            fingerprint: Fingerprint::Bytes,
             max_wait: Duration::ZERO,
             max_body: DEFAULT_MAX_BODY,
             body_timeout: DEFAULT_BODY_TIMEOUT,
@@ -88,6 +90,29 @@ impl<E> IdempotencyLayer<E> {
         self
     }
 
+    /// How a request body counts in the fingerprint a retry must match:
+    /// [`Fingerprint::Bytes`] (the default), every byte, or [`Fingerprint::Json`], a JSON
+    /// body by its meaning, so a retry whose client re-serialised the same JSON (other spacing,
+    /// another member order) is answered with the stored response instead of `422` key
+    /// reused. The method and the path with its query always count as they are.
+    ///
+    /// Replicas that share keys need the same setting: a record stored under one is another
+    /// request to the other, unless the body is the same bytes, or JSON in the canonical form
+    /// (no whitespace, members sorted by name, strings escaped only where they must be).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lease::{Fingerprint, Idempotency, IdempotencyLayer, Store};
+    ///
+    /// const ORDERS: Idempotency = Idempotency::new("orders", Duration::from_secs(3600));
+    ///
+    /// let layer = IdempotencyLayer::new(Store::memory(), ORDERS).fingerprint(Fingerprint::Json);
+    /// ```
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.config.fingerprint = fingerprint;
+        self
+    }
+
     /// Makes keys unique per scope: the name `extractor` finds in a request (a tenant or user
     /// header, say, as [`extract::header`](crate::extract::header) reads it). The same key in
     /// two scopes names two requests. A request whose extractor finds nothing is in the
@@ -101,8 +126,11 @@ impl<E> IdempotencyLayer<E> {
     }
 
     /// Lets a retry that comes while the first request runs wait up to `wait` for it, and
-    /// answer with its response, instead of `409` at once. The retry looks again every 10 ms
-    /// at first, then every 100 ms.
+    /// answer with its response, instead of `409` at once. On a store with release
+    /// notifications (a Redis store made by `connect` or `connect_cluster`,
+    /// `tower-lease-postgres`'s `PgStore`) the completion wakes it, and it looks again at
+    /// least every second; on other stores it looks again every 10 ms at first, then every
+    /// 100 ms ([module docs](crate::idempotency#waiting)).
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.config.max_wait = wait;
         self
@@ -164,6 +192,7 @@ impl<E> fmt::Debug for IdempotencyLayer<E> {
         f.debug_struct("IdempotencyLayer")
             .field("idempotency", &self.config.idempotency)
             .field("require_key", &self.config.require_key)
+            .field("fingerprint", &self.config.fingerprint)
             .field("max_wait", &self.config.max_wait)
             .field("max_body", &self.config.max_body)
             .field("max_response", &self.config.max_response)

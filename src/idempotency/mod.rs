@@ -40,11 +40,12 @@
 //! | the first, its record not stored within [`complete_within`](IdempotencyLayer::complete_within) (10 s) | `503` `urn:tower-lease:idempotency-outcome-unknown` with `Retry-After`; stored in the background, then replayed |
 //! | a retry, same fingerprint, first completed | the stored response, with `Idempotent-Replayed: true`; the inner service is not called |
 //! | a retry while the first runs | `409` `urn:tower-lease:idempotency-in-flight` with `Retry-After`; under [`max_wait`](IdempotencyLayer::max_wait), the first's response once it is stored |
-//! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` |
+//! | the same key, another fingerprint | `422` `urn:tower-lease:idempotency-key-reused` (under [`Fingerprint::Json`], the same JSON spaced or ordered otherwise is the same fingerprint) |
 //! | the first answered `5xx` (its own, or the layer's) | nothing stored, the key is freed: the retry runs |
 //! | the first's handler panicked | `500` `urn:tower-lease:handler-failed`; nothing stored, the key freed before that answer: the retry runs (under [`at_most_once`](Idempotency::at_most_once), `409` outcome unknown) |
 //! | the first's response was not stored (see below) | `410` `urn:tower-lease:idempotency-not-stored`, with `Idempotent-Replayed: true` and the first's status in the detail; never a second run |
 //! | under [`at_most_once`](Idempotency::at_most_once), a retry after the first's holder died | `409` `urn:tower-lease:idempotency-outcome-unknown`, no `Retry-After`, for the retention; never a second run |
+//! | a retry after the first's handler claimed the key in its transaction (`tower_lease_postgres::claim`) and died before its response was stored | runs the handler again under the reservation, whose claim answers it was claimed before; it answers from its own record (*Exactly once* below), at most once or not |
 //! | the store failed | `503` `urn:tower-lease:lock-store-unavailable`, `Retry-After: 1` |
 //!
 //! Both spellings of a key name the same key: `"abc"` and `abc`. A bare key may hold the
@@ -55,7 +56,11 @@
 //!
 //! Method, path with query, and the whole body, read before anything is reserved, hashed into
 //! 128 bits by a non-cryptographic hash the crate carries itself (no dependency), stable across
-//! Rust versions and platforms. A collision matters only within one key, between two requests
+//! Rust versions and platforms. Under [`fingerprint(Fingerprint::Json)`](IdempotencyLayer::fingerprint)
+//! a JSON body counts by its meaning: whitespace, the order of an object's members and the
+//! spelling of string escapes do not count, numbers count as written (`10` is not `10.0`), and
+//! a body that is not JSON counts by its bytes ([`Fingerprint::Json`]). The handler gets the
+//! body as sent either way. A collision matters only within one key, between two requests
 //! one client sent with it: by chance about 2⁻¹²⁸; made on purpose, it only replays the
 //! client's own response to itself.
 //!
@@ -112,6 +117,30 @@
 //! it gets the key as [`IdempotencyKey`] and records it in the same transaction as its
 //! effect, under `UNIQUE (idempotency_key)`, so a second run fails there.
 //!
+//! On PostgreSQL the store does this for the handler, and gives the retry its answer:
+//! `tower_lease_postgres::claim(&tx, &key)` records the key in the effect's transaction, in
+//! the store's own table. A retry that finds its key claimed and no response stored (the first
+//! committed, then died before its response was stored) runs the handler again, under the
+//! key's reservation like any first request, at most once at a time, at-most-once or not: the
+//! claim says the effect was made. Its `claim` answers `ClaimError::AlreadyClaimed {
+//! claimed_at }`, and the handler rolls back and answers from its own record, as the first run
+//! would have; that response is stored and replayed like any other:
+//!
+//! ```text
+//! match claim(&tx, &key).await {
+//!     Ok(()) => tx.commit().await?,                 // charged now
+//!     Err(ClaimError::AlreadyClaimed { .. }) => {   // charged by a run that died
+//!         tx.rollback().await?;
+//!         return receipt_for(&key).await;           // SELECT … WHERE idempotency_key = $1
+//!     }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! ```
+//!
+//! A store without claims (Redis, memory, most backends of your own) cannot tell a committed
+//! effect from one that never happened: there, a crash mid-request still runs again, or under
+//! `at_most_once` answers `409` outcome unknown.
+//!
 //! Once the body is read, the rest of the request (the look-up included) runs in that task:
 //! a client cut while the key is being reserved leaves no reservation that nobody runs.
 //!
@@ -142,8 +171,9 @@
 //!
 //! Under [`max_wait`](IdempotencyLayer::max_wait) a retry that finds the key in flight waits until the
 //! first completes (it then gets the stored response), frees the key (it then runs itself) or
-//! the wait runs out (`409`). On a Redis store with release notifications (one made by
-//! `RedisStore::connect` or `connect_cluster`) it subscribes to the key's channel and is woken
+//! the wait runs out (`409`). On a store with release notifications (a Redis store made by
+//! `RedisStore::connect` or `connect_cluster`; `tower-lease-postgres`'s `PgStore`, through
+//! `LISTEN`/`NOTIFY`; a backend of your own that delivers them) it watches the key and is woken
 //! by the completion, looking again at the holder's lease end and at least every second in
 //! case a message was lost; the one retry a message wakes wakes the others of its process. On
 //! other stores it looks again after 10 ms, doubling to every 100 ms.
@@ -165,6 +195,7 @@ mod service;
 pub use self::body::IdempotentBody;
 pub use self::future::ResponseFuture;
 pub use self::key::extension::IdempotencyKey;
+pub use self::key::fingerprint::Fingerprint;
 pub use self::layer::{IdempotencyLayer, Unscoped};
 pub use self::service::IdempotencyService;
 
@@ -233,7 +264,9 @@ impl Idempotency {
     /// reservation whose holder died (its lease ran out without a completion) makes the key's
     /// outcome unknown for the retention, and its retries get `409`
     /// `urn:tower-lease:idempotency-outcome-unknown` instead of running again. Without it,
-    /// such a key runs again once the lease ran out. A `5xx` still frees the key.
+    /// such a key runs again once the lease ran out. A `5xx` still frees the key. A key the
+    /// handler claimed in the transaction of its effect (`tower_lease_postgres::claim`) is
+    /// known to have taken effect: it runs again, and the handler answers from its record.
     ///
     /// It costs one more key in the store per request (a marker, `PX` the retention) and the
     /// reservation is taken by a script.

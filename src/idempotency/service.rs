@@ -190,7 +190,7 @@ where
         Ok(body) => body,
         Err(problem) => return Ok(config.refuse(problem)),
     };
-    let fingerprint = fingerprint(&parts, &body);
+    let fingerprint = fingerprint(&parts, &body, config.fingerprint);
     let definition = config.idempotency.definition;
     let namespace = definition.namespace;
     match config.replays.get(&named.name, &fingerprint) {

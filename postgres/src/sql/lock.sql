@@ -1,13 +1,19 @@
 -- A `Lock`'s calls: one row per name, whose own row lock orders the calls on it (unlike the
 -- other kinds, whose calls touch several rows and take the name's advisory lock).
 --
--- Acquire answers one bigint, as the Redis scripts do: the fence (0 unfenced) when acquired,
--- -1 - the µs the holder's lease has left when refused. A call sent again after its reply was
--- lost finds its own secret in place: acquired, with the fence it was given.
-CREATE OR REPLACE FUNCTION tower_lease.lock_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+-- Each is sent as a call of its own, like every other function of the schema: the upsert and
+-- the delete sent as statements of their own, without the PL/pgSQL call around them, were
+-- measured no faster (`benches/results/postgres.md`).
+
+-- Takes the lease for `holder_secret`, or answers how long the holder's has left. A call sent
+-- again after its reply was lost finds its own secret in place: acquired, with the fence it was
+-- given.
+CREATE FUNCTION tower_lease.lock_acquire(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint, fenced boolean)
+RETURNS tower_lease.acquisition LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz := clock_timestamp();
+    call_time timestamptz := pg_catalog.clock_timestamp();
     issued bigint;
     held tower_lease.locks;
 BEGIN
@@ -17,75 +23,84 @@ BEGIN
     -- server µs): it grows with every acquisition, and stays above every fence before it when
     -- the counter is lost (a restore, a truncate), while the clock holds.
     INSERT INTO tower_lease.locks AS l VALUES
-        (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0),
-         CASE WHEN fenced THEN tower_lease.micros(now) ELSE 0 END,
-         CASE WHEN fenced THEN now + tower_lease.fence_life(ttl_ms) END)
+        (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms),
+         CASE WHEN fenced THEN tower_lease.micros(call_time) ELSE 0 END,
+         CASE WHEN fenced THEN call_time + tower_lease.fence_life(ttl_ms) END)
     ON CONFLICT (namespace, name) DO UPDATE
         SET secret = excluded.secret, expires = excluded.expires,
             fence = CASE WHEN fenced THEN greatest(
-                        CASE WHEN l.fence_until > now THEN l.fence ELSE 0 END + 1, excluded.fence)
+                        CASE WHEN l.fence_until > call_time THEN l.fence ELSE 0 END + 1,
+                        excluded.fence)
                     ELSE l.fence END,
             fence_until = CASE WHEN fenced THEN excluded.fence_until ELSE l.fence_until END
-        WHERE l.expires <= now
+        WHERE l.expires <= call_time
     RETURNING l.fence INTO issued;
     IF FOUND THEN
-        RETURN CASE WHEN fenced THEN issued ELSE 0 END;
+        RETURN tower_lease.acquired(CASE WHEN fenced THEN issued END);
     END IF;
-    SELECT * INTO held FROM tower_lease.locks WHERE namespace = ns AND name = nm;
+    SELECT * INTO held FROM tower_lease.locks l
+    WHERE l.namespace = lock_namespace AND l.name = lock_name;
     -- A call sent again after its reply was lost finds its own secret: acquired, with the
     -- fence it was given.
-    IF held.secret = s THEN
-        RETURN CASE WHEN fenced THEN held.fence ELSE 0 END;
+    IF held.secret = holder_secret THEN
+        RETURN tower_lease.acquired(CASE WHEN fenced THEN held.fence END);
     END IF;
     -- The caller may wait for the release, which notifies only a marked row. The row stays
     -- locked until this commits, so a release after this refusal sees the mark. An acquisition
     -- leaves the mark alone: a waiter refused before it still waits for its release.
     IF held.waited <> 1 THEN
-        UPDATE tower_lease.locks SET waited = 1 WHERE namespace = ns AND name = nm;
+        UPDATE tower_lease.locks l SET waited = 1
+        WHERE l.namespace = lock_namespace AND l.name = lock_name;
     END IF;
-    RETURN -1 - tower_lease.left_us(held.expires, now);
+    RETURN tower_lease.refused(held.expires, call_time);
 END
 $$;
 
--- Restarts the lease for one TTL while it is held with `s`; never re-acquires one that ended.
-CREATE OR REPLACE FUNCTION tower_lease.lock_extend(ns text, nm bytea, s bytea, ttl_ms bigint)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Restarts the lease for one TTL while it is held with `holder_secret`; never re-acquires one
+-- that ended. Answers whether it was held.
+CREATE FUNCTION tower_lease.lock_extend(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz := clock_timestamp();
+    call_time timestamptz := pg_catalog.clock_timestamp();
 BEGIN
-    UPDATE tower_lease.locks SET expires = now + make_interval(secs => ttl_ms / 1000.0)
-    WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
+    UPDATE tower_lease.locks l SET expires = call_time + tower_lease.millis(ttl_ms)
+    WHERE l.namespace = lock_namespace AND l.name = lock_name AND l.secret = holder_secret
+      AND l.expires > call_time;
     RETURN FOUND;
 END
 $$;
 
--- Ends the lease while it is held with `s`, and tells the listeners if a refused call marked
--- the row (`waited`): the row goes, or while its fence counter lives, stays released (`expires`
--- -infinity, so an acquisition that read the clock before this release, and waited for the
--- row, finds it free). Safe to send again: a second release finds nothing and answers false.
-CREATE OR REPLACE FUNCTION tower_lease.lock_release(ns text, nm bytea, s bytea)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Ends the lease while it is held with `holder_secret`, and tells the listeners if a refused
+-- call marked the row (`waited`): the row goes, or while its fence counter lives, stays
+-- released (`expires` -infinity, so an acquisition that read the clock before this release,
+-- and waited for the row, finds it free). Safe to send again: a second release finds nothing
+-- and answers false.
+CREATE FUNCTION tower_lease.lock_release(
+    lock_namespace text, lock_name bytea, holder_secret bytea)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz := clock_timestamp();
+    call_time timestamptz := pg_catalog.clock_timestamp();
     marked boolean;
 BEGIN
-    DELETE FROM tower_lease.locks
-    WHERE namespace = ns AND name = nm AND secret = s AND expires > now
-      AND coalesce(fence_until, now) <= now
-    RETURNING waited = 1 INTO marked;
+    DELETE FROM tower_lease.locks l
+    WHERE l.namespace = lock_namespace AND l.name = lock_name AND l.secret = holder_secret
+      AND l.expires > call_time AND coalesce(l.fence_until, call_time) <= call_time
+    RETURNING l.waited = 1 INTO marked;
     IF NOT FOUND THEN
         -- RETURNING answers the new row: -1 says it was marked (see `waited` in schema.sql).
-        UPDATE tower_lease.locks
+        UPDATE tower_lease.locks l
         SET secret = NULL, expires = '-infinity',
-            waited = CASE WHEN waited = 1 THEN -1 ELSE 0 END
-        WHERE namespace = ns AND name = nm AND secret = s AND expires > now
-        RETURNING waited = -1 INTO marked;
+            waited = CASE WHEN l.waited = 1 THEN -1 ELSE 0 END
+        WHERE l.namespace = lock_namespace AND l.name = lock_name AND l.secret = holder_secret
+          AND l.expires > call_time
+        RETURNING l.waited = -1 INTO marked;
         IF NOT FOUND THEN
             RETURN false;
         END IF;
     END IF;
     IF marked THEN
-        PERFORM tower_lease.notify('e', ns, nm);
+        PERFORM tower_lease.notify('e', lock_namespace, lock_name);
     END IF;
     RETURN true;
 END

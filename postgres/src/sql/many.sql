@@ -1,30 +1,47 @@
--- The heartbeat's batch: many extends in one round trip and one transaction, answering for
--- each what its own extend would (0 gone, 1 extended, 2 a reader extended while a writer
--- waits). `kinds` are the modes' letters: 'e' exclusive, 'r' read, 'w' write, 'p' permit, 'v'
--- reservation.
+-- The heartbeat's batch: many extends in one round trip and one transaction, answering for each
+-- lease, at its position, what its own extend would: `held`, and `writer_waiting` (a reader
+-- extended while a write intent lives). `modes` are the modes' letters: 'e' exclusive, 'r'
+-- read, 'w' write, 'p' permit, 'v' reservation.
 --
 -- The names' locks are held until the batch commits, so they are taken in the order of their
 -- keys: two batches (or a batch and a single call) never wait for each other in a cycle.
-CREATE OR REPLACE FUNCTION tower_lease.extend_many(
-    kinds text[], nss text[], nms bytea[], ss bytea[], ttls bigint[])
-RETURNS integer[] LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION tower_lease.extend_many(
+    modes text[], namespaces text[], names bytea[], holder_secrets bytea[], ttls_ms bigint[],
+    OUT held boolean[], OUT writer_waiting boolean[])
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    answers integer[] := array_fill(0, ARRAY[coalesce(array_length(kinds, 1), 0)]);
+    leases integer := coalesce(pg_catalog.array_length(modes, 1), 0);
     i bigint;
+    one record;
 BEGIN
+    held := pg_catalog.array_fill(false, ARRAY[leases]);
+    writer_waiting := pg_catalog.array_fill(false, ARRAY[leases]);
     FOR i IN
-        SELECT o FROM unnest(kinds, nss, nms) WITH ORDINALITY AS u(k, ns, nm, o)
-        ORDER BY hashtext(CASE u.k WHEN 'r' THEN 'rw' WHEN 'w' THEN 'rw' ELSE u.k END
-                          || ':' || u.ns || ':' || encode(u.nm, 'hex'))
+        -- `unnest` of several arrays is the syntax of `ROWS FROM`, not a function to qualify.
+        SELECT u.lease_index FROM unnest(modes, namespaces, names)
+            WITH ORDINALITY AS u(mode, namespace, name, lease_index)
+        ORDER BY tower_lease.name_key(
+            CASE u.mode WHEN 'r' THEN 'rw' WHEN 'w' THEN 'rw' ELSE u.mode END,
+            u.namespace, u.name)
     LOOP
-        answers[i] := CASE kinds[i]
-            WHEN 'e' THEN tower_lease.lock_extend(nss[i], nms[i], ss[i], ttls[i])::integer
-            WHEN 'r' THEN tower_lease.rw_extend(nss[i], nms[i], ss[i], ttls[i], true)
-            WHEN 'w' THEN tower_lease.rw_extend(nss[i], nms[i], ss[i], ttls[i], false)
-            WHEN 'p' THEN tower_lease.permit_extend(nss[i], nms[i], ss[i], ttls[i])::integer
-            WHEN 'v' THEN tower_lease.idem_update(nss[i], nms[i], ss[i], ttls[i], true, false)::integer
-        END;
+        CASE modes[i]
+            WHEN 'e' THEN
+                held[i] := tower_lease.lock_extend(
+                    namespaces[i], names[i], holder_secrets[i], ttls_ms[i]);
+            WHEN 'r', 'w' THEN
+                SELECT * INTO one FROM tower_lease.rwlock_extend(
+                    namespaces[i], names[i], holder_secrets[i], ttls_ms[i], modes[i] = 'r');
+                held[i] := one.held;
+                writer_waiting[i] := one.writer_waiting;
+            WHEN 'p' THEN
+                held[i] := tower_lease.permit_extend(
+                    namespaces[i], names[i], holder_secrets[i], ttls_ms[i]);
+            WHEN 'v' THEN
+                held[i] := tower_lease.idempotency_extend(
+                    namespaces[i], names[i], holder_secrets[i], ttls_ms[i]);
+            ELSE
+                NULL;
+        END CASE;
     END LOOP;
-    RETURN answers;
 END
 $$;

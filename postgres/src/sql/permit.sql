@@ -1,70 +1,83 @@
 -- A `Semaphore`'s calls: one row per permit in `permits`, under the name's lock ('p').
 
--- Takes a permit while fewer than `most` are live: 0 when acquired, -1 - the µs until the
--- earliest live permit ends when all are taken. Ended permits of the name go first.
-CREATE OR REPLACE FUNCTION tower_lease.permit_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, most integer)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+-- Takes a permit while fewer than `most_permits` are live (no fence: a permit has none), or
+-- answers how long until the earliest live permit ends when all are taken. Ended permits of
+-- the name go first.
+CREATE FUNCTION tower_lease.permit_acquire(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint,
+    most_permits integer)
+RETURNS tower_lease.acquisition LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     live integer;
-    earliest timestamptz;
+    earliest_ends timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('p', ns, nm);
-    now := clock_timestamp();
-    DELETE FROM tower_lease.permits WHERE namespace = ns AND name = nm AND expires <= now;
-    SELECT count(*), min(expires) INTO live, earliest FROM tower_lease.permits
-    WHERE namespace = ns AND name = nm;
-    IF live >= most THEN
+    PERFORM tower_lease.take_name_lock('p', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    DELETE FROM tower_lease.permits p
+    WHERE p.namespace = lock_namespace AND p.name = lock_name AND p.expires <= call_time;
+    SELECT pg_catalog.count(*), pg_catalog.min(p.expires) INTO live, earliest_ends
+    FROM tower_lease.permits p WHERE p.namespace = lock_namespace AND p.name = lock_name;
+    IF live >= most_permits THEN
         -- A retry of an acquisition whose reply was lost finds our own permit: acquired.
-        IF EXISTS (SELECT 1 FROM tower_lease.permits
-                   WHERE namespace = ns AND name = nm AND secret = s) THEN
-            RETURN 0;
+        IF EXISTS (SELECT 1 FROM tower_lease.permits p
+                   WHERE p.namespace = lock_namespace AND p.name = lock_name
+                     AND p.secret = holder_secret) THEN
+            RETURN tower_lease.acquired(NULL);
         END IF;
-        PERFORM tower_lease.mark_waited('p', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(earliest, now);
+        PERFORM tower_lease.mark_waited('p', lock_namespace, lock_name, call_time);
+        RETURN tower_lease.refused(earliest_ends, call_time);
     END IF;
-    INSERT INTO tower_lease.permits VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
+    INSERT INTO tower_lease.permits VALUES
+        (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms))
     ON CONFLICT (namespace, name, secret) DO UPDATE SET expires = excluded.expires;
-    RETURN 0;
+    RETURN tower_lease.acquired(NULL);
 END
 $$;
 
-CREATE OR REPLACE FUNCTION tower_lease.permit_extend(ns text, nm bytea, s bytea, ttl_ms bigint)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Restarts a live permit held with `holder_secret` for one TTL; answers whether it was held.
+CREATE FUNCTION tower_lease.permit_extend(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('p', ns, nm);
-    now := clock_timestamp();
-    UPDATE tower_lease.permits SET expires = now + make_interval(secs => ttl_ms / 1000.0)
-    WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
+    PERFORM tower_lease.take_name_lock('p', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    UPDATE tower_lease.permits p SET expires = call_time + tower_lease.millis(ttl_ms)
+    WHERE p.namespace = lock_namespace AND p.name = lock_name AND p.secret = holder_secret
+      AND p.expires > call_time;
     RETURN FOUND;
 END
 $$;
 
--- Ends a live permit held with `s`; every release frees a slot, so every one tells the
--- listeners when a refused call marked the name.
-CREATE OR REPLACE FUNCTION tower_lease.permit_release(ns text, nm bytea, s bytea)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Ends a live permit held with `holder_secret`; every release frees a slot, so every one tells
+-- the listeners when a refused call marked the name.
+CREATE FUNCTION tower_lease.permit_release(
+    lock_namespace text, lock_name bytea, holder_secret bytea)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     ended timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('p', ns, nm);
-    now := clock_timestamp();
-    DELETE FROM tower_lease.permits WHERE namespace = ns AND name = nm AND secret = s
-    RETURNING expires INTO ended;
-    IF NOT FOUND OR ended <= now THEN
+    PERFORM tower_lease.take_name_lock('p', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    DELETE FROM tower_lease.permits p
+    WHERE p.namespace = lock_namespace AND p.name = lock_name AND p.secret = holder_secret
+    RETURNING p.expires INTO ended;
+    IF NOT FOUND OR ended <= call_time THEN
         RETURN false;
     END IF;
-    PERFORM tower_lease.notify_waited('p', 'p', ns, nm);
+    PERFORM tower_lease.notify_waited('p', 'p', lock_namespace, lock_name);
     RETURN true;
 END
 $$;
 
--- Reads only: the permits of the name live now.
-CREATE OR REPLACE FUNCTION tower_lease.permits_in_use(ns text, nm bytea)
-RETURNS integer LANGUAGE sql VOLATILE AS $$
-    SELECT count(*)::integer FROM tower_lease.permits
-    WHERE namespace = ns AND name = nm AND expires > clock_timestamp()
+-- Reads only: how many permits of the name are live now.
+CREATE FUNCTION tower_lease.permits_in_use(lock_namespace text, lock_name bytea)
+RETURNS integer LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.count(*)::integer FROM tower_lease.permits p
+    WHERE p.namespace = lock_namespace AND p.name = lock_name
+      AND p.expires > pg_catalog.clock_timestamp()
 $$;

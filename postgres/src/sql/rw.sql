@@ -1,185 +1,214 @@
 -- An `RwLock`'s calls: its writer, intent and write generation in `rwlocks`, its readers in
--- `readers`, both under the name's one lock ('rw'). Answers as in lock.sql.
+-- `readers`, both under the name's one lock ('rw'). Acquisitions answer as in lock.sql.
 
 -- A reader gets in unless a writer holds, or a live write intent holds new readers off;
--- acquired, it answers the write generation (0 unfenced, or before any write). A reader is
+-- acquired, it answers the write generation (0 before any write; NULL unfenced). A reader is
 -- never refused for other readers.
-CREATE OR REPLACE FUNCTION tower_lease.read_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION tower_lease.read_acquire(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint, fenced boolean)
+RETURNS tower_lease.acquisition LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     rw tower_lease.rwlocks;
     found_rw boolean;
 BEGIN
-    PERFORM tower_lease.lock_name('rw', ns, nm);
-    now := clock_timestamp();
-    SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
+    PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    SELECT * INTO rw FROM tower_lease.rwlocks r
+    WHERE r.namespace = lock_namespace AND r.name = lock_name;
     found_rw := FOUND;
-    IF rw.writer_expires > now THEN
-        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
+    IF rw.writer_expires > call_time THEN
+        PERFORM tower_lease.mark_waited('rw', lock_namespace, lock_name, call_time);
+        RETURN tower_lease.refused(rw.writer_expires, call_time);
     END IF;
     -- A retry of an acquisition whose reply was lost finds our own live lease behind an intent.
-    IF rw.intent_expires > now AND NOT EXISTS (
-        SELECT 1 FROM tower_lease.readers
-        WHERE namespace = ns AND name = nm AND secret = s AND expires > now
+    IF rw.intent_expires > call_time AND NOT EXISTS (
+        SELECT 1 FROM tower_lease.readers r
+        WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.secret = holder_secret
+          AND r.expires > call_time
     ) THEN
-        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(rw.intent_expires, now);
+        PERFORM tower_lease.mark_waited('rw', lock_namespace, lock_name, call_time);
+        RETURN tower_lease.refused(rw.intent_expires, call_time);
     END IF;
-    INSERT INTO tower_lease.readers VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
+    INSERT INTO tower_lease.readers VALUES
+        (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms))
     ON CONFLICT (namespace, name, secret) DO UPDATE SET expires = excluded.expires;
-    -- Readers keep the write generation alive, but never start one.
-    IF fenced AND found_rw AND rw.fence_until > now THEN
-        UPDATE tower_lease.rwlocks
-        SET fence_until = greatest(fence_until, now + tower_lease.fence_life(ttl_ms))
-        WHERE namespace = ns AND name = nm;
-        RETURN rw.fence;
+    IF NOT fenced THEN
+        RETURN tower_lease.acquired(NULL);
     END IF;
-    RETURN 0;
+    -- Readers keep the write generation alive, but never start one.
+    IF found_rw AND rw.fence_until > call_time THEN
+        UPDATE tower_lease.rwlocks r
+        SET fence_until = greatest(r.fence_until, call_time + tower_lease.fence_life(ttl_ms))
+        WHERE r.namespace = lock_namespace AND r.name = lock_name;
+        RETURN tower_lease.acquired(rw.fence);
+    END IF;
+    RETURN tower_lease.acquired(0);
 END
 $$;
 
 -- A writer gets in while no writer holds and no reader lease is live. Refused by readers, a
 -- writer of a writer-preferred lock (`intent_ms` > 0) leaves its write intent for `intent_ms`,
 -- and the listeners hear of it; acquired, it removes any intent and the ended readers.
-CREATE OR REPLACE FUNCTION tower_lease.write_acquire(ns text, nm bytea, s bytea, ttl_ms bigint, fenced boolean, intent_ms bigint)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION tower_lease.write_acquire(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint, fenced boolean,
+    intent_ms bigint)
+RETURNS tower_lease.acquisition LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     rw tower_lease.rwlocks;
     found_rw boolean;
-    last_reader timestamptz;
-    issued bigint := 0;
+    last_reader_ends timestamptz;
+    issued bigint;
 BEGIN
-    PERFORM tower_lease.lock_name('rw', ns, nm);
-    now := clock_timestamp();
-    SELECT * INTO rw FROM tower_lease.rwlocks WHERE namespace = ns AND name = nm;
+    PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    SELECT * INTO rw FROM tower_lease.rwlocks r
+    WHERE r.namespace = lock_namespace AND r.name = lock_name;
     found_rw := FOUND;
-    IF rw.writer_expires > now THEN
-        IF rw.writer = s THEN
-            RETURN CASE WHEN fenced THEN rw.fence ELSE 0 END;
+    IF rw.writer_expires > call_time THEN
+        IF rw.writer = holder_secret THEN
+            RETURN tower_lease.acquired(CASE WHEN fenced THEN rw.fence END);
         END IF;
-        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(rw.writer_expires, now);
+        PERFORM tower_lease.mark_waited('rw', lock_namespace, lock_name, call_time);
+        RETURN tower_lease.refused(rw.writer_expires, call_time);
     END IF;
-    SELECT max(expires) INTO last_reader FROM tower_lease.readers
-    WHERE namespace = ns AND name = nm AND expires > now;
-    IF last_reader IS NOT NULL THEN
+    SELECT pg_catalog.max(r.expires) INTO last_reader_ends FROM tower_lease.readers r
+    WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.expires > call_time;
+    IF last_reader_ends IS NOT NULL THEN
         -- Ended readers go, so a name that readers never leave holds no crashed ones for long.
-        DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm AND expires <= now;
+        DELETE FROM tower_lease.readers r
+        WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.expires <= call_time;
         IF intent_ms > 0 THEN
             INSERT INTO tower_lease.rwlocks AS r (namespace, name, intent, intent_expires)
-            VALUES (ns, nm, s, now + make_interval(secs => intent_ms / 1000.0))
+            VALUES (lock_namespace, lock_name, holder_secret,
+                    call_time + tower_lease.millis(intent_ms))
             ON CONFLICT (namespace, name) DO UPDATE
                 SET intent = excluded.intent, intent_expires = excluded.intent_expires;
-            PERFORM tower_lease.notify('i', ns, nm);
+            PERFORM tower_lease.notify('i', lock_namespace, lock_name);
         END IF;
-        PERFORM tower_lease.mark_waited('rw', ns, nm, now);
-        RETURN -1 - tower_lease.left_us(last_reader, now);
+        PERFORM tower_lease.mark_waited('rw', lock_namespace, lock_name, call_time);
+        RETURN tower_lease.refused(last_reader_ends, call_time);
     END IF;
-    DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm;
+    DELETE FROM tower_lease.readers r WHERE r.namespace = lock_namespace AND r.name = lock_name;
     IF fenced THEN
         issued := greatest(
-            CASE WHEN found_rw AND rw.fence_until > now THEN rw.fence ELSE 0 END + 1,
-            tower_lease.micros(now));
+            CASE WHEN found_rw AND rw.fence_until > call_time THEN rw.fence ELSE 0 END + 1,
+            tower_lease.micros(call_time));
         INSERT INTO tower_lease.rwlocks AS r
             (namespace, name, writer, writer_expires, intent, intent_expires, fence, fence_until)
-        VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0), NULL, NULL, issued,
-                now + tower_lease.fence_life(ttl_ms))
+        VALUES (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms),
+                NULL, NULL, issued, call_time + tower_lease.fence_life(ttl_ms))
         ON CONFLICT (namespace, name) DO UPDATE
             SET writer = excluded.writer, writer_expires = excluded.writer_expires,
                 intent = NULL, intent_expires = NULL, fence = excluded.fence,
                 fence_until = excluded.fence_until;
     ELSE
         INSERT INTO tower_lease.rwlocks AS r (namespace, name, writer, writer_expires)
-        VALUES (ns, nm, s, now + make_interval(secs => ttl_ms / 1000.0))
+        VALUES (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms))
         ON CONFLICT (namespace, name) DO UPDATE
             SET writer = excluded.writer, writer_expires = excluded.writer_expires,
                 intent = NULL, intent_expires = NULL;
     END IF;
-    RETURN issued;
+    RETURN tower_lease.acquired(issued);
 END
 $$;
 
--- 0: the lease is gone; 1: extended; 2: a reader extended while a write intent lives.
-CREATE OR REPLACE FUNCTION tower_lease.rw_extend(ns text, nm bytea, s bytea, ttl_ms bigint, reader boolean)
-RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+-- Restarts a reader's (`as_reader`) or the writer's lease for one TTL while it is held with
+-- `holder_secret`. `held`: it was; `writer_waiting`: a reader was extended while a write
+-- intent lives.
+CREATE FUNCTION tower_lease.rwlock_extend(
+    lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint, as_reader boolean,
+    OUT held boolean, OUT writer_waiting boolean)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     ends timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('rw', ns, nm);
-    now := clock_timestamp();
-    ends := now + make_interval(secs => ttl_ms / 1000.0);
-    IF NOT reader THEN
-        UPDATE tower_lease.rwlocks SET writer_expires = ends
-        WHERE namespace = ns AND name = nm AND writer = s AND writer_expires > now;
-        RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+    PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    ends := call_time + tower_lease.millis(ttl_ms);
+    writer_waiting := false;
+    IF NOT as_reader THEN
+        UPDATE tower_lease.rwlocks r SET writer_expires = ends
+        WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.writer = holder_secret
+          AND r.writer_expires > call_time;
+        held := FOUND;
+        RETURN;
     END IF;
-    UPDATE tower_lease.readers SET expires = ends
-    WHERE namespace = ns AND name = nm AND secret = s AND expires > now;
-    IF NOT FOUND THEN
-        RETURN 0;
+    UPDATE tower_lease.readers r SET expires = ends
+    WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.secret = holder_secret
+      AND r.expires > call_time;
+    held := FOUND;
+    IF held THEN
+        writer_waiting := EXISTS (
+            SELECT 1 FROM tower_lease.rwlocks r
+            WHERE r.namespace = lock_namespace AND r.name = lock_name
+              AND r.intent_expires > call_time);
     END IF;
-    IF EXISTS (SELECT 1 FROM tower_lease.rwlocks
-               WHERE namespace = ns AND name = nm AND intent_expires > now) THEN
-        RETURN 2;
-    END IF;
-    RETURN 1;
 END
 $$;
 
--- Ends a reader's or the writer's lease held with `s`. The writer's release, and the last live
--- reader's, tell the listeners if a refused call marked the name.
-CREATE OR REPLACE FUNCTION tower_lease.rw_release(ns text, nm bytea, s bytea, reader boolean)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Ends a reader's (`as_reader`) or the writer's lease held with `holder_secret`. The writer's
+-- release, and the last live reader's, tell the listeners if a refused call marked the name.
+CREATE FUNCTION tower_lease.rwlock_release(
+    lock_namespace text, lock_name bytea, holder_secret bytea, as_reader boolean)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
     ended timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('rw', ns, nm);
-    now := clock_timestamp();
-    IF reader THEN
-        DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm AND secret = s
-        RETURNING expires INTO ended;
-        IF NOT FOUND OR ended <= now THEN
+    PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    IF as_reader THEN
+        DELETE FROM tower_lease.readers r
+        WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.secret = holder_secret
+        RETURNING r.expires INTO ended;
+        IF NOT FOUND OR ended <= call_time THEN
             RETURN false;
         END IF;
-        DELETE FROM tower_lease.readers WHERE namespace = ns AND name = nm AND expires <= now;
-        IF NOT EXISTS (SELECT 1 FROM tower_lease.readers WHERE namespace = ns AND name = nm) THEN
-            PERFORM tower_lease.notify_waited('rw', 'r', ns, nm);
+        DELETE FROM tower_lease.readers r
+        WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.expires <= call_time;
+        IF NOT EXISTS (SELECT 1 FROM tower_lease.readers r
+                       WHERE r.namespace = lock_namespace AND r.name = lock_name) THEN
+            PERFORM tower_lease.notify_waited('rw', 'r', lock_namespace, lock_name);
         END IF;
         RETURN true;
     END IF;
-    UPDATE tower_lease.rwlocks SET writer = NULL, writer_expires = NULL
-    WHERE namespace = ns AND name = nm AND writer = s AND writer_expires > now;
+    UPDATE tower_lease.rwlocks r SET writer = NULL, writer_expires = NULL
+    WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.writer = holder_secret
+      AND r.writer_expires > call_time;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    DELETE FROM tower_lease.rwlocks
-    WHERE namespace = ns AND name = nm AND coalesce(intent_expires, now) <= now
-      AND coalesce(fence_until, now) <= now;
-    PERFORM tower_lease.notify_waited('rw', 'w', ns, nm);
+    DELETE FROM tower_lease.rwlocks r
+    WHERE r.namespace = lock_namespace AND r.name = lock_name
+      AND coalesce(r.intent_expires, call_time) <= call_time
+      AND coalesce(r.fence_until, call_time) <= call_time;
+    PERFORM tower_lease.notify_waited('rw', 'w', lock_namespace, lock_name);
     RETURN true;
 END
 $$;
 
--- Removes the write intent while it holds `s` (the writer that left it gives up); readers
--- waiting elsewhere (they marked the name when refused) hear of it as of a release.
-CREATE OR REPLACE FUNCTION tower_lease.withdraw_intent(ns text, nm bytea, s bytea)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+-- Removes the write intent while it holds `holder_secret` (the writer that left it gives up);
+-- readers waiting elsewhere (they marked the name when refused) hear of it as of a release.
+CREATE FUNCTION tower_lease.withdraw_intent(
+    lock_namespace text, lock_name bytea, holder_secret bytea)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz;
+    call_time timestamptz;
 BEGIN
-    PERFORM tower_lease.lock_name('rw', ns, nm);
-    now := clock_timestamp();
-    UPDATE tower_lease.rwlocks SET intent = NULL, intent_expires = NULL
-    WHERE namespace = ns AND name = nm AND intent = s AND intent_expires > now;
+    PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
+    call_time := pg_catalog.clock_timestamp();
+    UPDATE tower_lease.rwlocks r SET intent = NULL, intent_expires = NULL
+    WHERE r.namespace = lock_namespace AND r.name = lock_name AND r.intent = holder_secret
+      AND r.intent_expires > call_time;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM tower_lease.notify_waited('rw', 'w', ns, nm);
+    PERFORM tower_lease.notify_waited('rw', 'w', lock_namespace, lock_name);
     RETURN true;
 END
 $$;

@@ -2,12 +2,35 @@
 -- transaction under an advisory lock, so replicas that start at once install it once; every
 -- statement is idempotent, so an older schema is brought up to date by running it again.
 --
--- Times are the server's (`clock_timestamp()`, read once per call after the name's lock), as
--- µs-precise `timestamptz`. A lease is live while `expires > now`. Rows whose leases, records
+-- Times are the server's (`clock_timestamp()`, read once per call after the name's lock, into
+-- `call_time`), as µs-precise `timestamptz`. A lease is live while `expires > call_time`. Rows whose leases, records
 -- and fence counters all ended are deleted by the calls that next touch their name, and in
 -- batches by `tower_lease.sweep()`, which each store sends about once a second after one of its
 -- acquisitions, off that call's path (`sweep.rs`): there is no background job.
+--
+-- Every function runs with `SET search_path = pg_catalog, pg_temp`, names its tables with their
+-- schema and calls built-ins as `pg_catalog.…`, so no object of the caller's search path stands
+-- in for ours. The exceptions are the one-expression helpers below (`lock_class` … `refused`):
+-- they touch no table, and the planner inlines them into their callers (a `SET` would forbid
+-- that and cost each call a switch of the search path).
 CREATE SCHEMA IF NOT EXISTS tower_lease;
+
+-- The functions are installed afresh with each version: those of the version before go first,
+-- since a function whose answer changed cannot be replaced in place, and a renamed one would
+-- stay behind. Nothing else of the schema depends on them.
+DO $$
+DECLARE
+    old_function regprocedure;
+BEGIN
+    FOR old_function IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'tower_lease'::regnamespace
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', old_function);
+    END LOOP;
+END
+$$;
+DROP TYPE IF EXISTS tower_lease.acquisition;
 
 CREATE TABLE IF NOT EXISTS tower_lease.schema_version (
     version integer NOT NULL
@@ -28,7 +51,7 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
 -- Whether a call was refused while the lease was held, so that its release must `NOTIFY` (an
 -- unwaited release skips it: a notifying commit takes a database-wide lock). Written by the
 -- refusal while it holds the row's lock, so a release after it sees it. 1 marked; 0 and -1
--- unmarked (-1: a release found it marked and notified; the release answers the value it
+-- unmarked (-1: a release found it marked and notified; `RETURNING` answers the row it
 -- leaves, so one statement both reads and clears the mark).
 ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
 
@@ -103,127 +126,188 @@ CREATE TABLE IF NOT EXISTS tower_lease.claims (
     PRIMARY KEY (namespace, name)
 );
 
--- The transaction-scoped advisory lock that makes every call on one name atomic: the two-key
--- form, whose first key is this crate's (so an application's one-key advisory locks never
--- meet ours), the second a hash of the kind of lock, the namespace and the name. Two names
--- that share a hash only wait for each other.
-CREATE OR REPLACE FUNCTION tower_lease.lock_name(kind text, ns text, nm bytea)
-RETURNS void LANGUAGE sql VOLATILE AS $$
-    SELECT pg_advisory_xact_lock(1953260907, hashtext(kind || ':' || ns || ':' || encode(nm, 'hex')))
+-- When the claim was made: what a second claim of the key answers (`claimed_before`). NULL for
+-- a claim made by `claim`, which older binaries send.
+ALTER TABLE tower_lease.claims ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
+
+-- What an acquire function answers: acquired (with the fence, NULL unfenced; 0 for a fenced
+-- reader before any write), or refused, with the µs until the lease in the way ends.
+CREATE TYPE tower_lease.acquisition AS (
+    acquired boolean,
+    fence bigint,
+    retry_after_us bigint
+);
+
+-- The first key of every advisory lock this crate takes (the two-key form, so an application's
+-- one-key advisory locks never meet ours): 0x746c6561, "tlea". Written here once; `schema.rs`
+-- takes the installation's lock before this function exists, with this number as `LOCK_CLASS`
+-- (a test compares the two).
+CREATE FUNCTION tower_lease.lock_class()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 1953260907
+$$;
+
+-- The second key of a name's advisory lock: a hash of the kind of lock ('rw', 'p', 'v'), the
+-- namespace and the name. Two names that share a hash only wait for each other.
+CREATE FUNCTION tower_lease.name_key(lock_kind text, lock_namespace text, lock_name bytea)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.hashtext(
+        lock_kind || ':' || lock_namespace || ':' || pg_catalog.encode(lock_name, 'hex'))
 $$;
 
 -- A time in µs since the epoch: the clock a fence follows.
-CREATE OR REPLACE FUNCTION tower_lease.micros(t timestamptz)
-RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-    SELECT floor(extract(epoch FROM t) * 1000000)::bigint
+CREATE FUNCTION tower_lease.micros(at_time timestamptz)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.floor(extract(epoch FROM at_time) * 1000000)::bigint
 $$;
 
--- The µs from `now` to `t` (0 if past): what a refusal answers as `retry_after`.
-CREATE OR REPLACE FUNCTION tower_lease.left_us(t timestamptz, now timestamptz)
-RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-    SELECT greatest(floor(extract(epoch FROM (t - now)) * 1000000)::bigint, 0)
+-- A duration given in milliseconds, as every TTL and retention is.
+CREATE FUNCTION tower_lease.millis(ms bigint)
+RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.make_interval(secs => ms / 1000.0)
+$$;
+
+-- The µs from `call_time` until `ends` (0 if past): what a refusal answers as `retry_after_us`.
+CREATE FUNCTION tower_lease.micros_until(ends timestamptz, call_time timestamptz)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(pg_catalog.floor(extract(epoch FROM (ends - call_time)) * 1000000)::bigint, 0)
 $$;
 
 -- How long a fence counter outlives its lock's last acquisition: an hour, or one TTL if longer.
-CREATE OR REPLACE FUNCTION tower_lease.fence_life(ttl_ms bigint)
-RETURNS interval LANGUAGE sql IMMUTABLE AS $$
-    SELECT make_interval(secs => greatest(3600000, ttl_ms) / 1000.0)
+CREATE FUNCTION tower_lease.fence_life(ttl_ms bigint)
+RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT tower_lease.millis(greatest(3600000, ttl_ms))
 $$;
 
--- Tells the listeners of every replica (channel `tower_lease`) that a lease of `name` ended
--- (`kind` 'e' exclusive, 'r' a reader's, 'w' the writer's or an intent withdrawn, 'p' permit,
--- 'v' reservation) or that a writer waits ('i'): the kind, the namespace and the name in hex,
--- split by ':'. A payload over NOTIFY's limit (a namespace of thousands of characters) goes
--- without its name, and the listener wakes every waiter.
-CREATE OR REPLACE FUNCTION tower_lease.notify(kind text, ns text, nm bytea)
-RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+-- The answers of an acquire function: acquired with `fence`, or refused by a lease that ends
+-- at `blocker_ends`.
+CREATE FUNCTION tower_lease.acquired(fence bigint)
+RETURNS tower_lease.acquisition LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ROW(true, fence, NULL)::tower_lease.acquisition
+$$;
+
+CREATE FUNCTION tower_lease.refused(blocker_ends timestamptz, call_time timestamptz)
+RETURNS tower_lease.acquisition LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ROW(false, NULL, tower_lease.micros_until(blocker_ends, call_time))::tower_lease.acquisition
+$$;
+
+-- Takes the transaction-scoped advisory lock that makes every call on one name of a kind
+-- atomic (the `RwLock`s', the `Semaphore`s' and the idempotency keys': a `Lock`'s calls are
+-- ordered by its one row's lock).
+CREATE FUNCTION tower_lease.take_name_lock(lock_kind text, lock_namespace text, lock_name bytea)
+RETURNS void LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(
+        tower_lease.lock_class(), tower_lease.name_key(lock_kind, lock_namespace, lock_name))
+$$;
+
+-- Tells the listeners of every replica (channel `tower_lease`) that a lease of a name ended
+-- (`letter` 'e' exclusive, 'r' a reader's, 'w' the writer's or an intent withdrawn, 'p'
+-- permit, 'v' reservation) or that a writer waits ('i'): the letter, the namespace and the name
+-- in hex, split by ':'. A payload over NOTIFY's limit (a namespace of thousands of characters)
+-- goes without its name, and the listener wakes every waiter.
+CREATE FUNCTION tower_lease.notify(letter text, lock_namespace text, lock_name bytea)
+RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    payload text := kind || ':' || ns || ':' || encode(nm, 'hex');
+    payload text := letter || ':' || lock_namespace || ':' || pg_catalog.encode(lock_name, 'hex');
 BEGIN
-    IF octet_length(payload) >= 7900 THEN
-        payload := kind || ':*';
+    IF pg_catalog.octet_length(payload) >= 7900 THEN
+        payload := letter || ':*';
     END IF;
-    PERFORM pg_notify('tower_lease', payload);
+    PERFORM pg_catalog.pg_notify('tower_lease', payload);
 END
 $$;
 
--- Marks a name of kind `kind` ('rw', 'p', 'v') as waited on; the caller holds the name's lock.
--- A mark already there is left alone (no write) unless 10 s old, so a waiter refused again and
--- again costs one write per 10 s.
-CREATE OR REPLACE FUNCTION tower_lease.mark_waited(kind text, ns text, nm bytea, now timestamptz)
-RETURNS void LANGUAGE sql VOLATILE AS $$
-    INSERT INTO tower_lease.waited AS w VALUES (kind, ns, nm, now)
+-- Marks a name of kind `lock_kind` ('rw', 'p', 'v') as waited on; the caller holds the name's
+-- lock. A mark already there is left alone (no write) unless 10 s old, so a waiter refused
+-- again and again costs one write per 10 s.
+CREATE FUNCTION tower_lease.mark_waited(
+    lock_kind text, lock_namespace text, lock_name bytea, call_time timestamptz)
+RETURNS void LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO tower_lease.waited AS w VALUES (lock_kind, lock_namespace, lock_name, call_time)
     ON CONFLICT (kind, namespace, name) DO UPDATE SET since = excluded.since
-        WHERE w.since < now - interval '10 seconds'
+        WHERE w.since < call_time - interval '10 seconds'
 $$;
 
--- Tells the listeners that a lease of a name of `kind` ended (`letter` as in `notify`), if a
--- refused call marked it; clears the mark. The caller holds the name's lock, as the refusals
+-- Tells the listeners that a lease of a name of `lock_kind` ended (`letter` as in `notify`), if
+-- a refused call marked it; clears the mark. The caller holds the name's lock, as the refusals
 -- that mark it do, so every refusal before this release is seen here. A woken waiter that is
 -- refused again marks it again before it waits, for the next release.
-CREATE OR REPLACE FUNCTION tower_lease.notify_waited(kind text, letter text, ns text, nm bytea)
-RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+CREATE FUNCTION tower_lease.notify_waited(
+    lock_kind text, letter text, lock_namespace text, lock_name bytea)
+RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM tower_lease.waited w
-    WHERE w.kind = notify_waited.kind AND w.namespace = ns AND w.name = nm;
+    WHERE w.kind = lock_kind AND w.namespace = lock_namespace AND w.name = lock_name;
     IF FOUND THEN
-        PERFORM tower_lease.notify(letter, ns, nm);
+        PERFORM tower_lease.notify(letter, lock_namespace, lock_name);
     END IF;
 END
 $$;
 
--- Deletes up to `many` rows of each table whose leases, records and counters all ended, and the
--- marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call has
--- locked, or whose name's advisory lock another call holds, is left for later (so two calls
--- sweeping at once never wait for each other). Sequential scans that stop at the first `many`
--- dead rows. Answers how many rows went: a store sends it again while a batch was full.
-DROP FUNCTION IF EXISTS tower_lease.sweep(integer);
-CREATE FUNCTION tower_lease.sweep(many integer DEFAULT 100)
-RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+-- Deletes up to `batch` rows of each table whose leases, records and counters all ended, and
+-- the marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call
+-- has locked, or whose name's advisory lock another call holds, is left for later (so two calls
+-- sweeping at once never wait for each other). Sequential scans that stop at the first `batch`
+-- dead rows. Answers the most rows one table lost: a store sends it again while a batch was
+-- full.
+CREATE FUNCTION tower_lease.sweep(batch integer DEFAULT 100)
+RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    now timestamptz := clock_timestamp();
+    call_time timestamptz := pg_catalog.clock_timestamp();
     gone integer;
     most integer := 0;
 BEGIN
     DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.locks
-        WHERE expires <= now AND (fence_until IS NULL OR fence_until <= now)
-        LIMIT many FOR UPDATE SKIP LOCKED));
+        WHERE expires <= call_time AND (fence_until IS NULL OR fence_until <= call_time)
+        LIMIT batch FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.rwlocks
-        WHERE coalesce(writer_expires, now) <= now AND coalesce(intent_expires, now) <= now
-          AND coalesce(fence_until, now) <= now LIMIT many FOR UPDATE SKIP LOCKED))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
+        WHERE coalesce(writer_expires, call_time) <= call_time
+          AND coalesce(intent_expires, call_time) <= call_time
+          AND coalesce(fence_until, call_time) <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.readers WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext('rw:' || t.namespace || ':' || encode(t.name, 'hex')));
+        SELECT ctid FROM tower_lease.readers WHERE expires <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.permits t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.permits WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext('p:' || t.namespace || ':' || encode(t.name, 'hex')));
+        SELECT ctid FROM tower_lease.permits WHERE expires <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key('p', t.namespace, t.name));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.idempotency
-        WHERE coalesce(lease_expires, now) <= now AND coalesce(record_expires, now) <= now
-          AND coalesce(unknown_expires, now) <= now AND coalesce(fence_until, now) <= now
-        LIMIT many FOR UPDATE SKIP LOCKED))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext('v:' || t.namespace || ':' || encode(t.name, 'hex')));
+        WHERE coalesce(lease_expires, call_time) <= call_time
+          AND coalesce(record_expires, call_time) <= call_time
+          AND coalesce(unknown_expires, call_time) <= call_time
+          AND coalesce(fence_until, call_time) <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key('v', t.namespace, t.name));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.claims t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.claims WHERE expires <= now LIMIT many FOR UPDATE SKIP LOCKED));
+        SELECT ctid FROM tower_lease.claims WHERE expires <= call_time
+        LIMIT batch FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.waited t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.waited WHERE since < now - interval '1 minute'
-        LIMIT many FOR UPDATE SKIP LOCKED))
-      AND pg_try_advisory_xact_lock(1953260907, hashtext(t.kind || ':' || t.namespace || ':' || encode(t.name, 'hex')));
+        SELECT ctid FROM tower_lease.waited WHERE since < call_time - interval '1 minute'
+        LIMIT batch FOR UPDATE SKIP LOCKED))
+      AND pg_catalog.pg_try_advisory_xact_lock(
+          tower_lease.lock_class(), tower_lease.name_key(t.kind, t.namespace, t.name));
     GET DIAGNOSTICS gone = ROW_COUNT;
     RETURN greatest(most, gone);
 END

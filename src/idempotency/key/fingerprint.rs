@@ -4,8 +4,28 @@ use http::request::Parts;
 
 use crate::backend::FINGERPRINT_LEN;
 
-/// A 128-bit hash of the method, the path with query, and the whole body, each
-/// length-delimited so no two requests' inputs run together.
+/// How [`IdempotencyLayer`](crate::IdempotencyLayer) reads a request body into its fingerprint,
+/// the part of a request a retry must repeat to be answered with the first one's response
+/// (set with [`IdempotencyLayer::fingerprint`](crate::IdempotencyLayer::fingerprint)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fingerprint {
+    /// Every byte of the body counts (the default): a retry must send the very same bytes.
+    #[default]
+    Bytes,
+    /// A JSON body counts by its meaning: whitespace between tokens, the order of an object's
+    /// members and the spelling of a string's escapes (`"\u0041"` is `"A"`) do not count.
+    /// Numbers count as written (`10`, `10.0` and `1e1` differ, as they may to the handler),
+    /// and so does the order of array items and of an object's members with one name. A body
+    /// that is not JSON (a form, malformed JSON, more than 128 levels of nesting) and an empty
+    /// one count by their bytes, as under [`Bytes`](Self::Bytes): the handler gets it as sent
+    /// and answers it as it would. The handler always gets the body's bytes as sent.
+    Json,
+}
+
+/// A 128-bit hash of the method, the path with query, and the whole body (under
+/// [`Fingerprint::Json`], a JSON body's [canonical form](super::json)), each length-delimited
+/// so no two requests' inputs run together.
 ///
 /// It is not cryptographic (the crate takes no hash dependency): two lanes of a 64-bit
 /// multiply-rotate hash over little-endian words, finished with MurmurHash3's `fmix64`. It is
@@ -13,12 +33,20 @@ use crate::backend::FINGERPRINT_LEN;
 /// collision only matters within one key, between two requests the same client sent with it:
 /// by chance about 2⁻¹²⁸, and made on purpose it only replays the client's own response to
 /// itself.
-pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> [u8; FINGERPRINT_LEN] {
+///
+/// A canonical form is valid JSON and a body without one is not, so a JSON body and one that
+/// is not never share their hashed bytes; and a body already in canonical form hashes as
+/// under [`Fingerprint::Bytes`].
+pub(crate) fn fingerprint(parts: &Parts, body: &[u8], how: Fingerprint) -> [u8; FINGERPRINT_LEN] {
     let mut hasher = Hasher::default();
     hasher.field(parts.method.as_str().as_bytes());
     let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     hasher.field(path.as_bytes());
-    hasher.field(body);
+    let canonical = match how {
+        Fingerprint::Json if !body.is_empty() => super::json::canonical(body),
+        _ => None,
+    };
+    hasher.field(canonical.as_deref().unwrap_or(body));
     hasher.finish()
 }
 
@@ -88,7 +116,23 @@ mod tests {
             .uri(uri)
             .body(())
             .unwrap();
-        fingerprint(&req.into_parts().0, body)
+        fingerprint(&req.into_parts().0, body, Fingerprint::Bytes)
+    }
+
+    fn json(body: &str) -> [u8; FINGERPRINT_LEN] {
+        let req = http::Request::post("/pay").body(()).unwrap();
+        fingerprint(&req.into_parts().0, body.as_bytes(), Fingerprint::Json)
+    }
+
+    #[test]
+    fn under_json_a_body_counts_by_its_meaning() {
+        assert_eq!(json(r#"{"a": 1, "b": [2]}"#), json(r#"{"b":[ 2 ],"a":1}"#));
+        assert_ne!(json(r#"{"a": 1}"#), json(r#"{"a": 1.0}"#));
+        // A canonical body hashes as its bytes; one that is not JSON, by its bytes.
+        assert_eq!(json(r#"{"a":1}"#), of("POST", "/pay", br#"{"a":1}"#));
+        assert_eq!(json("a=1"), of("POST", "/pay", b"a=1"));
+        assert_eq!(json(""), of("POST", "/pay", b""));
+        assert_ne!(json(" {}"), of("POST", "/pay", b" {}"));
     }
 
     #[test]
@@ -107,6 +151,7 @@ mod tests {
     #[test]
     fn the_hash_is_stable() {
         // Replicas built by other compilers must agree: this value never changes.
+        assert_eq!(json(" { } "), of("POST", "/pay", b"{}"));
         let hex: String = of("POST", "/pay", b"{}")
             .iter()
             .map(|b| format!("{b:02x}"))

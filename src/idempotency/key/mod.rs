@@ -1,9 +1,11 @@
 //! The idempotency key: the `Idempotency-Key` header and the store name a key gets within its
 //! scope (here), the handler's [`IdempotencyKey`](extension::IdempotencyKey) and the request's
-//! [`fingerprint`](fingerprint::fingerprint).
+//! [`fingerprint`](fingerprint::fingerprint), with a JSON body's canonical form
+//! ([`json`]).
 
 pub(super) mod extension;
-pub(super) mod fingerprint;
+pub(crate) mod fingerprint;
+pub(super) mod json;
 
 use std::borrow::Cow;
 

@@ -1,0 +1,371 @@
+//! A catalog behind [`RwLockLayer`], as a team runs one: three replicas (each its own store
+//! handle) in front of one store, four shops, twenty closed-loop clients; a `GET` works 5 ms
+//! under the shop's read lease, a reprice `PUT` 30 ms under its write lease. Clients honour
+//! `Retry-After` (a refused request is sent again after it, for up to 5 s from its first send).
+//!
+//! ```text
+//! cargo bench --all-features --bench catalog
+//! BENCH_SECONDS=30 CATALOG_STORES=redis,postgres cargo bench --all-features --bench catalog
+//! ```
+//!
+//! For each store (memory, Redis, PostgreSQL), share of writes (2 % and 15 %) and policy, it
+//! prints the share of GETs and PUTs answered `2xx` at their first send and within their
+//! patience, the p50/p99 of each from first send to `2xx`, and the overlaps the handlers saw (a
+//! marker per shop counts readers and writers inside; a write beside anyone is an overlap).
+//! Goals with the catalog configuration: 0 overlaps, ≥ 99.9 % of GETs and of PUTs answered `2xx`,
+//! PUT p99 ≤ 3 × 30 ms + 5 ms, GET p99 ≤ 5 ms + 30 ms; with the defaults, no side below 95 %.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::get;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use tower_lease::{RedisStore, RwLock, RwLockLayer, Store, extract};
+use tower_lease_harness::bench::{self, Redis};
+use tower_lease_harness::http::{Sender, connect, serve};
+use tower_lease_harness::postgres::PgServer;
+use tower_lease_postgres::PgStore;
+
+const REPLICAS: usize = 3;
+const SHOPS: usize = 4;
+const CLIENTS: usize = 20;
+const READ: Duration = Duration::from_millis(5);
+const WRITE: Duration = Duration::from_millis(30);
+/// How long a client keeps sending one request again after `Retry-After`.
+const PATIENCE: Duration = Duration::from_secs(5);
+const TTL: Duration = Duration::from_secs(10);
+
+/// One way to configure the catalog: the lock's policy and the layer's wait.
+struct Policy {
+    name: &'static str,
+    lock: RwLock<str>,
+    max_wait: Option<Duration>,
+    /// Held to the catalog goals (the README's configuration), or to the defaults' (95 %).
+    catalog: bool,
+}
+
+fn policies() -> Vec<Policy> {
+    let lock = RwLock::new("catalog", TTL);
+    vec![
+        Policy {
+            name: "defaults",
+            lock,
+            max_wait: None,
+            catalog: false,
+        },
+        Policy {
+            name: "writer_preferred, max_wait(2 s)",
+            lock: lock.writer_preferred(),
+            max_wait: Some(Duration::from_secs(2)),
+            catalog: false,
+        },
+        Policy {
+            name: "defaults, max_wait(2 s)",
+            lock,
+            max_wait: Some(Duration::from_secs(2)),
+            catalog: true,
+        },
+    ]
+}
+
+/// Readers and writers inside one shop's handlers right now, and how often a write met anyone.
+#[derive(Default)]
+struct Marker {
+    shops: [AtomicI64; SHOPS],
+    overlaps: AtomicU64,
+}
+
+/// A writer counts as this many readers, so one number says who is inside.
+const WRITER: i64 = 1 << 20;
+
+impl Marker {
+    fn enter(&self, shop: usize, weight: i64) {
+        let before = self.shops[shop].fetch_add(weight, Ordering::SeqCst);
+        if before != 0 && (weight == WRITER || before >= WRITER) {
+            self.overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn leave(&self, shop: usize, weight: i64) {
+        self.shops[shop].fetch_sub(weight, Ordering::SeqCst);
+    }
+}
+
+async fn work(marker: &Marker, shop: &str, weight: i64, time: Duration) -> StatusCode {
+    let Some(shop) = shop.parse::<usize>().ok().filter(|&s| s < SHOPS) else {
+        return StatusCode::NOT_FOUND;
+    };
+    marker.enter(shop, weight);
+    tokio::time::sleep(time).await;
+    marker.leave(shop, weight);
+    StatusCode::OK
+}
+
+fn app(marker: Arc<Marker>, layer: RwLockLayer<extract::PathSegment>) -> Router {
+    let read = |State(m): State<Arc<Marker>>, Path(shop): Path<String>| async move {
+        work(&m, &shop, 1, READ).await
+    };
+    let write = |State(m): State<Arc<Marker>>, Path(shop): Path<String>| async move {
+        work(&m, &shop, WRITER, WRITE).await
+    };
+    Router::new()
+        .route("/shops/{shop}", get(read).put(write))
+        .route_layer(layer)
+        .with_state(marker)
+}
+
+/// What the clients saw of one kind of request.
+#[derive(Default)]
+struct Side {
+    sent: u64,
+    first: u64,
+    served: u64,
+    refusals: u64,
+    errors: u64,
+    latencies_ns: Vec<u64>,
+}
+
+impl Side {
+    fn share(&self, n: u64) -> f64 {
+        100.0 * n as f64 / self.sent.max(1) as f64
+    }
+
+    fn quantile_ms(&self, q: f64) -> f64 {
+        bench::quantile_us(&mut self.latencies_ns.clone(), q) / 1000.0
+    }
+}
+
+/// One request sent until it is answered `2xx`, refused past its patience, or fails.
+async fn request(sender: &mut Sender, host: &str, method: Method, shop: usize, side: &mut Side) {
+    let first_sent = Instant::now();
+    side.sent += 1;
+    let mut first = true;
+    loop {
+        let req = http::Request::builder()
+            .method(method.clone())
+            .uri(format!("/shops/{shop}"))
+            .header(http::header::HOST, host)
+            .body(Empty::new())
+            .unwrap();
+        sender.ready().await.expect("connection closed");
+        let res = sender.send_request(req).await.expect("request failed");
+        let status = res.status();
+        let retry_after = res
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        res.into_body().collect().await.expect("body failed");
+        if status.is_success() {
+            side.served += 1;
+            side.first += u64::from(first);
+            side.latencies_ns
+                .push(first_sent.elapsed().as_nanos() as u64);
+            return;
+        }
+        let refused = matches!(status, StatusCode::CONFLICT | StatusCode::LOCKED);
+        match retry_after {
+            Some(after) if refused && first_sent.elapsed() + after <= PATIENCE => {
+                side.refusals += 1;
+                first = false;
+                tokio::time::sleep(after).await;
+            }
+            _ if refused => {
+                side.refusals += 1;
+                return;
+            }
+            _ => {
+                side.errors += 1;
+                return;
+            }
+        }
+    }
+}
+
+/// Twenty clients for `length`, each on its own connection to replica `i % 3`, each request
+/// a `PUT` with probability `writes`.
+async fn drive(replicas: &[SocketAddr], writes: f64, length: Duration) -> (Side, Side) {
+    let deadline = Instant::now() + length;
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let addr = replicas[i % replicas.len()];
+        let mut sender = connect(addr, 1).await.pop().unwrap();
+        let host = addr.to_string();
+        clients.push(tokio::spawn(async move {
+            let (mut gets, mut puts) = (Side::default(), Side::default());
+            while Instant::now() < deadline {
+                let shop = rand::random_range(0..SHOPS);
+                if rand::random_bool(writes) {
+                    request(&mut sender, &host, Method::PUT, shop, &mut puts).await;
+                } else {
+                    request(&mut sender, &host, Method::GET, shop, &mut gets).await;
+                }
+            }
+            (gets, puts)
+        }));
+    }
+    let (mut gets, mut puts) = (Side::default(), Side::default());
+    for client in clients {
+        let (g, p) = client.await.expect("a client panicked");
+        for (all, one) in [(&mut gets, g), (&mut puts, p)] {
+            all.sent += one.sent;
+            all.first += one.first;
+            all.served += one.served;
+            all.refusals += one.refusals;
+            all.errors += one.errors;
+            all.latencies_ns.extend(one.latencies_ns);
+        }
+    }
+    (gets, puts)
+}
+
+/// Where the catalog keeps its leases: three handles on one store, as three replicas have.
+enum Backing {
+    Memory,
+    Redis(Redis),
+    Postgres(PgServer),
+}
+
+impl Backing {
+    fn name(&self) -> &'static str {
+        match self {
+            Backing::Memory => "memory",
+            Backing::Redis(_) => "Redis",
+            Backing::Postgres(_) => "PostgreSQL",
+        }
+    }
+
+    async fn replicas(&self) -> Vec<Store> {
+        match self {
+            // One process: the replicas share one store, its rooms and its shares.
+            Backing::Memory => vec![Store::memory(); REPLICAS],
+            Backing::Redis(redis) => {
+                let mut stores = Vec::new();
+                for _ in 0..REPLICAS {
+                    let url = tower_lease_harness::Endpoint::url(redis);
+                    let store = RedisStore::connect(&url).await.expect("a RedisStore");
+                    stores.push(store.prefix("bench-catalog").into());
+                }
+                stores
+            }
+            Backing::Postgres(server) => {
+                let mut stores = Vec::new();
+                for _ in 0..REPLICAS {
+                    let store = PgStore::connect(&server.url()).await.expect("a PgStore");
+                    stores.push(store.into());
+                }
+                stores
+            }
+        }
+    }
+}
+
+fn seconds() -> Duration {
+    let seconds = std::env::var("BENCH_SECONDS")
+        .ok()
+        .map(|v| {
+            v.parse::<u64>()
+                .expect("BENCH_SECONDS must be a whole number")
+        })
+        .unwrap_or(10);
+    Duration::from_secs(seconds.max(1))
+}
+
+fn main() {
+    let length = seconds();
+    let wanted = std::env::var("CATALOG_STORES").unwrap_or("memory,redis,postgres".to_owned());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("\nmachine: {}", bench::machine());
+    println!(
+        "{REPLICAS} replicas, {SHOPS} shops, {CLIENTS} closed-loop clients, GET {READ:?}, PUT \
+         {WRITE:?}, {length:?} per run; a refused request is sent again after its Retry-After \
+         for up to {PATIENCE:?}\n"
+    );
+    println!(
+        "| store | writes | policy | GET 2xx first | GET 2xx | GET p50 / p99 ms | PUT 2xx first | PUT 2xx | PUT p50 / p99 ms | overlaps | goals |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    let mut missed = 0;
+    for store in wanted.split(',') {
+        let backing = match store.trim() {
+            "memory" => Backing::Memory,
+            "redis" => Backing::Redis(Redis::start()),
+            "postgres" => Backing::Postgres(PgServer::start()),
+            other => panic!("CATALOG_STORES: unknown store {other:?}"),
+        };
+        for writes in [0.02, 0.15] {
+            for policy in policies() {
+                let line = runtime.block_on(run(&backing, writes, &policy, length));
+                missed += usize::from(!line);
+            }
+        }
+    }
+    println!("\nload average after: {}", bench::load_average());
+    if missed > 0 {
+        println!("{missed} runs missed their goals");
+    }
+}
+
+/// One run; prints its row and answers whether it met its goals.
+async fn run(backing: &Backing, writes: f64, policy: &Policy, length: Duration) -> bool {
+    let marker = Arc::new(Marker::default());
+    let mut replicas = Vec::new();
+    for store in backing.replicas().await {
+        let mut layer = RwLockLayer::new(store, policy.lock, extract::path_segment(1));
+        if let Some(wait) = policy.max_wait {
+            layer = layer.max_wait(wait);
+        }
+        replicas.push(serve(app(marker.clone(), layer)).await);
+    }
+    // Warm up the connections, the pools and the scripts.
+    drive(&replicas, writes, Duration::from_millis(300)).await;
+    let overlaps_before = marker.overlaps.load(Ordering::Relaxed);
+    let (gets, puts) = drive(&replicas, writes, length).await;
+    let overlaps = marker.overlaps.load(Ordering::Relaxed) - overlaps_before;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (get_p99, put_p99) = (gets.quantile_ms(0.99), puts.quantile_ms(0.99));
+    let met = if policy.catalog {
+        overlaps == 0
+            && gets.share(gets.first) >= 99.9
+            && puts.share(puts.first) >= 99.9
+            && put_p99 <= ms(WRITE * 3 + READ)
+            && get_p99 <= ms(READ) + ms(WRITE)
+    } else {
+        overlaps == 0 && gets.share(gets.served) >= 95.0 && puts.share(puts.served) >= 95.0
+    };
+    let errors = gets.errors + puts.errors;
+    println!(
+        "| {} | {:.0} % | {} | {:.1} % | {:.1} % | {:.0} / {:.0} | {:.1} % | {:.1} % | {:.0} / {:.0} | {overlaps} | {}{} |",
+        backing.name(),
+        writes * 100.0,
+        policy.name,
+        gets.share(gets.first),
+        gets.share(gets.served),
+        gets.quantile_ms(0.5),
+        get_p99,
+        puts.share(puts.first),
+        puts.share(puts.served),
+        puts.quantile_ms(0.5),
+        put_p99,
+        match (policy.catalog, met) {
+            (true, true) => "catalog goals met",
+            (true, false) => "catalog goals MISSED",
+            (false, true) => "≥ 95 % met",
+            (false, false) => "≥ 95 % MISSED",
+        },
+        if errors > 0 {
+            format!(", {errors} errors")
+        } else {
+            String::new()
+        },
+    );
+    met
+}
