@@ -97,6 +97,7 @@ impl Ghosts {
             fenced,
             fairness,
             permits,
+            ..
         } = lease.lock;
         let ghost = Ghost {
             store: store.clone(),

@@ -10,6 +10,7 @@ mod definitions;
 mod extend_many;
 mod keys;
 mod native;
+mod publish;
 #[cfg(feature = "cluster")]
 mod sharded;
 mod wait;
