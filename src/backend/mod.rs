@@ -235,15 +235,12 @@ pub struct LeaseRef<'a> {
     pub mode: Mode,
     /// The secret the lease is (or is to be) held with.
     pub secret: &'a Secret,
-    /// For an `acquire`: the attempt is one of a bounded wait that goes on waiting if refused,
-    /// made once the waiter hears of the lock's releases, and trying again with the same
+    /// For an `acquire`: the attempt is one of a bounded wait, which tries again with the same
     /// secret until it gets in or gives up. A [phase-fair](Fairness::PhaseFair) reader refused
     /// by a writer or a write intent is then noted as waiting, and let in before the next
     /// writer once the write ends; a phase-fair writer refused by a writer leaves its write
-    /// intent (as one refused by readers always does). A backend whose releases notify only a
-    /// lock marked as waited on (as the Redis and Postgres stores do) marks it when it refuses
-    /// this attempt, in the same call, so that the release after the refusal notifies.
-    /// `false` for a single attempt (`try_read`), and for every other call.
+    /// intent (as one refused by readers always does). `false` for a single attempt (`try_read`), and for every
+    /// other call.
     pub waiting: bool,
 }
 

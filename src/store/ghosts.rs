@@ -97,7 +97,6 @@ impl Ghosts {
             fenced,
             fairness,
             permits,
-            ..
         } = lease.lock;
         let ghost = Ghost {
             store: store.clone(),

@@ -10,7 +10,6 @@ mod definitions;
 mod extend_many;
 mod keys;
 mod native;
-mod publish;
 #[cfg(feature = "cluster")]
 mod sharded;
 mod wait;

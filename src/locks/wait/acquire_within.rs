@@ -93,11 +93,6 @@ pub(crate) async fn acquire_within(
     let mut held_here = turn.inherit_held();
     // Whether it waited before the attempt that answers: in the queue, or between attempts.
     let mut waited = turn.queued;
-    // Whether the last attempt marked the name as waited on: one sent while this waiter
-    // watches the releases does (`LeaseRef::waiting`), so a store that notifies only marked
-    // names notifies the release after it. Until then this process's own releases wake the
-    // waiter through the room, and a refusal that did not mark is followed by one that does.
-    let mut marked = false;
     if held_here && std::mem::take(&mut unwatched) {
         // The lock is this process's: there is no attempt to hold up, and the subscription
         // made now sees the release, so the attempt after it is the only one.
@@ -105,25 +100,14 @@ pub(crate) async fn acquire_within(
     }
     loop {
         let released = turn.released();
-        // A notification kept from before this point is stale: the attempt below (or, for a
-        // lock held here, this process's own room) sees what it told. Dropped, it cannot wake
-        // the waiter for a needless attempt (a release here wakes the room and, for a name
-        // others marked, publishes too).
-        if let Some(watch) = &watch {
-            let _ = futures_util::FutureExt::now_or_never(watch.released());
-        }
         let mut published = watch.as_ref().map(|watch| watch.released());
         let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
             None
         } else {
-            // An attempt that will go on waiting if refused, made while this waiter hears of
-            // the releases (or of a store that tells none), is a waiting one: a phase-fair
-            // reader is noted, and the name marked as waited on. Not the last, at the deadline.
-            let waiting =
-                Instant::now() < deadline && (watch.is_some() || !store.has_notifications());
-            marked = waiting && watch.is_some();
+            // The last attempt, at the deadline, is not noted as a waiting reader's.
+            let waiting = Instant::now() < deadline;
             let (sent_at, attempt) =
                 attempt(&store, definition, mode, &name, &secret, waiting).await;
             if let (Some(intent), Ok(Attempt::Busy { .. })) = (&mut intent, &attempt) {
@@ -168,11 +152,6 @@ pub(crate) async fn acquire_within(
             }
             published = watch.as_ref().map(|watch| watch.released());
         }
-        // Refused without a mark while watching: a release that came before the mark would
-        // notify nobody, so the next attempt marks the name and tries it again at once.
-        if retry_after.is_some() && !marked && watch.is_some() {
-            continue;
-        }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
         let pause = match (&published, until_lease_end) {
@@ -193,14 +172,10 @@ pub(crate) async fn acquire_within(
         };
         waited = true;
         tokio::select! {
-            // With notifications, this process's own releases of a name this waiter marked
-            // arrive as messages too: waking for both would send a second attempt per release.
-            // Not marked (a waiter that inherited a lock held here, and sent nothing yet), a
-            // release here may publish nothing, so its room wakes the waiter.
-            () = released, if watch.is_none() || !marked => {}
-            // Until then the notifications are not listened to: the lock is held here, and the
-            // message its release may also publish would only wake the waiter a second time.
-            () = published, if marked => {}
+            // With notifications, this process's own releases arrive as messages too: waking
+            // for both would send a second attempt per release.
+            () = released, if watch.is_none() => {}
+            () = published => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}
         }

@@ -12,7 +12,7 @@ use super::scripts::{
     ACQUIRE, Call, Holder, LastArg, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE,
     WITHDRAW_INTENT, WRITE_ACQUIRE, WRITE_RELEASE, holder_script,
 };
-use super::{KeyRole, RedisStore, WAITED_MARK_MS, acquisition, answered_one, notify};
+use super::{KeyRole, RedisStore, acquisition, answered_one, notify};
 use crate::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
     LockRef, Mode, NotificationSink, Warning, unsupported,
@@ -89,8 +89,7 @@ where
             lock, mode, secret, ..
         } = lease;
         let wait = self.replicas;
-        // A waiter's attempt marks the name when refused: a script, off the hot path.
-        if mode == Mode::Exclusive && !lock.fenced && !lease.waiting {
+        if mode == Mode::Exclusive && !lock.fenced {
             if let Some(replicas) = wait {
                 return self.bounded(self.set_nx_replicated(lock, secret, replicas));
             }
@@ -108,20 +107,18 @@ where
                 KeyRole::WaitingReaders,
                 KeyRole::ReadPhase,
             ];
-            // How long a refusal marks the name as waited on (0: not at all).
-            let mark = if lease.waiting { WAITED_MARK_MS } else { 0 };
             let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
                 Mode::Exclusive => (
                     &ACQUIRE,
-                    &[KeyRole::Lock, KeyRole::LockWaited],
+                    &[KeyRole::Lock],
                     Some(KeyRole::LockFence),
-                    LastArg::TtlAnd(mark),
+                    LastArg::Ttl,
                 ),
                 Mode::Permit => (
                     &PERMIT_ACQUIRE,
-                    &[KeyRole::Permits, KeyRole::PermitsWaited],
+                    &[KeyRole::Permits],
                     None,
-                    LastArg::TtlAndTwo(lock.permits.into(), mark),
+                    LastArg::TtlAnd(lock.permits.into()),
                 ),
                 Mode::Read => {
                     let phase = lock.read_phase().unwrap_or_default().as_millis() as u64;
@@ -306,12 +303,6 @@ where
     ) -> Result<bool> {
         let (script, role) = holder_script(lease.mode, Holder::Release);
         let (lock, secret) = (lease.lock, Some(lease.secret));
-        // A `Lock`'s and a permit's release publishes only when it finds the name marked.
-        let roles: &[KeyRole] = match lease.mode {
-            Mode::Exclusive => &[KeyRole::Lock, KeyRole::LockWaited],
-            Mode::Permit => &[KeyRole::Permits, KeyRole::PermitsWaited],
-            _ => std::slice::from_ref(&role),
-        };
         // A reader's or a permit's script names its channel from its key.
         let channel = match lease.mode {
             Mode::Read | Mode::Permit => Vec::new(),
@@ -328,6 +319,6 @@ where
             Mode::Read | Mode::Permit => LastArg::None,
             _ => LastArg::Channel(&channel),
         };
-        answered_one(self.run(script, lock, roles, None, secret, last).await?)
+        answered_one(self.run(script, lock, &[role], None, secret, last).await?)
     }
 }

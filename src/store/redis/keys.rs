@@ -15,9 +15,6 @@ const DEFAULT_PREFIX: &str = "tower-lease";
 /// assert_eq!(layout.key(KeyRole::Lock, "invoice", b"42"), b"tower-lease:lock:{invoice:42}");
 /// assert_eq!(layout.key(KeyRole::Readers, "catalog", b"s1"), b"tower-lease:rwlock:{catalog:s1}:r");
 /// assert_eq!(layout.key(KeyRole::Permits, "export", b"t1"), b"tower-lease:sem:{export:t1}");
-/// // Waited on: a release publishes only while the mark lives (all keys of a name share a slot).
-/// assert_eq!(layout.key(KeyRole::LockWaited, "invoice", b"42"), b"tower-lease:lock:{invoice:42}:waited");
-/// assert_eq!(layout.key(KeyRole::PermitsWaited, "export", b"t1"), b"tower-lease:sem:{export:t1}:waited");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyLayout {
@@ -74,7 +71,6 @@ impl KeyLayout {
         let (family, suffix): (&[u8], &[u8]) = match role {
             KeyRole::Lock => (b":lock:{", b""),
             KeyRole::LockFence => (b":lock:{", b":fence"),
-            KeyRole::LockWaited => (b":lock:{", b":waited"),
             KeyRole::Writer => (b":rwlock:{", b":w"),
             KeyRole::Readers => (b":rwlock:{", b":r"),
             KeyRole::WriteIntent => (b":rwlock:{", b":wi"),
@@ -82,7 +78,6 @@ impl KeyLayout {
             KeyRole::ReadPhase => (b":rwlock:{", b":rp"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
             KeyRole::Permits => (b":sem:{", b""),
-            KeyRole::PermitsWaited => (b":sem:{", b":waited"),
             KeyRole::Idempotency => (b":idem:{", b""),
             KeyRole::IdempotencyFence => (b":idem:{", b":fence"),
             KeyRole::IdempotencyUnknown => (b":idem:{", b":unknown"),
@@ -135,10 +130,6 @@ pub enum KeyRole {
     Lock,
     /// The fence counter of a [`Lock`](crate::Lock).
     LockFence,
-    /// The mark a refused caller of a [`Lock`](crate::Lock) that waits (a bounded wait:
-    /// `try_lock_for`, a layer's `wait`) leaves, `PX` a few seconds: a release publishes on the
-    /// lock's channel only while it exists, and takes it.
-    LockWaited,
     /// The writer's key of an [`RwLock`](crate::RwLock).
     Writer,
     /// The reader set of an [`RwLock`](crate::RwLock).
@@ -161,10 +152,6 @@ pub enum KeyRole {
     /// The permits of a [`Semaphore`](crate::Semaphore): a sorted set of permit secrets scored
     /// by lease end (server ms).
     Permits,
-    /// The mark a refused caller of a [`Semaphore`](crate::Semaphore) that waits leaves, as
-    /// [`LockWaited`](Self::LockWaited) for a lock: a permit's release publishes only while
-    /// it exists, and takes it.
-    PermitsWaited,
     /// An idempotency key: while its first request runs, the reservation (the holder's
     /// secret, `PX ttl`); once that completed, its record (the request fingerprint, 16 bytes,
     /// the completing reservation's secret, 16 bytes, then the stored response, `PX` the

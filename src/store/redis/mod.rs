@@ -38,12 +38,6 @@ pub use self::sentinel::SentinelConnection;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long a refused waiter's mark (`KeyRole::LockWaited`, `KeyRole::PermitsWaited`) lives, in
-/// ms: a waiter that watches the releases tries again at least every second (the wait loop's
-/// safety poll), and each refused attempt renews the mark, so it outlives the wait with room
-/// for a slow round trip; a waiter gone leaves it for three seconds at most.
-const WAITED_MARK_MS: u64 = 3_000;
-
 /// A [`Backend`](crate::backend::Backend) on Redis, over any redis-rs async connection, with its
 /// options.
 ///
@@ -70,7 +64,6 @@ const WAITED_MARK_MS: u64 = 3_000;
 /// | [`RwLock`](crate::RwLock) readers | `P:rwlock:{ns:name}:r` | sorted set: reader secrets scored by lease end (server ms) |
 /// | [`RwLock`](crate::RwLock) write intent | `P:rwlock:{ns:name}:wi` | string: a refused writer attempt's secret, `PX` 500 ms (at most the TTL) |
 /// | [`Semaphore`](crate::Semaphore) | `P:sem:{ns:name}` | sorted set: permit secrets scored by lease end (server ms) |
-/// | waited on | `P:lock:{ns:name}:waited`, `P:sem:{ns:name}:waited` | `1`, `PX` 3 s: left by a refused attempt of a caller that waits; a release publishes only while it exists, and deletes it |
 /// | fenced | `P:lock:{ns:name}:fence`, `P:rwlock:{ns:name}:fence` | the last fence issued, `PX` an hour from the lock's last acquisition (or one TTL, if longer) |
 /// | [`IdempotencyLayer`](crate::IdempotencyLayer) key | `P:idem:{ns:scope:key}` (and `:fence` when fenced) | string: the reservation's secret, `PX` its lease; once completed the record (fingerprint, completing secret, stored response), `PX` the retention |
 ///
@@ -99,9 +92,8 @@ const WAITED_MARK_MS: u64 = 3_000;
 /// Where the server has them (Valkey 9.0+, Redis 8.4+; asked once, at connect or on the first
 /// extend or release), an exclusive or writer lease is extended with `SET key secret IFEQ secret
 /// PX ttl` and released with `DELIFEQ key secret` (Valkey) or `DELEX key IFEQ secret` (Redis),
-/// pipelined with the `DEL` of its waited-on mark (a writer's: with its `PUBLISH`), and a
-/// `PUBLISH` after them only when the mark was there: plain commands, no script, so an unfenced
-/// [`Lock`](crate::Lock) runs none at all. Valkey 8.1 has the `SET` only. Everything else runs its script, as on older
+/// pipelined with its `PUBLISH`: plain commands, no script, so an unfenced [`Lock`](crate::Lock)
+/// runs none at all. Valkey 8.1 has the `SET` only. Everything else runs its script, as on older
 /// servers. A `tracing` debug event (`tower-lease: compare-and-set`) names the path a store
 /// takes; [`Store::check`](crate::Store::check) asks again.
 ///

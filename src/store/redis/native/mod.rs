@@ -4,16 +4,11 @@
 //! - extend: `SET key secret IFEQ secret PX ttl` (Valkey 8.1+, Redis 8.4+), which sets nothing
 //!   when the key is gone or holds another secret, so it never re-acquires;
 //! - release: `DELIFEQ key secret` (Valkey 9.0+) or `DELEX key IFEQ secret` (Redis 8.4+),
-//!   pipelined, for a `Lock`, with the `DEL` of the name's waited-on mark (`KeyRole::LockWaited`,
-//!   left by a refused waiter), and only when that found the mark, a `PUBLISH` (or `SPUBLISH`)
-//!   in a second round trip that wakes the waiters elsewhere; for a writer, with the `PUBLISH`.
+//!   pipelined with the `PUBLISH` (or `SPUBLISH`) that wakes waiters elsewhere.
 //!
-//! Whoever deletes a mark publishes, whether or not the delete found the lease (a release that
-//! finds its lease gone is rare, and wakes waiters only to try a name that is then free or held
-//! anew). No wake-up is lost: the delete runs before the mark's `DEL`, so a waiter refused
-//! after that `DEL` was refused by a new holder, whose release will find its mark, and a waiter
-//! refused before the delete marked the name (in its refused attempt's script) before the
-//! `DEL` saw it. A waiter subscribes before it sends an attempt that marks.
+//! The release publishes whether or not the delete found the lease: a conditional `PUBLISH`
+//! would need a second round trip or a script, and a release that finds its lease gone is rare
+//! (the lease was lost) and wakes waiters only to try a name that is then free or held anew.
 //!
 //! The server is asked once: at connect by `connect`, `from_client`, `connect_cluster` and
 //! `connect_sentinel`, and on the first extend or release of a store made with `new`:
@@ -145,9 +140,8 @@ where
         set
     }
 
-    /// Releases `lease` with `DELIFEQ` or `DELEX … IFEQ`, then takes a `Lock`'s waited-on mark
-    /// in the same pipeline and publishes on its channel only if there was one (a writer
-    /// publishes in the pipeline); `None` when the server has neither, for the script to do it.
+    /// Releases `lease` with `DELIFEQ` or `DELEX … IFEQ`, then publishes on its channel, in
+    /// one pipeline; `None` when the server has neither, for the script to do it.
     pub(in crate::store::redis) async fn release_native(
         &self,
         lease: LeaseRef<'_>,
@@ -164,42 +158,18 @@ where
             _ => delete.arg("DELIFEQ").arg(key),
         };
         delete.arg(secret.as_slice());
-        let marked = lease.mode == Mode::Exclusive;
         let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(delete);
-        if marked {
-            let mark = self.key_arg(KeyRole::LockWaited, lock);
-            let mut take = redis::Cmd::with_capacity(2, mark.len() + 8);
-            take.arg("DEL").arg(mark);
-            pipe.add_command(take);
-        } else {
-            pipe.add_command(self.publish(lease));
-        }
+        pipe.add_command(delete).add_command(self.publish(lease));
         let Some(replies) = self.send_native(&pipe).await? else {
             return Ok(None);
         };
-        let mut replies = replies.into_iter();
-        let deleted = replies.next().unwrap_or(redis::Value::Nil);
-        let released = match deleted.extract_error().map_err(Error::Redis)? {
-            redis::Value::Int(n) => n == 1,
-            other => {
-                return Err(Error::UnexpectedReply(format!(
-                    "a delete answered {other:?}"
-                )));
-            }
-        };
-        if marked && matches!(replies.next(), Some(redis::Value::Int(1))) {
-            // A waiter marked the name: tell it. Sent again on a lost connection (a second
-            // message only wakes the waiters for one more attempt).
-            let publish = self.publish(lease);
-            let (started, mut conn) = (self.started(), self.conn.clone());
-            let mut reply = conn.req_packed_command(&publish).await;
-            if self.retry(&reply, &mut conn, started)? {
-                reply = conn.req_packed_command(&publish).await;
-            }
-            self.reply(reply)?;
+        let deleted = replies.into_iter().next().unwrap_or(redis::Value::Nil);
+        match deleted.extract_error().map_err(Error::Redis)? {
+            redis::Value::Int(n) => Ok(Some(n == 1)),
+            other => Err(Error::UnexpectedReply(format!(
+                "a delete answered {other:?}"
+            ))),
         }
-        Ok(Some(released))
     }
 
     /// Stores a completed request's record over its reservation with `SET key record IFEQ

@@ -150,9 +150,7 @@ pub(in crate::store::redis) enum LastArg<'a> {
     TtlAnd(u64),
     /// The TTL, then two numbers more: a read acquisition's read phase in ms (0 for none) and
     /// `1` for an attempt of a bounded wait (else `0`); a write acquisition's intent in ms and
-    /// `0` unless the lock is phase-fair, `2` for its attempt of a bounded wait, else `1`; a
-    /// permit acquisition's most permits live at once, and how long its refusal marks the name
-    /// as waited on (0 for not at all).
+    /// `0` unless the lock is phase-fair, `2` for its attempt of a bounded wait, else `1`.
     TtlAndTwo(u64, u64),
     Channel(&'a [u8]),
     /// The channel, then one number: a phase-fair write release's read phase in ms.

@@ -1,11 +1,9 @@
 -- Acquire one permit of a `Semaphore`. Permits live in a sorted set scored by lease end (server
 -- ms).
--- KEYS[1] permit set, KEYS[2] the waited-on mark
--- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] the most permits live at once, ARGV[4] how long a
--- refusal marks the name as waited on, in ms (0: the caller does not wait, and marks nothing)
+-- KEYS[1] permit set
+-- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] the most permits live at once
 -- Returns one integer (see acquire.lua): 0 when acquired, -3 - the ms until the earliest live
--- permit ends when all are taken. A refused caller that waits marks the name in this same call
--- (see permit_release.lua).
+-- permit ends when all are taken.
 --
 -- Ended permits are dropped only when the set looks full: while it has room counting them, it
 -- has room without them, so the common path makes four calls (TIME, ZCARD, ZADD, PEXPIREAT).
@@ -20,9 +18,6 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
     -- (With room left, the ZADD below takes it again, unchanged but for its lease end.)
     if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
       return 0
-    end
-    if ARGV[4] ~= '0' then
-      redis.call('PSETEX', KEYS[2], ARGV[4], '1')
     end
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     -- No member at all only with a limit of 0, which the callers never send.

@@ -1,11 +1,10 @@
 -- Release one permit of a `Semaphore`: only a live one counts (an ended permit is gone, and the
--- answer is 0 as if it had been dropped). A release frees a slot, and publishes on the
--- semaphore's channel, which is the set's own key, only when a refused caller that waits marked
--- the name (see permit_acquire.lua): it takes the mark, and publishes if there was one.
--- KEYS[1] permit set, KEYS[2] the waited-on mark; ARGV[1] secret, ARGV[2] (optional) `1` when
--- the holder has confirmed the permit live until after now (`Backend::release_live`): then the
--- server's clock is not asked, and a member still in the set counts as live. Returns 1 when
--- released, 0 when the permit was gone.
+-- answer is 0 as if it had been dropped). Every release frees a slot, so each one publishes on
+-- the semaphore's channel, which is the set's own key, waking a waiter in another process.
+-- KEYS[1] permit set; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
+-- permit live until after now (`Backend::release_live`): then the server's clock is not asked,
+-- and a member still in the set counts as live. Returns 1 when released, 0 when the permit was
+-- gone.
 if ARGV[2] then
   if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
     return 0
@@ -22,7 +21,5 @@ else
     return 0
   end
 end
-if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('PUBLISH', KEYS[1], '')
-end
+redis.call('PUBLISH', KEYS[1], '')
 return 1
