@@ -1,4 +1,4 @@
-//! A JSON body in a canonical form, for [`Fingerprint::Json`](super::fingerprint::Fingerprint):
+//! A JSON body in a canonical form, for [`Fingerprint::Json`](crate::Fingerprint::Json):
 //! two bodies that mean the same have the same form.
 //!
 //! The form: no whitespace between tokens; an object's members sorted by name (by code point,
@@ -9,7 +9,7 @@
 //! as written. It is RFC 8785's (JCS) but for the numbers, which JCS writes as an IEEE double
 //! would (`10.0` as `10`, and integers over 2⁵³ rounded): two numbers the handler may read
 //! differently stay different. A body already in this form is its own form, so its
-//! fingerprint is the one [`Fingerprint::Bytes`](super::fingerprint::Fingerprint::Bytes) gives.
+//! fingerprint is the one [`Fingerprint::Bytes`](crate::Fingerprint::Bytes) gives.
 //!
 //! The crate's own code, a recursive descent over the bytes: no dependency, and the form can
 //! never change under the crate's feet (a `serde_json` built with `preserve_order` by another
