@@ -311,8 +311,18 @@ fn main() {
         // One set of replicas' stores for every run: a run's servers live on with their stores,
         // and PostgreSQL counts every pooled connection against its `max_connections`.
         let stores = runtime.block_on(backing.replicas());
-        for writes in [0.02, 0.15] {
-            for policy in policies() {
+        let writes_wanted = std::env::var("CATALOG_WRITES").unwrap_or("2,15".to_owned());
+        let policy_wanted = std::env::var("CATALOG_POLICIES").unwrap_or_default();
+        for writes in writes_wanted.split(',').map(|w| {
+            w.trim()
+                .parse::<f64>()
+                .expect("CATALOG_WRITES: whole percents")
+                / 100.0
+        }) {
+            for policy in policies().into_iter().filter(|p| {
+                policy_wanted.is_empty()
+                    || policy_wanted.split(';').any(|w| p.name.contains(w.trim()))
+            }) {
                 let line = runtime.block_on(run(backing.name(), &stores, writes, &policy, length));
                 missed += usize::from(!line);
             }

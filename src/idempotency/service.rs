@@ -305,7 +305,7 @@ where
                         continue;
                     }
                 }
-                let Some(watch) = &watch else {
+                let Some(watch) = &mut watch else {
                     tokio::time::sleep_until((now + pause).min(deadline)).await;
                     pause = (pause * 2).min(LAST_LOOK);
                     continue;
@@ -314,7 +314,7 @@ where
                 let lease_end = now + retry_after + Duration::from_millis(1);
                 let until = deadline.min(lease_end).min(now + WATCHED_LOOK);
                 tokio::select! {
-                    () = watch.released() => watch.wake_others(),
+                    () = watch.released() => {}
                     () = tokio::time::sleep_until(until) => {}
                 }
             }

@@ -115,7 +115,13 @@ impl Store {
             return None;
         }
         let key = Hub::key(mode, namespace, name);
-        let (notify, first) = self.hub.enter(&key);
+        let (mut releases, first) = self.hub.enter(&key);
+        if !first {
+            // A release heard here between this waiter's last attempt and now reached only the
+            // watchers before it: its first wait ends at once, for one more attempt (the first
+            // watcher makes that attempt after subscribing, see `Watch::subscribed_now`).
+            releases.mark_changed();
+        }
         let watch = Watch {
             backend: self.backend.clone(),
             hub: self.hub.clone(),
@@ -123,7 +129,7 @@ impl Store {
             mode,
             namespace: namespace.into(),
             name: name.into(),
-            notify,
+            releases,
             first,
         };
         if !first {

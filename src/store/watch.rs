@@ -8,8 +8,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
-use tokio::sync::futures::Notified;
+use tokio::sync::watch;
 
 use crate::backend::{Backend, Hub, Mode};
 
@@ -21,7 +20,8 @@ pub(crate) struct Watch {
     pub(super) mode: Mode,
     pub(super) namespace: Box<str>,
     pub(super) name: Box<[u8]>,
-    pub(super) notify: Arc<Notify>,
+    /// This watcher's own news of the lock's releases.
+    pub(super) releases: watch::Receiver<()>,
     /// Whether this watch asked the backend to watch (rather than finding the lock watched in
     /// this process).
     pub(super) first: bool,
@@ -34,24 +34,21 @@ impl Watch {
         self.first
     }
 
-    /// Resolves at the next release delivered for the lock (one delivered since the last call
-    /// counts), or when the backend may have missed some.
-    pub(crate) fn released(&self) -> Notified<'_> {
-        self.notify.notified()
-    }
-
-    /// Wakes every other watcher of the lock in this process that waits right now, and
-    /// leaves no wake-up behind for later ones: a release wakes one watcher, which is enough
-    /// where only one may take the lock, but where each watcher wants the news (every retry of
-    /// an idempotency key its response), the one it woke passes it on.
-    pub(crate) fn wake_others(&self) {
-        self.notify.notify_waiters();
+    /// Resolves at the next release delivered for the lock (one delivered since the last one
+    /// this resolved for, or since the watch began, counts at once), or when the backend may
+    /// have missed some. Every watcher of the lock in this process hears each release.
+    pub(crate) async fn released(&mut self) {
+        if self.releases.changed().await.is_err() {
+            // The hub let go of the lock's channel, which it does only once no watcher is
+            // left: never while this one lives. Polling remains.
+            std::future::pending::<()>().await;
+        }
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if self.hub.leave(&self.key, &self.notify) {
+        if self.hub.leave(&self.key) {
             self.backend.unwatch(self.mode, &self.namespace, &self.name);
         }
     }

@@ -324,3 +324,46 @@ pub async fn a_read_phase_nobody_comes_to_ends_by_itself(env: Env) {
         "released"
     );
 }
+
+/// Reads and a writer waiting side by side in one process all hear the releases that concern
+/// them: a write holds on one store; four readers, then a writer, wait on the other. When the
+/// write ends, every one of the four readers gets in promptly (not only the first one woken),
+/// before the second writer; when their reads end, that writer gets in promptly.
+pub async fn waiters_side_by_side_in_one_process_all_hear_their_release(env: Env) {
+    let (a, b) = stores(&env);
+    let inside = Inside::default();
+    let name = "side-by-side";
+    let first = DOCS.try_write(&a, name).await.unwrap().expect("free");
+    let first_inside = inside.write();
+    let hold = Duration::from_millis(100);
+    let readers: Vec<_> = (0..4)
+        .map(|_| waiter(b.clone(), name, false, hold, inside.clone(), None))
+        .collect();
+    // The readers wait for the write (each noted as waiting) before the writer comes.
+    sleep(Duration::from_millis(150)).await;
+    let writer = waiter(b.clone(), name, true, hold, inside.clone(), None);
+    sleep(Duration::from_millis(150)).await;
+    drop(first_inside);
+    let released = Instant::now();
+    assert!(first.release().await.unwrap());
+    let mut last_read = released;
+    for (i, reader) in readers.into_iter().enumerate() {
+        let reader = reader.await.unwrap();
+        let handoff = reader.entered.saturating_duration_since(released);
+        assert!(
+            handoff <= HANDOFF,
+            "reader {i} got in {handoff:?} after the write it waited for ended"
+        );
+        last_read = last_read.max(reader.left);
+    }
+    let writer = writer.await.unwrap();
+    assert!(
+        writer.entered >= last_read,
+        "the writer got in before the reads that waited for the last write ended"
+    );
+    let handoff = writer.entered.saturating_duration_since(last_read);
+    assert!(
+        handoff <= HANDOFF,
+        "the writer got in {handoff:?} after the reads before it ended"
+    );
+}

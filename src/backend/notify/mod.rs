@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 pub(crate) use self::intents::{IntentListener, Intents};
 use super::Mode;
@@ -86,10 +86,16 @@ impl fmt::Debug for NotificationSink {
 }
 
 /// What one store's handles share of notifications: the watched locks of this process, each
-/// with the [`Notify`] its watchers wait on, and the write intents its shares listen for.
+/// with the channel its watchers hear releases on, and the write intents its shares listen for.
+///
+/// Every watcher of a lock hears every release of it: the waiters of one lock in one process
+/// may want different things (an `RwLock`'s waiting readers and its waiting writer, each
+/// retry of an idempotency key), and a release that woke only one of them would leave the
+/// others to their polls. Each watcher keeps its own receiver, so a release that comes while
+/// it is busy with an attempt wakes it when it next waits.
 #[derive(Default)]
 pub(crate) struct Hub {
-    watches: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+    watches: Mutex<HashMap<Vec<u8>, watch::Sender<()>>>,
     /// How many locks are watched: a sink call for an unwatched lock costs no lock of the map
     /// while nobody watches anything.
     watched: AtomicUsize,
@@ -122,29 +128,33 @@ impl Hub {
         key
     }
 
-    fn watches(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Notify>>> {
+    fn watches(&self) -> MutexGuard<'_, HashMap<Vec<u8>, watch::Sender<()>>> {
         self.watches.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A watcher of `key` arrives: the lock's [`Notify`], and whether it is the first watcher
-    /// of the lock in this process (which must ask the backend to watch it).
-    pub(crate) fn enter(&self, key: &[u8]) -> (Arc<Notify>, bool) {
+    /// A watcher of `key` arrives: its receiver of the lock's releases (those from now on),
+    /// and whether it is the first watcher of the lock in this process (which must ask the
+    /// backend to watch it).
+    pub(crate) fn enter(&self, key: &[u8]) -> (watch::Receiver<()>, bool) {
         let mut watches = self.watches();
-        if let Some(notify) = watches.get(key) {
-            return (notify.clone(), false);
+        if let Some(releases) = watches.get(key) {
+            return (releases.subscribe(), false);
         }
-        let notify = Arc::new(Notify::new());
-        watches.insert(key.to_vec(), notify.clone());
+        let (releases, receiver) = watch::channel(());
+        watches.insert(key.to_vec(), releases);
         self.watched.fetch_add(1, Ordering::Release);
-        (notify, true)
+        (receiver, true)
     }
 
-    /// A watcher of `key` leaves, with its `notify`; `true` when it was the last one, and
-    /// the backend may stop watching the lock.
-    pub(crate) fn leave(&self, key: &[u8], notify: &Arc<Notify>) -> bool {
+    /// A watcher of `key` leaves (its receiver still alive); `true` when it was the last one,
+    /// and the backend may stop watching the lock.
+    pub(crate) fn leave(&self, key: &[u8]) -> bool {
         let mut watches = self.watches();
-        // The map's copy and the leaving watcher's: nobody else in this process watches.
-        if Arc::strong_count(notify) > 2 {
+        // The leaving watcher's own receiver is the one left: nobody else here watches.
+        if watches
+            .get(key)
+            .is_some_and(|releases| releases.receiver_count() > 1)
+        {
             return false;
         }
         if watches.remove(key).is_some() {
@@ -157,15 +167,15 @@ impl Hub {
         if self.watched.load(Ordering::Acquire) == 0 {
             return;
         }
-        if let Some(notify) = self.watches().get(key) {
-            notify.notify_one();
+        if let Some(releases) = self.watches().get(key) {
+            releases.send_replace(());
         }
     }
 
     fn wake_all(&self) {
-        self.watches()
-            .values()
-            .for_each(|notify| notify.notify_one());
+        self.watches().values().for_each(|releases| {
+            releases.send_replace(());
+        });
     }
 }
 

@@ -100,7 +100,7 @@ pub(crate) async fn acquire_within(
     }
     loop {
         let released = turn.released();
-        let mut published = watch.as_ref().map(|watch| watch.released());
+        let mut published = watch.as_mut().map(|watch| watch.released());
         let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
         let retry_after = if std::mem::take(&mut held_here) && now < deadline {
@@ -144,13 +144,13 @@ pub(crate) async fn acquire_within(
         if std::mem::take(&mut unwatched) {
             drop(published);
             watch = store.watch(mode, namespace, &name, deadline).await;
-            // A release published on a channel this process already watched wakes the watch
-            // even before it waits (the notification keeps a permit); only a subscription made
-            // just now may have missed one.
+            // A release may have come between the refusal and the watch: a subscription made
+            // just now tries again here, and a watch that joined this process's others ends
+            // its first wait at once.
             if watch.as_ref().is_some_and(|watch| watch.subscribed_now()) {
                 continue;
             }
-            published = watch.as_ref().map(|watch| watch.released());
+            published = watch.as_mut().map(|watch| watch.released());
         }
         let now = Instant::now();
         let until_lease_end = retry_after.map(|r| r + Duration::from_millis(1));
@@ -164,6 +164,7 @@ pub(crate) async fn acquire_within(
             Some(intent) => pause.min(intent.renew_within()),
             None => pause,
         };
+        let watched = published.is_some();
         let published = async {
             match published {
                 Some(published) => published.await,
@@ -174,7 +175,7 @@ pub(crate) async fn acquire_within(
         tokio::select! {
             // With notifications, this process's own releases arrive as messages too: waking
             // for both would send a second attempt per release.
-            () = released, if watch.is_none() => {}
+            () = released, if !watched => {}
             () = published => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}
