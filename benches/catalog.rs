@@ -14,6 +14,12 @@
 //! marker per shop counts readers and writers inside; a write beside anyone is an overlap).
 //! Goals with the catalog configuration: 0 overlaps, ≥ 99.9 % of GETs and of PUTs answered `2xx`,
 //! PUT p99 ≤ 3 × 30 ms + 5 ms, GET p99 ≤ 5 ms + 30 ms; with the defaults, no side below 95 %.
+//!
+//! First, for each share of writes, a reference with no store: the same handlers behind one
+//! fair `tokio::sync::RwLock` per shop in this one process, which shows what the requests'
+//! queueing alone costs at this load; a catalog row that misses its goals prints its p99s as
+//! multiples of the reference's. `CATALOG_WRITES=2,15` and `CATALOG_POLICIES=phase-fair;…`
+//! (parts of the policies' names, `;`-separated) choose the runs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +53,17 @@ struct Policy {
     max_wait: Option<Duration>,
     /// Held to the catalog goals (the README's configuration), or to the defaults' (95 %).
     catalog: bool,
+}
+
+/// What a run is held to.
+#[derive(Clone, Copy, PartialEq)]
+enum Goals {
+    /// The README's configuration: the catalog goals.
+    Catalog,
+    /// No side below 95 % within its patience.
+    Defaults,
+    /// None: the in-process reference, for what queueing alone costs.
+    Reference,
 }
 
 fn policies() -> Vec<Policy> {
@@ -124,6 +141,35 @@ fn app(marker: Arc<Marker>, layer: RwLockLayer<extract::PathSegment>) -> Router 
         .route("/shops/{shop}", get(read).put(write))
         .route_layer(layer)
         .with_state(marker)
+}
+
+/// The reference: the same handlers behind one `tokio::sync::RwLock` per shop in this one
+/// process (fair: a queued writer holds off the reads that come after it, and the lock goes
+/// to waiters in the order they came), with no store and no layer. What it answers is what
+/// the requests' queueing alone costs at this load.
+fn reference_app(marker: Arc<Marker>, locks: Arc<[tokio::sync::RwLock<()>; SHOPS]>) -> Router {
+    let shop_lock = |locks: &Arc<[tokio::sync::RwLock<()>; SHOPS]>, shop: &str| {
+        let shop = shop.parse::<usize>().ok().filter(|&s| s < SHOPS)?;
+        Some((locks.clone(), shop))
+    };
+    let read = {
+        let (marker, locks) = (marker.clone(), locks.clone());
+        move |Path(shop): Path<String>| async move {
+            let Some((locks, i)) = shop_lock(&locks, &shop) else {
+                return StatusCode::NOT_FOUND;
+            };
+            let _read = locks[i].read().await;
+            work(&marker, &shop, 1, READ).await
+        }
+    };
+    let write = move |Path(shop): Path<String>| async move {
+        let Some((locks, i)) = shop_lock(&locks, &shop) else {
+            return StatusCode::NOT_FOUND;
+        };
+        let _write = locks[i].write().await;
+        work(&marker, &shop, WRITER, WRITE).await
+    };
+    Router::new().route("/shops/{shop}", get(read).put(write))
 }
 
 /// What the clients saw of one kind of request.
@@ -301,7 +347,22 @@ fn main() {
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut missed = 0;
-    for store in wanted.split(',') {
+    let writes_wanted = std::env::var("CATALOG_WRITES").unwrap_or("2,15".to_owned());
+    let writes_wanted: Vec<f64> = writes_wanted
+        .split(',')
+        .map(|w| {
+            w.trim()
+                .parse::<f64>()
+                .expect("CATALOG_WRITES: whole percents")
+                / 100.0
+        })
+        .collect();
+    // The reference's p99s (GET, PUT) by share of writes, which each catalog row compares with.
+    let references: Vec<(f64, (f64, f64))> = writes_wanted
+        .iter()
+        .map(|&writes| (writes, runtime.block_on(reference(writes, length))))
+        .collect();
+    for store in wanted.split(',').filter(|s| !s.trim().is_empty()) {
         let backing = match store.trim() {
             "memory" => Backing::Memory,
             "redis" => Backing::Redis(Redis::start()),
@@ -311,19 +372,15 @@ fn main() {
         // One set of replicas' stores for every run: a run's servers live on with their stores,
         // and PostgreSQL counts every pooled connection against its `max_connections`.
         let stores = runtime.block_on(backing.replicas());
-        let writes_wanted = std::env::var("CATALOG_WRITES").unwrap_or("2,15".to_owned());
         let policy_wanted = std::env::var("CATALOG_POLICIES").unwrap_or_default();
-        for writes in writes_wanted.split(',').map(|w| {
-            w.trim()
-                .parse::<f64>()
-                .expect("CATALOG_WRITES: whole percents")
-                / 100.0
-        }) {
+        for &writes in &writes_wanted {
             for policy in policies().into_iter().filter(|p| {
                 policy_wanted.is_empty()
                     || policy_wanted.split(';').any(|w| p.name.contains(w.trim()))
             }) {
-                let line = runtime.block_on(run(backing.name(), &stores, writes, &policy, length));
+                let reference = references.iter().find(|r| r.0 == writes).map(|r| r.1);
+                let run = run(backing.name(), &stores, writes, &policy, reference, length);
+                let line = runtime.block_on(run);
                 missed += usize::from(!line);
             }
         }
@@ -334,12 +391,31 @@ fn main() {
     }
 }
 
+/// The reference run: [`reference_app`] on three servers of this process; answers its p99s,
+/// GET's and PUT's.
+async fn reference(writes: f64, length: Duration) -> (f64, f64) {
+    let marker = Arc::new(Marker::default());
+    let locks = Arc::new(std::array::from_fn(|_| tokio::sync::RwLock::new(())));
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(serve(reference_app(marker.clone(), locks.clone())).await);
+    }
+    let name = "tokio RwLock per shop, one process (reference)";
+    let goals = Goals::Reference;
+    let (_, p99s) = measure(
+        "none", &replicas, &marker, writes, name, goals, None, length,
+    )
+    .await;
+    p99s
+}
+
 /// One run; prints its row and answers whether it met its goals.
 async fn run(
     backing: &str,
     stores: &[Store],
     writes: f64,
     policy: &Policy,
+    reference: Option<(f64, f64)>,
     length: Duration,
 ) -> bool {
     let marker = Arc::new(Marker::default());
@@ -351,28 +427,66 @@ async fn run(
         }
         replicas.push(serve(app(marker.clone(), layer)).await);
     }
+    let goals = match policy.catalog {
+        true => Goals::Catalog,
+        false => Goals::Defaults,
+    };
+    let name = policy.name;
+    let (met, _) = measure(
+        backing, &replicas, &marker, writes, name, goals, reference, length,
+    )
+    .await;
+    met
+}
+
+/// Drives the clients against `replicas` for `length` after a warm-up, prints the row (with
+/// its p99s as multiples of the `reference`'s, for a catalog row that missed its goals: what
+/// queueing alone would cost), and answers whether it met its goals, and its p99s (GET, PUT).
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    backing: &str,
+    replicas: &[SocketAddr],
+    marker: &Marker,
+    writes: f64,
+    name: &str,
+    goals: Goals,
+    reference: Option<(f64, f64)>,
+    length: Duration,
+) -> (bool, (f64, f64)) {
     // Warm up the connections, the pools and the scripts.
-    drive(&replicas, writes, Duration::from_millis(300)).await;
+    drive(replicas, writes, Duration::from_millis(300)).await;
     let overlaps_before = marker.overlaps.load(Ordering::Relaxed);
-    let (gets, puts) = drive(&replicas, writes, length).await;
+    let (gets, puts) = drive(replicas, writes, length).await;
     let overlaps = marker.overlaps.load(Ordering::Relaxed) - overlaps_before;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (get_p99, put_p99) = (gets.quantile_ms(0.99), puts.quantile_ms(0.99));
-    let met = if policy.catalog {
-        overlaps == 0
-            && gets.share(gets.first) >= 99.9
-            && puts.share(puts.first) >= 99.9
-            && put_p99 <= ms(WRITE * 3 + READ)
-            && get_p99 <= ms(READ) + ms(WRITE)
-    } else {
-        overlaps == 0 && gets.share(gets.served) >= 95.0 && puts.share(puts.served) >= 95.0
+    let met = match goals {
+        Goals::Catalog => {
+            overlaps == 0
+                && gets.share(gets.first) >= 99.9
+                && puts.share(puts.first) >= 99.9
+                && put_p99 <= ms(WRITE * 3 + READ)
+                && get_p99 <= ms(READ) + ms(WRITE)
+        }
+        Goals::Defaults => {
+            overlaps == 0 && gets.share(gets.served) >= 95.0 && puts.share(puts.served) >= 95.0
+        }
+        Goals::Reference => true,
     };
     let errors = gets.errors + puts.errors;
+    let against_reference = match (goals, met, reference) {
+        (Goals::Catalog, false, Some((get, put))) => format!(
+            " (p99s {:.1}× GET, {:.1}× PUT the reference's)",
+            get_p99 / get,
+            put_p99 / put
+        ),
+        _ => String::new(),
+    };
     println!(
-        "| {} | {:.0} % | {} | {:.1} % | {:.1} % | {:.0} / {:.0} | {:.1} % | {:.1} % | {:.0} / {:.0} | {overlaps} | {}{} |",
+        "| {} | {:.0} % | {} | {:.1} % | {:.1} % | {:.0} / {:.0} | {:.1} % | {:.1} % | {:.0} / {:.0} | {overlaps} | {}{against_reference}{} |",
         backing,
         writes * 100.0,
-        policy.name,
+        name,
         gets.share(gets.first),
         gets.share(gets.served),
         gets.quantile_ms(0.5),
@@ -381,11 +495,12 @@ async fn run(
         puts.share(puts.served),
         puts.quantile_ms(0.5),
         put_p99,
-        match (policy.catalog, met) {
-            (true, true) => "catalog goals met",
-            (true, false) => "catalog goals MISSED",
-            (false, true) => "≥ 95 % met",
-            (false, false) => "≥ 95 % MISSED",
+        match (goals, met) {
+            (Goals::Catalog, true) => "catalog goals met",
+            (Goals::Catalog, false) => "catalog goals MISSED",
+            (Goals::Defaults, true) => "≥ 95 % met",
+            (Goals::Defaults, false) => "≥ 95 % MISSED",
+            (Goals::Reference, _) => "reference",
         },
         if errors > 0 {
             format!(", {errors} errors")
@@ -393,5 +508,5 @@ async fn run(
             String::new()
         },
     );
-    met
+    (met, (get_p99, put_p99))
 }
