@@ -213,6 +213,20 @@ impl Secret {
         Secret(rand::random())
     }
 
+    /// A fresh secret for a waiter, which orders after the waiters' secrets made before it:
+    /// its first six bytes are the milliseconds since the Unix epoch (big-endian), the other
+    /// ten random. Compared byte by byte, the first six bytes of a wait that began earlier are
+    /// less, in any process whose clock is in step; phase-fair writers that wait go in that
+    /// order (see [`Backend`], *Write intents*).
+    pub fn queued() -> Self {
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        let mut bytes: [u8; 16] = rand::random();
+        bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
+        Secret(bytes)
+    }
+
     /// The secret's bytes, as stored.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
@@ -301,9 +315,11 @@ impl<'a> LeaseRef<'a> {
 ///   writer too), leaves a write intent holding the attempt's secret, for
 ///   that long (renewed by each refused attempt); a successful write acquisition removes it.
 ///   [`withdraw_intent`](Self::withdraw_intent) removes it only while it still holds the
-///   caller's secret. Under `PhaseFair`, writers that wait go in the order of their intents: a
-///   [`waiting`](LeaseRef::waiting) writer is refused while another writer's intent lives (`retry_after`: the intent's time left), and
-///   leaves none of its own then.
+///   caller's secret. Under `PhaseFair`, writers that wait go in the order their waits began
+///   ([`Secret::queued`]): a [`waiting`](LeaseRef::waiting) writer is refused while the intent
+///   of another writer lives whose secret's first six bytes are not greater than its own
+///   (`retry_after`: the intent's time left), and leaves none of its own then; the intent of
+///   one whose first six bytes are greater it takes over, as if there were none.
 /// - **Read phases** ([`Fairness::PhaseFair`], [`LockRef::read_phase`]). A reader's
 ///   [`waiting`](LeaseRef::waiting) `acquire` refused by a live writer or a write intent notes
 ///   its secret as a *waiting reader* until `retry_after` plus twice the read phase from now

@@ -367,3 +367,42 @@ pub async fn waiters_side_by_side_in_one_process_all_hear_their_release(env: Env
         "the writer got in {handoff:?} after the reads before it ended"
     );
 }
+
+/// Phase-fair writers that wait go in the order their waits began, whichever of them left the
+/// write intent first: a younger writer's intent is taken over by an older one's attempt, and
+/// then refuses the younger one; once the reader leaves, the older one gets in first.
+pub async fn waiting_writers_go_in_the_order_their_waits_began(env: Env) {
+    use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
+    let backend = env.store.backend();
+    let name = b"writers-in-line";
+    let lock = LockRef::new(DOCS.namespace(), name, TTL).fairness(Fairness::PhaseFair);
+    let older = Secret::queued();
+    sleep(Duration::from_millis(5)).await;
+    let younger = Secret::queued();
+    let reader = Secret::random();
+    let write = |secret| LeaseRef::new(lock, Mode::Write, secret).waiting();
+    let read = LeaseRef::new(lock, Mode::Read, &reader);
+    let acquired = |a: &Acquisition| matches!(a, Acquisition::Acquired { .. });
+    assert!(acquired(&backend.acquire(read).await.unwrap()), "free");
+    // The younger writer comes first and leaves its intent; the older one's attempt takes it
+    // over (both are refused by the reader).
+    let first = backend.acquire(write(&younger)).await.unwrap();
+    assert!(!acquired(&first), "the reader holds");
+    let second = backend.acquire(write(&older)).await.unwrap();
+    assert!(!acquired(&second), "the reader holds");
+    assert!(backend.release(read).await.unwrap(), "the reader leaves");
+    let younger_again = backend.acquire(write(&younger)).await.unwrap();
+    assert!(
+        !acquired(&younger_again),
+        "the writer whose wait began later got in before the one that began earlier"
+    );
+    let older_again = backend.acquire(write(&older)).await.unwrap();
+    assert!(
+        acquired(&older_again),
+        "the writer whose wait began first gets in once the reader left: {older_again:?}"
+    );
+    assert!(backend.release(write(&older)).await.unwrap());
+    let last = backend.acquire(write(&younger)).await.unwrap();
+    assert!(acquired(&last), "then the younger one: {last:?}");
+    assert!(backend.release(write(&younger)).await.unwrap());
+}

@@ -352,6 +352,7 @@ macro_rules! __scenarios {
                 reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next,
                 a_read_phase_nobody_comes_to_ends_by_itself,
                 waiters_side_by_side_in_one_process_all_hear_their_release,
+                waiting_writers_go_in_the_order_their_waits_began,
             ],
             fences: [
                 fences_of_a_fresh_name_follow_the_clock,

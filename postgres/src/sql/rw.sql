@@ -74,8 +74,9 @@ $$;
 -- still to come in. Refused by readers or a phase, a writer of a phase-fair or writers-first
 -- lock (`intent_ms` > 0) leaves its write intent for `intent_ms`, and the listeners hear of it;
 -- refused by a writer, so does a phase-fair one that waits (`waiting_in_turn`). Acquired, it
--- removes any intent and the ended readers. Phase-fair writers that wait go in the order of
--- their intents: another writer's live intent refuses such a one.
+-- removes any intent and the ended readers. Phase-fair writers that wait go in the order their
+-- waits began (a secret's first six bytes, big-endian ms): the live intent of a writer whose wait
+-- began no later refuses such a one, which takes over a later one's.
 CREATE FUNCTION tower_lease.write_acquire(
     lock_namespace text, lock_name bytea, holder_secret bytea, ttl_ms bigint, fenced boolean,
     intent_ms bigint, waiting_in_turn boolean)
@@ -94,6 +95,7 @@ BEGIN
     WHERE r.namespace = lock_namespace AND r.name = lock_name;
     found_rw := FOUND;
     IF waiting_in_turn AND rw.intent_expires > call_time AND rw.intent <> holder_secret
+       AND substring(rw.intent FROM 1 FOR 6) <= substring(holder_secret FROM 1 FOR 6)
        AND coalesce(rw.writer, ''::bytea) <> holder_secret THEN
         PERFORM tower_lease.mark_waited('rw', lock_namespace, lock_name, call_time);
         RETURN tower_lease.refused(rw.intent_expires, call_time);

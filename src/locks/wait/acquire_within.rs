@@ -48,8 +48,9 @@ pub(crate) async fn acquire_within(
     let _waiting = Waiting::start(namespace, mode);
     let seat = store.wait_rooms().enter(mode, namespace, &name);
     let mut backoff = Backoff::new();
-    // One secret for every attempt, which the write intent they leave holds.
-    let secret = Secret::random();
+    // One secret for every attempt, which the write intent they leave holds; it says when
+    // the wait began, so that phase-fair writers go in that order across processes.
+    let secret = Secret::queued();
     let mut intent = KeptIntent::new(&store, definition, mode, &name, &secret);
     // `waited`: whether this acquisition waited at all (in the queue, or between attempts); one
     // that got its answer from the first attempt counts no wait.

@@ -251,9 +251,13 @@ impl MemoryStore {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
                 if let Some(intent) = shared.intent.as_ref().filter(|intent| {
-                    lock.read_phase().is_some() && lease.waiting && intent.secret != *lease.secret
+                    lock.read_phase().is_some()
+                        && lease.waiting
+                        && intent.secret != *lease.secret
+                        && intent.secret.as_bytes()[..6] <= lease.secret.as_bytes()[..6]
                 }) {
-                    // Phase-fair writers that wait go in the order of their intents.
+                    // Phase-fair writers that wait go in the order their waits began (a
+                    // secret's first six bytes); an older one takes over a younger one's intent.
                     return Acquisition::Busy {
                         retry_after: intent.until - now,
                     };

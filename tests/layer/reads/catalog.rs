@@ -1,8 +1,8 @@
 //! A catalog behind `RwLockLayer` with its defaults (phase-fair) and `.max_wait(..)`, over real
 //! TCP: three replicas (services on separate stores of one backend, where it has more than
-//! one), clients that keep sending GETs with some PUTs among them. Every GET is answered 2xx
-//! within its wait, PUTs nearly all (see below), and no read overlaps a write (a marker the
-//! handlers check).
+//! one), clients that keep sending GETs with some PUTs among them. Every GET and every PUT is
+//! answered 2xx well within its wait, and no read overlaps a write (a marker the handlers
+//! check).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +20,9 @@ use tower_lease_harness::http::{Http, serve};
 const CATALOG: RwLock<str> = RwLock::new("shop-catalog", Duration::from_secs(2));
 /// How long a request may wait for the lock, reads as writes.
 const MAX_WAIT: Duration = Duration::from_secs(2);
+/// The slowest answer allowed: half the wait, generous for a loaded 2-core machine (a few
+/// 30 ms writes queued, each handed on by a notification or, without one, a poll).
+const SLOWEST: Duration = Duration::from_secs(1);
 
 tower_lease_harness::store_tests!(Layer: [every_get_and_put_is_served_and_none_overlap]);
 
@@ -128,17 +131,12 @@ async fn every_get_and_put_is_served_and_none_overlap(env: Backing) {
         "{} of {gets} GETs not answered 2xx (PUT?, status, time): {refused_gets:?}",
         refused_gets.len()
     );
-    // Not yet every PUT (a known gap, not a margin): across replicas now and then a PUT waits
-    // out its 2 s, 0 to 4 of about 20 in the runs so far on a loaded 2-core machine, while the
-    // readers-first code before `Fairness` refused none in one run of this same scenario. Bound
-    // loosely here so that the scenario guards GETs and overlaps; see tests/README.md.
     assert!(
-        refused_puts.len() * 3 <= puts,
+        refused_puts.is_empty(),
         "{} of {puts} PUTs not answered 2xx (PUT?, status, time): {refused_puts:?}",
         refused_puts.len()
     );
-    assert!(
-        slowest <= MAX_WAIT + Duration::from_millis(500),
-        "a request took {slowest:?}"
-    );
+    // A write waits for the reads in flight and the writes queued before it, each handed on
+    // when the one before ends: well under its wait, never the wait's end.
+    assert!(slowest <= SLOWEST, "a request took {slowest:?}");
 }

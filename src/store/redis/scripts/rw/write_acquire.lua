@@ -7,9 +7,10 @@
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a write intent lasts in ms (0: the lock is
 -- readers-first, and a refused writer leaves none), ARGV[4] `0` unless the lock is phase-fair;
 -- then `1`, or `2` for an attempt of a bounded wait: refused by a writer, it leaves its intent too
--- (the reads that come after it wait for it). Phase-fair writers that wait go in the order of
--- their intents: the live intent of another writer refuses this one (its time left), and is not
--- overwritten.
+-- (the reads that come after it wait for it). Phase-fair writers that wait go in the order their
+-- waits began: a secret's first six bytes are the wait's start in ms (big-endian), and the live
+-- intent of a writer whose wait began earlier refuses this one (its time left); a later one's this
+-- one takes over, as if there were none.
 -- Returns one integer (see acquire.lua): the fence (0 when unfenced) when acquired, -3 - the ms
 -- until the blocking lease (or read phase) ends when refused.
 --
@@ -21,8 +22,15 @@ if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0 then
   if ARGV[4] == '2' then
     local first = redis.call('GET', KEYS[3])
     if first and first ~= ARGV[1] then
-      -- Another phase-fair writer waits: it goes first.
-      return -3 - redis.call('PTTL', KEYS[3])
+      -- The wait starts, compared as numbers: Lua compares strings by the server's locale.
+      local a1, a2, a3, a4, a5, a6 = string.byte(first, 1, 6)
+      local b1, b2, b3, b4, b5, b6 = string.byte(ARGV[1], 1, 6)
+      local theirs = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+      local ours = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
+      if theirs <= ours then
+        -- A phase-fair writer that began waiting before this one (or with it) goes first.
+        return -3 - redis.call('PTTL', KEYS[3])
+      end
     end
   end
   time = redis.call('TIME')
