@@ -73,7 +73,9 @@ mod call;
 mod check;
 mod claim;
 mod idempotency;
+mod naming;
 mod notify;
+mod options;
 mod schema;
 mod store;
 mod sweep;
@@ -84,7 +86,9 @@ mod sweep;
 pub struct ReadmeDoctests;
 
 pub use self::check::PgWarning;
-pub use self::claim::{ClaimError, claim};
+pub use self::claim::{ClaimError, claim, claim_in};
+pub use self::options::PgStoreBuilder;
+pub use self::schema::schema_sql;
 pub use self::store::PgStore;
 
 /// The pool a [`PgStore`] runs on, re-exported for [`PgStore::from_pool`].

@@ -73,7 +73,10 @@ async fn a_store_keeps_everything_in_the_schema_it_is_given() {
     let held = JOBS.try_lock(&a, "nightly").await.unwrap().unwrap();
     let waiter = tokio::spawn({
         let b = b.clone();
-        async move { JOBS.try_lock_for(&b, "nightly", Duration::from_secs(10)).await }
+        async move {
+            JOBS.try_lock_for(&b, "nightly", Duration::from_secs(10))
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let listed: i64 = client
@@ -87,7 +90,11 @@ async fn a_store_keeps_everything_in_the_schema_it_is_given() {
     assert_eq!(listed, 1, "the view of the schema lists the lease");
     let released = tokio::time::Instant::now();
     assert!(held.release().await.unwrap());
-    let taken = waiter.await.unwrap().unwrap().expect("woken by the release");
+    let taken = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("woken by the release");
     assert!(
         released.elapsed() < Duration::from_secs(2),
         "woken by the notification, not by polling: {:?}",
@@ -138,7 +145,15 @@ async fn a_store_keeps_everything_in_the_schema_it_is_given() {
 async fn schema_names_are_identifiers() {
     let server = support::server().await;
     let url = server.url();
-    for bad in ["", "Locks", "1st", "a-b", "x\"; DROP TABLE t; --", "pg_locks", &"x".repeat(64)] {
+    for bad in [
+        "",
+        "Locks",
+        "1st",
+        "a-b",
+        "x\"; DROP TABLE t; --",
+        "pg_locks",
+        &"x".repeat(64),
+    ] {
         let refused = PgStore::builder()
             .schema(bad)
             .connect(&url)
@@ -208,7 +223,10 @@ async fn a_role_that_cannot_create_runs_on_a_migrated_schema() {
         .get(0);
     for (other, word) in [(version + 1, "newer"), (version - 1, "older")] {
         admin
-            .execute("UPDATE tower_lease.schema_version SET version = $1", &[&other])
+            .execute(
+                "UPDATE tower_lease.schema_version SET version = $1",
+                &[&other],
+            )
             .await
             .unwrap();
         let said = without_install().await.expect_err("refused").to_string();

@@ -78,28 +78,22 @@ async fn the_leases_view_lists_each_live_lease() {
         .expect("the view tower_lease.leases");
     let seen: Vec<(String, String, String, String, bool, Option<i64>)> = rows
         .iter()
-        .map(|r| {
-            (
-                r.get(0),
-                r.get(1),
-                r.get(2),
-                r.get(3),
-                r.get(4),
-                r.get(5),
-            )
-        })
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
         .collect();
     let fence = |token: Option<u64>| token.map(|fence| fence as i64);
     let expected = [
         ("lock", "invoices", "inv-7", fence(lock.fence())),
         ("permit", "exports", "csv", None),
-        ("read", "docs", "guide", Some(0)),
+        // No write yet: no fence issued on the name.
+        ("read", "docs", "guide", None),
         ("write", "docs", "readme", fence(write.fence())),
     ];
     assert_eq!(seen.len(), expected.len(), "the live leases only: {seen:?}");
-    for ((kind, namespace, name, holder, live, found), (k, ns, n, f)) in seen.iter().zip(expected)
-    {
-        assert_eq!((kind.as_str(), namespace.as_str(), name.as_str()), (k, ns, n));
+    for ((kind, namespace, name, holder, live, found), (k, ns, n, f)) in seen.iter().zip(expected) {
+        assert_eq!(
+            (kind.as_str(), namespace.as_str(), name.as_str()),
+            (k, ns, n)
+        );
         assert!(*live, "{kind} {name}: live");
         assert!(
             holder.starts_with("tower-lease"),
@@ -157,12 +151,15 @@ async fn the_sweep_finds_ended_rows_by_index() {
         .await
         .unwrap();
     let tx = client.transaction().await.unwrap();
-    let gone: i32 = tx
-        .query_one("SELECT tower_lease.sweep(100)", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(gone, 10, "the ended rows of each table");
+    // Past the five calls after which a session may plan a statement for any parameter.
+    for sweep in 0..8 {
+        let gone: i32 = tx
+            .query_one("SELECT tower_lease.sweep(100)", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(gone, if sweep == 0 { 10 } else { 0 }, "the ended rows");
+    }
     for table in ["locks", "permits"] {
         assert_eq!(seq_scans(&tx, table).await, 0, "{table}: swept by index");
     }

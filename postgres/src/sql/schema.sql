@@ -17,7 +17,9 @@ CREATE SCHEMA IF NOT EXISTS tower_lease;
 
 -- The functions are installed afresh with each version: those of the version before go first,
 -- since a function whose answer changed cannot be replaced in place, and a renamed one would
--- stay behind. Nothing else of the schema depends on them.
+-- stay behind. Only the view `leases` (leases.sql) depends on them: it goes first, and comes
+-- back last.
+DROP VIEW IF EXISTS tower_lease.leases;
 DO $$
 DECLARE
     old_function regprocedure;
@@ -54,6 +56,14 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
 -- unmarked (-1: a release found it marked and notified; `RETURNING` answers the row it
 -- leaves, so one statement both reads and clears the mark).
 ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
+
+-- Who took each lease, for the view `leases`: the session's `application_name` and, over TCP,
+-- the client's address. A column default, so each acquisition's insert (and the `excluded` row
+-- of its upsert) fills it without a parameter. Only built-ins: a default that called a function
+-- of the schema would keep the installer from dropping it.
+ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
 
 -- An `RwLock`'s writer, its write intent (a refused writer of a phase-fair or writers-first
 -- lock), and the write generation (fence counter); its readers are rows of `readers`.
@@ -128,6 +138,21 @@ CREATE TABLE IF NOT EXISTS tower_lease.waited (
     PRIMARY KEY (kind, namespace, name)
 );
 
+-- The holder of the writer's lease (`rwlocks`), of a reader's, of a permit, of a reservation:
+-- as `locks.holder`.
+ALTER TABLE tower_lease.rwlocks ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.readers ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.permits ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.idempotency ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+
 -- Keys claimed by an application's own transaction (`tower_lease_postgres::claim`): the effect
 -- of that request committed. Written only by `claim`, inside the application's transaction.
 CREATE TABLE IF NOT EXISTS tower_lease.claims (
@@ -141,6 +166,22 @@ CREATE TABLE IF NOT EXISTS tower_lease.claims (
 -- When the claim was made: what a second claim of the key answers (`claimed_before`). NULL for
 -- a claim made by `claim`, which older binaries send.
 ALTER TABLE tower_lease.claims ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
+
+-- When each row has ended (its leases, records and counters all), indexed, so the sweep reads
+-- the ended rows rather than every row. `greatest` skips NULLs; a row whose columns are all NULL
+-- ended at -infinity. The sweep names these expressions as written here.
+CREATE INDEX IF NOT EXISTS locks_ended ON tower_lease.locks
+    ((greatest(expires, fence_until)));
+CREATE INDEX IF NOT EXISTS rwlocks_ended ON tower_lease.rwlocks
+    ((coalesce(greatest(writer_expires, intent_expires, fence_until), '-infinity')));
+CREATE INDEX IF NOT EXISTS readers_ended ON tower_lease.readers (expires);
+CREATE INDEX IF NOT EXISTS waiting_readers_ended ON tower_lease.waiting_readers (expires);
+CREATE INDEX IF NOT EXISTS permits_ended ON tower_lease.permits (expires);
+CREATE INDEX IF NOT EXISTS idempotency_ended ON tower_lease.idempotency
+    ((coalesce(greatest(lease_expires, record_expires, unknown_expires, fence_until),
+               '-infinity')));
+CREATE INDEX IF NOT EXISTS claims_ended ON tower_lease.claims (expires);
+CREATE INDEX IF NOT EXISTS waited_since ON tower_lease.waited (since);
 
 -- What an acquire function answers: acquired (with the fence, NULL unfenced; 0 for a fenced
 -- reader before any write), or refused, with the µs until the lease in the way ends.
@@ -259,11 +300,15 @@ $$;
 -- Deletes up to `batch` rows of each table whose leases, records and counters all ended, and
 -- the marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call
 -- has locked, or whose name's advisory lock another call holds, is left for later (so two calls
--- sweeping at once never wait for each other). Sequential scans that stop at the first `batch`
--- dead rows. Answers the most rows one table lost: a store sends it again while a batch was
+-- sweeping at once never wait for each other). Each table is read through its index of ended
+-- rows (schema.sql, above), up to the first `batch` of them. Answers the most rows one table lost: a store sends it again while a batch was
 -- full.
+--
+-- Planned for each call's `call_time` (`force_custom_plan`): a plan made for any time would
+-- guess a third of each table ended and scan it, stopping at `batch` rows it never finds.
 CREATE FUNCTION tower_lease.sweep(batch integer DEFAULT 100)
-RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     call_time timestamptz := pg_catalog.clock_timestamp();
     gone integer;
@@ -271,15 +316,14 @@ DECLARE
 BEGIN
     DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.locks
-        WHERE expires <= call_time AND (fence_until IS NULL OR fence_until <= call_time)
+        WHERE greatest(expires, fence_until) <= call_time
         LIMIT batch FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS gone = ROW_COUNT;
     most := greatest(most, gone);
     DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.rwlocks
-        WHERE coalesce(writer_expires, call_time) <= call_time
-          AND coalesce(intent_expires, call_time) <= call_time
-          AND coalesce(fence_until, call_time) <= call_time
+        WHERE coalesce(greatest(writer_expires, intent_expires, fence_until), '-infinity')
+              <= call_time
         LIMIT batch FOR UPDATE SKIP LOCKED))
       AND pg_catalog.pg_try_advisory_xact_lock(
           tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
@@ -308,10 +352,8 @@ BEGIN
     most := greatest(most, gone);
     DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
         SELECT ctid FROM tower_lease.idempotency
-        WHERE coalesce(lease_expires, call_time) <= call_time
-          AND coalesce(record_expires, call_time) <= call_time
-          AND coalesce(unknown_expires, call_time) <= call_time
-          AND coalesce(fence_until, call_time) <= call_time
+        WHERE coalesce(greatest(lease_expires, record_expires, unknown_expires, fence_until),
+                       '-infinity') <= call_time
         LIMIT batch FOR UPDATE SKIP LOCKED))
       AND pg_catalog.pg_try_advisory_xact_lock(
           tower_lease.lock_class(), tower_lease.name_key('v', t.namespace, t.name));
