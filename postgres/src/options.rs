@@ -13,8 +13,8 @@ pub(crate) const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Options of a [`PgStore`](crate::PgStore) that must be known before it connects, from
 /// [`PgStore::builder`](crate::PgStore::builder); [`connect`](Self::connect) or
 /// [`from_pool`](Self::from_pool) builds the store. Options that can change later
-/// ([`timeout`](crate::PgStore::timeout), [`expect_concurrency`](crate::PgStore::expect_concurrency))
-/// are the store's own.
+/// ([`timeout`](crate::PgStore::timeout),
+/// [`expect_concurrency`](crate::PgStore::expect_concurrency)) are the store's own.
 ///
 /// ```no_run
 /// use tower_lease::Store;

@@ -1,5 +1,5 @@
-//! The listening task: a connection of its own that `LISTEN`s on the schema's channel and hands each
-//! notification to the sink; reconnects with backoff when the connection is lost (and then
+//! The listening task: a connection of its own that `LISTEN`s on the schema's channel and hands
+//! each notification to the sink; reconnects with backoff when the connection is lost (and then
 //! tells the sink notifications may have been missed), and stops once every `Store` on the
 //! backend is gone.
 

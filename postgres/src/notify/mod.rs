@@ -1,7 +1,8 @@
 //! Release notifications: a release, withdrawn write intent or completed idempotency key
-//! `NOTIFY`s the channel named as the store's schema (`tower_lease`) in the function that made it (delivered when it
-//! commits) when a refused call marked the name as waited on, and each store listens on a connection of its own ([`listener`]), handing what it
-//! hears to the core's [`NotificationSink`]. The listener hears every lock, so watching one
+//! `NOTIFY`s the channel named as the store's schema (`tower_lease`) in the function that made
+//! it (delivered when it commits) when a refused call marked the name as waited on, and each
+//! store listens on a connection of its own ([`listener`]), handing what it hears to the
+//! core's [`NotificationSink`]. The listener hears every lock, so watching one
 //! only waits until it listens.
 
 mod listener;

@@ -301,8 +301,8 @@ $$;
 -- the marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call
 -- has locked, or whose name's advisory lock another call holds, is left for later (so two calls
 -- sweeping at once never wait for each other). Each table is read through its index of ended
--- rows (schema.sql, above), up to the first `batch` of them. Answers the most rows one table lost: a store sends it again while a batch was
--- full.
+-- rows (above), up to the first `batch` of them. Answers the most rows one table lost: a store
+-- sends it again while a batch was full.
 --
 -- Planned for each call's `call_time` (`force_custom_plan`): a plan made for any time would
 -- guess a third of each table ended and scan it, stopping at `batch` rows it never finds.
