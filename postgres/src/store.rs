@@ -92,9 +92,13 @@ impl PgStore {
     }
 
     /// Listens for releases, write intents and completions with a connection of its own to
-    /// the database `config` names (without TLS), reconnecting with backoff when it is lost.
-    /// [`connect`](Self::connect) does it already.
-    pub fn listen(mut self, config: tokio_postgres::Config) -> Self {
+    /// the database `config` names (without TLS; named `tower-lease` unless `config` names
+    /// it), reconnecting with backoff when it is lost. [`connect`](Self::connect) does it
+    /// already.
+    pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
+        if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
         self.listening = Some(Listening::new(config, self.schema));
         self
     }
