@@ -68,12 +68,31 @@ pub fn schema_sql(schema: &str) -> String {
     }
 }
 
-/// Every statement of the schema, its version row last.
+/// Refuses a schema of a newer version (`{version}`: this one), so that a migration tool
+/// applying this version's SQL does not take a database back a version. Nested, so the version
+/// table is read only where it exists.
+const REFUSE_NEWER: &str = r#"DO $$
+BEGIN
+    IF pg_catalog.to_regclass('tower_lease.schema_version') IS NOT NULL THEN
+        IF (SELECT pg_catalog.max(version) FROM tower_lease.schema_version) > {version} THEN
+            RAISE EXCEPTION 'the schema {schema} is at a newer version than {version}, %',
+                'which this SQL installs: a newer tower-lease-postgres installed it';
+        END IF;
+    END IF;
+END
+$$;
+"#;
+
+/// Every statement of the schema: the refusal of a newer one first, the version row last.
 fn sql_of(schema: Schema) -> String {
     let mut sql = format!(
         "-- tower-lease-postgres, schema version {VERSION}\n\
          SELECT pg_catalog.pg_advisory_xact_lock({LOCK_CLASS}, 0);\n"
     );
+    let refuse_newer = REFUSE_NEWER
+        .replace("{version}", &VERSION.to_string())
+        .replace("{schema}", schema.name());
+    sql.push_str(&schema.rewrite(&refuse_newer));
     for file in SQL {
         sql.push_str(&schema.rewrite(file));
         sql.push('\n');

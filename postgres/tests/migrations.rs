@@ -236,6 +236,18 @@ async fn a_role_that_cannot_create_runs_on_a_migrated_schema() {
                 && said.contains(word),
             "names both versions: {said}"
         );
+        if other > version {
+            // Nor does the migration take it back a version.
+            let refused = admin
+                .batch_execute(&schema_sql("tower_lease"))
+                .await
+                .expect_err("a newer schema is kept");
+            let said = refused.as_db_error().map(|e| e.message().to_owned());
+            assert!(
+                said.as_ref().is_some_and(|said| said.contains("newer")),
+                "{said:?}"
+            );
+        }
     }
 }
 
