@@ -39,8 +39,8 @@
 //!   truncated tables, as long as the server's clock does not step back.
 //! - Ended leases are deleted by the calls that next touch their name, and in batches by a
 //!   sweep each store sends about once a second ([`sweep_every`](PgStoreBuilder::sweep_every))
-//!   after one of its acquisitions, on a task of its own (no call waits for it), through an
-//!   index of each table's expiry: there is no background job.
+//!   after one of its acquisitions, on a task of its own (no call waits for it), reading only
+//!   the rows due through an index no call writes: there is no background job.
 //! - A release, a withdrawn write intent and a completed idempotency key `NOTIFY` the channel
 //!   named as the schema when a refused call marked the name as waited on (a notifying commit takes
 //!   a database-wide lock, so an uncontended release skips it); each store listens on a
