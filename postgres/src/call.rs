@@ -88,6 +88,13 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         acts: Acts<'_>,
     ) -> Result<Row> {
+        let sql = self.schema.statement(sql);
+        let acts = match acts {
+            Acts::Takes(secret, ttl, gives_back) => {
+                Acts::Takes(secret, ttl, self.schema.statement(gives_back))
+            }
+            other => other,
+        };
         let deadline = Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.row_now(sql, params, acts)).await {
             Ok(answer) => answer,

@@ -52,8 +52,8 @@ impl fmt::Display for PgWarning {
             PgWarning::SmallPool { pool, expected } => write!(
                 f,
                 "the pool has {pool} connections for {expected} calls expected at once: calls \
-                 wait for a connection and fail past the store's timeout; raise the pool's \
-                 max_size"
+                 wait for a connection and fail past the store's timeout; raise \
+                 PgStore::builder().max_connections(n) (or your pool's max_size)"
             ),
             PgWarning::NoNotifications => f.write_str(
                 "no release notifications: waiters poll for releases in other processes; \

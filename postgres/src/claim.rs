@@ -8,6 +8,7 @@ use tokio_postgres::Transaction;
 use tower_lease::IdempotencyKey;
 
 use crate::backend::millis;
+use crate::naming::Schema;
 
 /// Answers NULL when the key was claimed now, else when its living claim was made.
 const CLAIM: &str = "SELECT tower_lease.claimed_before($1, $2, $3) AS claimed_before";
@@ -80,6 +81,9 @@ impl std::error::Error for ClaimError {
 /// Claim last, just before the commit: a claim being made holds off the other claims of its
 /// key (an insert into the claims' primary key) until its transaction ends.
 ///
+/// Claims in the schema `tower_lease`, the store's default; a store built with another
+/// [`schema`](crate::PgStoreBuilder::schema) claims with [`claim_in`].
+///
 /// The call is one statement, `SELECT tower_lease.claimed_before($1, $2, $3)` with the key's
 /// [`namespace`](IdempotencyKey::namespace) (`text`), its
 /// [`stored_name`](IdempotencyKey::stored_name) (`bytea`) and the retention in milliseconds
@@ -132,11 +136,48 @@ impl std::error::Error for ClaimError {
 /// }
 /// ```
 pub async fn claim(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), ClaimError> {
+    claim_with(Schema::default(), tx, key).await
+}
+
+/// [`claim`] for a store whose leases are in the schema `schema` (the name given to
+/// [`PgStoreBuilder::schema`](crate::PgStoreBuilder::schema), which
+/// [`PgStore::schema_name`](crate::PgStore::schema_name) answers): the statement is
+/// `SELECT <schema>.claimed_before($1, $2, $3)`.
+///
+/// ```no_run
+/// # use tower_lease::IdempotencyKey;
+/// # use tower_lease_postgres::{ClaimError, claim_in, tokio_postgres::Transaction};
+/// /// The schema the application's migrations create, and its store is built with.
+/// const LOCKS: &str = "shop_locks";
+///
+/// # async fn charge(tx: &Transaction<'_>, key: &IdempotencyKey) -> Result<(), ClaimError> {
+/// claim_in(LOCKS, tx, key).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// When `schema` is not a schema name a store takes.
+pub async fn claim_in(
+    schema: &str,
+    tx: &Transaction<'_>,
+    key: &IdempotencyKey,
+) -> Result<(), ClaimError> {
+    let schema = Schema::new(schema).unwrap_or_else(|why| panic!("claim_in: {why}"));
+    claim_with(schema, tx, key).await
+}
+
+async fn claim_with(
+    schema: Schema,
+    tx: &Transaction<'_>,
+    key: &IdempotencyKey,
+) -> Result<(), ClaimError> {
     let name = key.stored_name();
     let namespace = key.namespace();
     let retention = millis(key.retention()).max(1);
     let row = tx
-        .query_one(CLAIM, &[&namespace, &name, &retention])
+        .query_one(schema.statement(CLAIM), &[&namespace, &name, &retention])
         .await
         .map_err(ClaimError::Postgres)?;
     match row

@@ -22,9 +22,11 @@
 //!
 //! # How it keeps leases
 //!
-//! Each call is one PL/pgSQL function of the schema `tower_lease` (installed at connect, see
-//! [`PgStore::from_pool`]), sent as one prepared statement: one round trip, one transaction.
-//! A store refuses a schema that a newer version installed.
+//! Each call is one PL/pgSQL function of the store's schema (`tower_lease` unless the
+//! [builder](PgStore::builder) names another; installed at connect, see
+//! [`PgStore::from_pool`], or by your migrations with [`schema_sql`]), sent as one prepared
+//! statement: one round trip, one transaction. A store refuses a schema that a newer version
+//! installed, and one that does not install refuses any other version.
 //! The calls on one name are ordered: a `Lock`'s by the lock of its one row (its acquisition
 //! is one `INSERT … ON CONFLICT DO UPDATE … WHERE` the lease ended, as `SET NX` on Redis), the
 //! other kinds' by a transaction-scoped advisory lock on the name, since they touch several
@@ -36,10 +38,11 @@
 //!   an hour after its last acquisition: they only grow, across restarts, restores and
 //!   truncated tables, as long as the server's clock does not step back.
 //! - Ended leases are deleted by the calls that next touch their name, and in batches by a
-//!   sweep each store sends about once a second after one of its acquisitions, on a task of
-//!   its own (no call waits for it): there is no background job.
+//!   sweep each store sends about once a second ([`sweep_every`](PgStoreBuilder::sweep_every))
+//!   after one of its acquisitions, on a task of its own (no call waits for it), reading only
+//!   the rows due through an index no call writes: there is no background job.
 //! - A release, a withdrawn write intent and a completed idempotency key `NOTIFY` the channel
-//!   `tower_lease` when a refused call marked the name as waited on (a notifying commit takes
+//!   named as the schema when a refused call marked the name as waited on (a notifying commit takes
 //!   a database-wide lock, so an uncontended release skips it); each store listens on a
 //!   connection of its own and wakes its waiters. The mark is written under the lock the
 //!   release takes, and a waiter tries again once it listens, so no release it waits for goes
@@ -50,6 +53,13 @@
 //!   "acquired").
 //!   A call that timed out keeps its connection for the release that gives back what it may
 //!   still take, so that release runs after it.
+//!
+//! # Seen by operators
+//!
+//! Every session of a store carries its `application_name` (`tower-lease`, the URL's, or the
+//! [builder](PgStoreBuilder::application_name)'s), and the view `<schema>.leases` lists each
+//! live lease: its kind, namespace and name, its holder (the `application_name` and address of
+//! the session that took it), its expiry and its fence.
 //!
 //! # The pool
 //!
@@ -64,7 +74,8 @@
 //! With `IdempotencyLayer` on a `PgStore`, a handler can [`claim`] its idempotency key in the
 //! transaction that makes its effect, so that a retry after a crash between that commit and
 //! the response never runs the effect again: the layer runs the handler again, its claim
-//! answers [`ClaimError::AlreadyClaimed`], and it answers from its own record.
+//! answers [`ClaimError::AlreadyClaimed`], and it answers from its own record. A store in a
+//! schema of another name claims with [`claim_in`].
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -73,7 +84,9 @@ mod call;
 mod check;
 mod claim;
 mod idempotency;
+mod naming;
 mod notify;
+mod options;
 mod schema;
 mod store;
 mod sweep;
@@ -84,7 +97,9 @@ mod sweep;
 pub struct ReadmeDoctests;
 
 pub use self::check::PgWarning;
-pub use self::claim::{ClaimError, claim};
+pub use self::claim::{ClaimError, claim, claim_in};
+pub use self::options::PgStoreBuilder;
+pub use self::schema::schema_sql;
 pub use self::store::PgStore;
 
 /// The pool a [`PgStore`] runs on, re-exported for [`PgStore::from_pool`].

@@ -9,14 +9,14 @@ use tokio_postgres::NoTls;
 use tower_lease::{Error, Result, Store};
 
 use crate::call::Stalled;
+use crate::naming::Schema;
 use crate::notify::Listening;
+use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
 use crate::sweep::Sweeper;
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The connections [`PgStore::connect`] pools.
-const DEFAULT_POOL: usize = 16;
 
 /// A lease store in PostgreSQL: a [`Backend`](tower_lease::backend::Backend) on a pool of
 /// connections, made into a [`Store`] with `.into()`.
@@ -47,28 +47,26 @@ pub struct PgStore {
     pub(crate) stalled: Arc<Stalled>,
     pub(crate) listening: Option<Listening>,
     pub(crate) sweeper: Arc<Sweeper>,
+    pub(crate) schema: Schema,
 }
 
 impl PgStore {
     /// Connects to the database at `url` (`postgres://user:password@host:port/db`, or the
     /// `key=value` form libpq takes; without TLS) with a pool of 16 connections, installs the
-    /// schema if it is missing or older (see [`from_pool`](Self::from_pool)), and listens for
-    /// releases on a connection of its own.
+    /// schema `tower_lease` if it is missing or older (see [`from_pool`](Self::from_pool)),
+    /// and listens for releases on a connection of its own. Every session is named
+    /// `tower-lease` (`application_name`) unless the URL names it. The options that must be
+    /// known before connecting (the pool's size, the sessions' name, the schema and whether
+    /// to install it) are the [`builder`](Self::builder)'s.
     pub async fn connect(url: &str) -> Result<PgStore> {
-        let config: tokio_postgres::Config =
-            url.parse().map_err(|e| Error::Backend(Box::new(e)))?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(DEFAULT_POOL)
-            .build()
-            .map_err(|e| Error::Backend(Box::new(e)))?;
-        Ok(Self::from_pool(pool).await?.listen(config))
+        Self::builder().connect(url).await
+    }
+
+    /// The options a store connects with, then [`connect`](PgStoreBuilder::connect) or
+    /// [`from_pool`](PgStoreBuilder::from_pool): as `sqlx`'s pool options, set before the
+    /// pool exists.
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::default()
     }
 
     /// A store on `pool`, after installing the schema: the schema `tower_lease`, its tables and
@@ -76,20 +74,13 @@ impl PgStore {
     /// transaction under an advisory lock, so replicas that start at once install it once. The
     /// database user needs the `CREATE` privilege on the database the first time. A schema that
     /// a newer version of this crate installed is refused with an error naming both versions:
-    /// this version's calls would not match its functions.
+    /// this version's calls would not match its functions. Another schema, or none installed:
+    /// the [`builder`](Self::builder)'s [`from_pool`](PgStoreBuilder::from_pool).
     ///
     /// A pool has no way to open the extra connection that listens for releases: add
     /// [`listen`](Self::listen), or waiters poll for releases made by other processes.
     pub async fn from_pool(pool: Pool) -> Result<PgStore> {
-        schema::install(&pool).await?;
-        Ok(PgStore {
-            pool,
-            timeout: DEFAULT_TIMEOUT,
-            concurrency: None,
-            stalled: Arc::default(),
-            listening: None,
-            sweeper: Arc::default(),
-        })
+        Self::builder().from_pool(pool).await
     }
 
     /// The deadline of each call, from the checkout of a connection to the answer (1 s by
@@ -101,10 +92,14 @@ impl PgStore {
     }
 
     /// Listens for releases, write intents and completions with a connection of its own to
-    /// the database `config` names (without TLS), reconnecting with backoff when it is lost.
-    /// [`connect`](Self::connect) does it already.
-    pub fn listen(mut self, config: tokio_postgres::Config) -> Self {
-        self.listening = Some(Listening::new(config));
+    /// the database `config` names (without TLS; named `tower-lease` unless `config` names
+    /// it), reconnecting with backoff when it is lost. [`connect`](Self::connect) does it
+    /// already.
+    pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
+        if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
+        self.listening = Some(Listening::new(config, self.schema));
         self
     }
 
@@ -119,6 +114,52 @@ impl PgStore {
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
+
+    /// The schema the store keeps its leases in, as [`claim_in`](crate::claim_in) takes it.
+    pub fn schema_name(&self) -> &str {
+        self.schema.name()
+    }
+}
+
+impl PgStoreBuilder {
+    /// Connects to the database at `url`, as [`PgStore::connect`] does with these options.
+    pub async fn connect(self, url: &str) -> Result<PgStore> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+        if let Some(name) = &self.application_name {
+            config.application_name(name);
+        } else if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.max_connections)
+            .build()
+            .map_err(|e| Error::Backend(Box::new(e)))?;
+        Ok(self.from_pool(pool).await?.listen(config))
+    }
+
+    /// A store on `pool`, as [`PgStore::from_pool`] makes it with these options (but the
+    /// pool's size and its sessions' name, which are the pool's).
+    pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
+        let schema = Schema::new(&self.schema).map_err(|e| Error::Backend(e.into()))?;
+        schema::install(&pool, schema, self.install_schema).await?;
+        Ok(PgStore {
+            pool,
+            timeout: DEFAULT_TIMEOUT,
+            concurrency: None,
+            stalled: Arc::default(),
+            listening: None,
+            sweeper: Arc::new(Sweeper::new(self.sweep_every, schema)),
+            schema,
+        })
+    }
 }
 
 impl fmt::Debug for PgStore {
@@ -128,6 +169,7 @@ impl fmt::Debug for PgStore {
             .field("timeout", &self.timeout)
             .field("concurrency", &self.concurrency)
             .field("listening", &self.listening.is_some())
+            .field("schema", &self.schema.name())
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,6 @@
-//! The sweep of ended rows: sent by the store itself about once a second, after one of its
-//! acquisitions, on a task of its own, so no call waits for it (it scans the tables: hundreds
-//! of µs) and an idle store sends none. No background job: a store that acquires sweeps.
+//! The sweep of ended rows: sent by the store itself about once a second (its cadence is the
+//! builder's), after one of its acquisitions, on a task of its own, so no call waits for it
+//! and an idle store sends none. No background job: a store that acquires sweeps.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -9,30 +9,39 @@ use deadpool_postgres::Pool;
 use tokio::time::Instant;
 
 use crate::call::checkout;
+use crate::naming::Schema;
 
 const SWEEP: &str = "SELECT tower_lease.sweep($1) AS most_gone";
-/// How often a busy store sweeps.
-const EVERY: Duration = Duration::from_secs(1);
 /// Rows of each table one statement deletes at most.
 const BATCH: i32 = 100;
 /// Statements one sweep sends at most while their batches come back full: up to 1,000 ended
 /// rows of each table a second per store, far more than crashed holders leave behind.
 const MOST_BATCHES: usize = 10;
 
-/// When the store last swept.
-#[derive(Debug, Default)]
+/// How often the store sweeps, with which statement, and when it last did.
+#[derive(Debug)]
 pub(crate) struct Sweeper {
+    every: Duration,
+    sweep: &'static str,
     last: Mutex<Option<Instant>>,
 }
 
 impl Sweeper {
-    /// Starts a sweep on its own task unless one started within [`EVERY`]; outside a tokio
+    pub(crate) fn new(every: Duration, schema: Schema) -> Self {
+        Sweeper {
+            every,
+            sweep: schema.statement(SWEEP),
+            last: Mutex::default(),
+        }
+    }
+
+    /// Starts a sweep on its own task unless one started within its cadence; outside a tokio
     /// runtime (never, on a call's path) it does nothing.
     pub(crate) fn now_and_then(&self, pool: &Pool, timeout: Duration) {
         let now = Instant::now();
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|last| now.duration_since(last) < EVERY) {
+            if last.is_some_and(|last| now.duration_since(last) < self.every) {
                 return;
             }
             *last = Some(now);
@@ -40,10 +49,10 @@ impl Sweeper {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let pool = pool.clone();
+        let (pool, statement) = (pool.clone(), self.sweep);
         runtime.spawn(async move {
             for _ in 0..MOST_BATCHES {
-                match tokio::time::timeout(timeout, sweep(&pool)).await {
+                match tokio::time::timeout(timeout, sweep(&pool, statement)).await {
                     Ok(Ok(gone)) if gone >= BATCH => {}
                     Ok(Ok(_)) => break,
                     Ok(Err(e)) => {
@@ -60,10 +69,10 @@ impl Sweeper {
     }
 }
 
-async fn sweep(pool: &Pool) -> tower_lease::Result<i32> {
+async fn sweep(pool: &Pool, statement: &str) -> tower_lease::Result<i32> {
     let client = checkout(pool).await?;
     let statement = client
-        .prepare_cached(SWEEP)
+        .prepare_cached(statement)
         .await
         .map_err(crate::backend::backend)?;
     let row = client

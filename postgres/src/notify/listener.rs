@@ -1,5 +1,5 @@
-//! The listening task: a connection of its own that `LISTEN`s on `tower_lease` and hands each
-//! notification to the sink; reconnects with backoff when the connection is lost (and then
+//! The listening task: a connection of its own that `LISTEN`s on the schema's channel and hands
+//! each notification to the sink; reconnects with backoff when the connection is lost (and then
 //! tells the sink notifications may have been missed), and stops once every `Store` on the
 //! backend is gone.
 
@@ -20,13 +20,14 @@ const LOOK: Duration = Duration::from_secs(1);
 
 pub(super) async fn listen(
     config: tokio_postgres::Config,
+    listen: String,
     sink: NotificationSink,
     listening: watch::Sender<bool>,
 ) {
     let mut pause = FIRST_PAUSE;
     let mut first = true;
     while !sink.is_closed() {
-        match session(&config, &sink, &listening).await {
+        match session(&config, &listen, &sink, &listening).await {
             Ok(()) => pause = FIRST_PAUSE,
             Err(e) => tracing::debug!(error = %e, "tower_lease listener: connection failed"),
         }
@@ -44,6 +45,7 @@ pub(super) async fn listen(
 /// One connection's life: `Ok` once it was listening and then ended.
 async fn session(
     config: &tokio_postgres::Config,
+    listen: &str,
     sink: &NotificationSink,
     listening: &watch::Sender<bool>,
 ) -> Result<(), tokio_postgres::Error> {
@@ -58,7 +60,7 @@ async fn session(
             }
         }
     });
-    let listened = client.batch_execute("LISTEN tower_lease").await;
+    let listened = client.batch_execute(listen).await;
     if let Err(e) = listened {
         reader.abort();
         return Err(e);

@@ -1,7 +1,8 @@
 //! Release notifications: a release, withdrawn write intent or completed idempotency key
-//! `NOTIFY`s the channel `tower_lease` in the function that made it (delivered when it
-//! commits) when a refused call marked the name as waited on, and each store listens on a connection of its own ([`listener`]), handing what it
-//! hears to the core's [`NotificationSink`]. The listener hears every lock, so watching one
+//! `NOTIFY`s the channel named as the store's schema (`tower_lease`) in the function that made
+//! it (delivered when it commits) when a refused call marked the name as waited on, and each
+//! store listens on a connection of its own ([`listener`]), handing what it hears to the
+//! core's [`NotificationSink`]. The listener hears every lock, so watching one
 //! only waits until it listens.
 
 mod listener;
@@ -13,25 +14,30 @@ use tokio::sync::watch;
 use tower_lease::backend::NotificationSink;
 use tower_lease::{Error, Result};
 
-/// How a store listens: the database to connect to, and whether its listener is listening
-/// now (set once the store's [`Store`](tower_lease::Store) handed it its sink).
+use crate::naming::Schema;
+
+/// How a store listens: the database to connect to, the schema whose channel it listens on,
+/// and whether its listener is listening now (set once the store's
+/// [`Store`](tower_lease::Store) handed it its sink).
 #[derive(Debug)]
 pub(crate) struct Listening {
     config: tokio_postgres::Config,
+    schema: Schema,
     listening: Arc<Mutex<Option<watch::Receiver<bool>>>>,
 }
 
 impl Clone for Listening {
     /// A clone made into another `Store` listens for that one: it starts without a listener.
     fn clone(&self) -> Self {
-        Listening::new(self.config.clone())
+        Listening::new(self.config.clone(), self.schema)
     }
 }
 
 impl Listening {
-    pub(crate) fn new(config: tokio_postgres::Config) -> Self {
+    pub(crate) fn new(config: tokio_postgres::Config, schema: Schema) -> Self {
         Listening {
             config,
+            schema,
             listening: Arc::default(),
         }
     }
@@ -44,7 +50,8 @@ impl Listening {
         };
         let (tell, listening) = watch::channel(false);
         *self.listening.lock().unwrap_or_else(|e| e.into_inner()) = Some(listening);
-        runtime.spawn(listener::listen(self.config.clone(), sink, tell));
+        let listen = format!("LISTEN {}", self.schema.quoted());
+        runtime.spawn(listener::listen(self.config.clone(), listen, sink, tell));
         true
     }
 

@@ -79,7 +79,8 @@ BEGIN
             CASE WHEN fenced THEN call_time + tower_lease.fence_life(ttl_ms) END)
     ON CONFLICT (namespace, name) DO UPDATE
         SET secret = excluded.secret, lease_expires = excluded.lease_expires,
-            fingerprint = excluded.fingerprint, response = NULL, completed_by = NULL,
+            holder = excluded.holder, fingerprint = excluded.fingerprint, response = NULL,
+            completed_by = NULL,
             record_expires = NULL,
             unknown_expires = coalesce(excluded.unknown_expires, i.unknown_expires),
             fence = CASE WHEN fenced THEN excluded.fence ELSE i.fence END,

@@ -27,7 +27,7 @@ BEGIN
          CASE WHEN fenced THEN tower_lease.micros(call_time) ELSE 0 END,
          CASE WHEN fenced THEN call_time + tower_lease.fence_life(ttl_ms) END)
     ON CONFLICT (namespace, name) DO UPDATE
-        SET secret = excluded.secret, expires = excluded.expires,
+        SET secret = excluded.secret, expires = excluded.expires, holder = excluded.holder,
             fence = CASE WHEN fenced THEN greatest(
                         CASE WHEN l.fence_until > call_time THEN l.fence ELSE 0 END + 1,
                         excluded.fence)

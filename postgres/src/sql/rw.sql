@@ -146,14 +146,15 @@ BEGIN
                 NULL, NULL, issued, call_time + tower_lease.fence_life(ttl_ms))
         ON CONFLICT (namespace, name) DO UPDATE
             SET writer = excluded.writer, writer_expires = excluded.writer_expires,
-                intent = NULL, intent_expires = NULL, fence = excluded.fence,
+                holder = excluded.holder, intent = NULL, intent_expires = NULL,
+                fence = excluded.fence,
                 fence_until = excluded.fence_until;
     ELSE
         INSERT INTO tower_lease.rwlocks AS r (namespace, name, writer, writer_expires)
         VALUES (lock_namespace, lock_name, holder_secret, call_time + tower_lease.millis(ttl_ms))
         ON CONFLICT (namespace, name) DO UPDATE
             SET writer = excluded.writer, writer_expires = excluded.writer_expires,
-                intent = NULL, intent_expires = NULL;
+                holder = excluded.holder, intent = NULL, intent_expires = NULL;
     END IF;
     RETURN tower_lease.acquired(issued);
 END

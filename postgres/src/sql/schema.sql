@@ -5,8 +5,8 @@
 -- Times are the server's (`clock_timestamp()`, read once per call after the name's lock, into
 -- `call_time`), as µs-precise `timestamptz`. A lease is live while `expires > call_time`. Rows whose leases, records
 -- and fence counters all ended are deleted by the calls that next touch their name, and in
--- batches by `tower_lease.sweep()`, which each store sends about once a second after one of its
--- acquisitions, off that call's path (`sweep.rs`): there is no background job.
+-- batches by `tower_lease.sweep()` (sweep.sql), which each store sends about once a second
+-- after one of its acquisitions, off that call's path (`sweep.rs`): there is no background job.
 --
 -- Every function runs with `SET search_path = pg_catalog, pg_temp`, names its tables with their
 -- schema and calls built-ins as `pg_catalog.…`, so no object of the caller's search path stands
@@ -17,7 +17,9 @@ CREATE SCHEMA IF NOT EXISTS tower_lease;
 
 -- The functions are installed afresh with each version: those of the version before go first,
 -- since a function whose answer changed cannot be replaced in place, and a renamed one would
--- stay behind. Nothing else of the schema depends on them.
+-- stay behind. Only the view `leases` (leases.sql) depends on them: it goes first, and comes
+-- back last.
+DROP VIEW IF EXISTS tower_lease.leases;
 DO $$
 DECLARE
     old_function regprocedure;
@@ -54,6 +56,14 @@ CREATE TABLE IF NOT EXISTS tower_lease.locks (
 -- unmarked (-1: a release found it marked and notified; `RETURNING` answers the row it
 -- leaves, so one statement both reads and clears the mark).
 ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS waited smallint NOT NULL DEFAULT 0;
+
+-- Who took each lease, for the view `leases`: the session's `application_name` and, over TCP,
+-- the client's address. A column default, so each acquisition's insert (and the `excluded` row
+-- of its upsert) fills it without a parameter. Only built-ins: a default that called a function
+-- of the schema would keep the installer from dropping it.
+ALTER TABLE tower_lease.locks ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
 
 -- An `RwLock`'s writer, its write intent (a refused writer of a phase-fair or writers-first
 -- lock), and the write generation (fence counter); its readers are rows of `readers`.
@@ -127,6 +137,21 @@ CREATE TABLE IF NOT EXISTS tower_lease.waited (
     since timestamptz NOT NULL,
     PRIMARY KEY (kind, namespace, name)
 );
+
+-- The holder of the writer's lease (`rwlocks`), of a reader's, of a permit, of a reservation:
+-- as `locks.holder`.
+ALTER TABLE tower_lease.rwlocks ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.readers ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.permits ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
+ALTER TABLE tower_lease.idempotency ADD COLUMN IF NOT EXISTS holder text
+    DEFAULT pg_catalog.concat_ws('@', pg_catalog.current_setting('application_name'),
+                                 pg_catalog.host(pg_catalog.inet_client_addr()));
 
 -- Keys claimed by an application's own transaction (`tower_lease_postgres::claim`): the effect
 -- of that request committed. Written only by `claim`, inside the application's transaction.
@@ -253,81 +278,5 @@ BEGIN
     IF FOUND THEN
         PERFORM tower_lease.notify(letter, lock_namespace, lock_name);
     END IF;
-END
-$$;
-
--- Deletes up to `batch` rows of each table whose leases, records and counters all ended, and
--- the marks of `waited` nobody refreshed for a minute, without ever waiting: a row another call
--- has locked, or whose name's advisory lock another call holds, is left for later (so two calls
--- sweeping at once never wait for each other). Sequential scans that stop at the first `batch`
--- dead rows. Answers the most rows one table lost: a store sends it again while a batch was
--- full.
-CREATE FUNCTION tower_lease.sweep(batch integer DEFAULT 100)
-RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    call_time timestamptz := pg_catalog.clock_timestamp();
-    gone integer;
-    most integer := 0;
-BEGIN
-    DELETE FROM tower_lease.locks t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.locks
-        WHERE expires <= call_time AND (fence_until IS NULL OR fence_until <= call_time)
-        LIMIT batch FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.rwlocks t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.rwlocks
-        WHERE coalesce(writer_expires, call_time) <= call_time
-          AND coalesce(intent_expires, call_time) <= call_time
-          AND coalesce(fence_until, call_time) <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.readers WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.waiting_readers t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.waiting_readers WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('rw', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.permits t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.permits WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('p', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.idempotency t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.idempotency
-        WHERE coalesce(lease_expires, call_time) <= call_time
-          AND coalesce(record_expires, call_time) <= call_time
-          AND coalesce(unknown_expires, call_time) <= call_time
-          AND coalesce(fence_until, call_time) <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key('v', t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.claims t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.claims WHERE expires <= call_time
-        LIMIT batch FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    most := greatest(most, gone);
-    DELETE FROM tower_lease.waited t WHERE t.ctid = ANY (ARRAY(
-        SELECT ctid FROM tower_lease.waited WHERE since < call_time - interval '1 minute'
-        LIMIT batch FOR UPDATE SKIP LOCKED))
-      AND pg_catalog.pg_try_advisory_xact_lock(
-          tower_lease.lock_class(), tower_lease.name_key(t.kind, t.namespace, t.name));
-    GET DIAGNOSTICS gone = ROW_COUNT;
-    RETURN greatest(most, gone);
 END
 $$;

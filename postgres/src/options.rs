@@ -1,0 +1,116 @@
+//! [`PgStoreBuilder`]: what a store is built with before it connects (its pool, its sessions'
+//! name, its schema and whether it installs it, its sweep's cadence).
+
+use std::time::Duration;
+
+/// The connections [`PgStore::connect`](crate::PgStore::connect) pools unless told otherwise.
+pub(crate) const DEFAULT_POOL: usize = 16;
+/// The `application_name` of a store's sessions, unless the URL or the builder names one.
+pub(crate) const DEFAULT_APPLICATION_NAME: &str = "tower-lease";
+/// How often a busy store sweeps unless told otherwise.
+pub(crate) const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Options of a [`PgStore`](crate::PgStore) that must be known before it connects, from
+/// [`PgStore::builder`](crate::PgStore::builder); [`connect`](Self::connect) or
+/// [`from_pool`](Self::from_pool) builds the store. Options that can change later
+/// ([`timeout`](crate::PgStore::timeout),
+/// [`expect_concurrency`](crate::PgStore::expect_concurrency)) are the store's own.
+///
+/// ```no_run
+/// use tower_lease::Store;
+/// use tower_lease_postgres::PgStore;
+///
+/// # async fn run() -> Result<(), tower_lease::Error> {
+/// // The schema comes from the application's migrations, under a name of its own; the
+/// // store's database user cannot create schemas.
+/// let store: Store = PgStore::builder()
+///     .schema("shop_locks")
+///     .install_schema(false)
+///     .max_connections(32)
+///     .application_name("shop-api")
+///     .connect("postgres://shop@db.internal/shop")
+///     .await?
+///     .into();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until connect or from_pool builds the store"]
+pub struct PgStoreBuilder {
+    pub(crate) max_connections: usize,
+    pub(crate) application_name: Option<String>,
+    pub(crate) schema: String,
+    pub(crate) install_schema: bool,
+    pub(crate) sweep_every: Duration,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            max_connections: DEFAULT_POOL,
+            application_name: None,
+            schema: crate::naming::DEFAULT_SCHEMA.to_owned(),
+            install_schema: true,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+        }
+    }
+}
+
+impl PgStoreBuilder {
+    /// The most connections the pool of [`connect`](Self::connect) opens (16 by default); the
+    /// store's listener has one more of its own. Each call of the store holds one for its
+    /// round trip: size it for the calls expected at once (the layers' concurrency limits,
+    /// the tasks that hold leases, whose heartbeats extend them), and tell
+    /// [`expect_concurrency`](crate::PgStore::expect_concurrency) so that
+    /// [`check`](crate::PgStore::check) warns when it is too small. A pool of your own
+    /// ([`from_pool`](Self::from_pool)) keeps its size.
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.max_connections = connections.max(1);
+        self
+    }
+
+    /// The `application_name` of the store's sessions, the pool's and the listener's: what
+    /// `pg_stat_activity` shows, and the start of the holder of each lease in the view
+    /// `leases`. By default the URL's `application_name`, else `tower-lease`; name each
+    /// replica (`shop-api-3`) to see which one holds what. A pool of your own
+    /// ([`from_pool`](Self::from_pool)) keeps the name its configuration gives.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = Some(name.into());
+        self
+    }
+
+    /// The schema the store keeps its tables and functions in (`tower_lease` by default),
+    /// whose name is also the channel its releases are notified on: stores of different
+    /// schemas on one database are separate lock spaces. A name is lowercase ASCII letters,
+    /// digits and `_`, not first a digit nor `pg_`, at most 63 bytes: what PostgreSQL keeps
+    /// unquoted, so `SELECT * FROM shop_locks.leases` finds it (the store quotes it, so a
+    /// keyword works too). Any other name fails [`connect`](Self::connect). Claim idempotency
+    /// keys in it with [`claim_in`](crate::claim_in), and migrate it with
+    /// [`schema_sql`](crate::schema_sql) of the same name.
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        self.schema = name.into();
+        self
+    }
+
+    /// Whether connecting installs the schema (`true`, the default): creates it when missing
+    /// and brings it to this version when older, which needs a database user that may create
+    /// it. With `false` the store installs nothing, and connecting fails, saying what to
+    /// apply, unless the schema is there at this version: for applications whose migrations
+    /// apply [`schema_sql`](crate::schema_sql), and whose store runs as a user with only the
+    /// privileges it uses (`USAGE` on the schema; `SELECT`, `INSERT`, `UPDATE` and `DELETE`
+    /// on its tables). Either way a schema of a newer version is refused.
+    pub fn install_schema(mut self, install: bool) -> Self {
+        self.install_schema = install;
+        self
+    }
+
+    /// How often a busy store sweeps ended rows (once a second by default): after one of its
+    /// acquisitions, on a task of its own, when the last sweep is older than this; an idle
+    /// store sends none. The sweep finds ended rows by index, and the calls on a name delete
+    /// its ended rows anyway: with many replicas, a longer cadence (10 s, a minute) keeps the
+    /// tables as small in practice for fewer statements.
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = every;
+        self
+    }
+}
