@@ -377,7 +377,9 @@ pub async fn waiting_writers_go_in_the_order_their_waits_began(env: Env) {
     let name = b"writers-in-line";
     let lock = LockRef::new(DOCS.namespace(), name, TTL).fairness(Fairness::PhaseFair);
     let older = Secret::queued();
-    sleep(Duration::from_millis(5)).await;
+    // A queued secret stamps the wall clock's millisecond, which a paused tokio clock does not
+    // move: the younger one must be stamped at least a millisecond of real time later.
+    std::thread::sleep(Duration::from_millis(3));
     let younger = Secret::queued();
     let reader = Secret::random();
     let write = |secret| LeaseRef::new(lock, Mode::Write, secret).waiting();
