@@ -342,6 +342,13 @@ impl Backend for PgStore {
             .is_some_and(|listening| listening.start(sink))
     }
 
+    /// A release notifies only a name a refused call marked (see `notify_waited` in
+    /// schema.sql): a notifying commit takes a database-wide lock, which a release nobody
+    /// waits for need not pay.
+    fn announces_every_release(&self) -> bool {
+        false
+    }
+
     /// The listener hears every lock: watching one waits until it listens.
     fn watch<'a>(
         &'a self,

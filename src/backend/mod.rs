@@ -484,7 +484,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Hands the backend the sink for what it hears of other processes: answer `true` if it
     /// will deliver there every release and write intent of the locks it is asked to
-    /// [`watch`](Self::watch) (from every process, this one included), and `false` if it
+    /// [`watch`](Self::watch) (from every process, this one included; or only the releases a
+    /// refused call waited for, if [`announces_every_release`](Self::announces_every_release)
+    /// says so), and `false` if it
     /// delivers nothing (the default). Called once, by
     /// [`Store::from_backend`](crate::Store::from_backend), within the tokio runtime when the
     /// store is made in one; a listening task may be spawned here or when the first lock is
@@ -496,6 +498,16 @@ pub trait Backend: Send + Sync + 'static {
     fn notify_to(&self, sink: NotificationSink) -> bool {
         let _ = sink;
         false
+    }
+
+    /// Whether the releases delivered to the sink (see [`notify_to`](Self::notify_to)) include
+    /// those that no refused call waited for. A backend that announces only the releases of
+    /// names a refused attempt marked, since the last such release (sparing a notification
+    /// nobody would hear), answers `false`: this process's waiters then also wake on this
+    /// process's own releases, since a waiter queued behind another here sends no attempt
+    /// while the lock is this process's, and so marks nothing. The default is `true`.
+    fn announces_every_release(&self) -> bool {
+        true
     }
 
     /// A waiter in this process starts watching the lock of `mode` on `name` in `namespace`

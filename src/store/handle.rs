@@ -37,6 +37,9 @@ pub struct Store {
     hub: Arc<Hub>,
     /// Whether the backend delivers notifications to the hub.
     notified: bool,
+    /// Whether those include the releases nobody was refused for
+    /// ([`Backend::announces_every_release`]).
+    every_release: bool,
     /// The one heartbeat of the leases held in this store, shared by every layer and every
     /// [`Held`](crate::Held) of the process.
     heartbeat: Heartbeat,
@@ -74,11 +77,13 @@ impl Store {
         let hub = Arc::new(Hub::default());
         let notified = backend.notify_to(hub.sink());
         let timeout = backend.timeout();
+        let every_release = backend.announces_every_release();
         Self {
             backend: Arc::new(backend),
             waits: Arc::default(),
             hub,
             notified,
+            every_release,
             heartbeat: Heartbeat::default(),
             ghosts: Ghosts::default(),
             timeout,
@@ -95,6 +100,12 @@ impl Store {
     /// one.
     pub(crate) fn has_notifications(&self) -> bool {
         self.notified
+    }
+
+    /// Whether the notifications include the releases nobody was refused for, this process's
+    /// own among them.
+    pub(crate) fn announces_every_release(&self) -> bool {
+        self.every_release
     }
 
     /// The longest one call may take.

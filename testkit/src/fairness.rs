@@ -7,7 +7,8 @@
 //!   writer that came before them; nobody overlaps a writer.
 //! - Hand-offs: a waiting writer gets in promptly once the last read before it ends, and the
 //!   reads that waited get in promptly once the write ends; a writer waiting for a read phase
-//!   gets in promptly once its reads end.
+//!   gets in promptly once its reads end; waiters queued in one process (writers, and a
+//!   `Lock`'s) each get in promptly once the one before leaves.
 //! - A read phase whose reader never comes (it gave up) holds writers off no longer than the
 //!   phase (500 ms, at most the TTL).
 //!
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tower_lease::{Fairness, RwLock, Store};
+use tower_lease::{Fairness, Lock, RwLock, Store};
 
 use crate::Env;
 
@@ -407,4 +408,77 @@ pub async fn waiting_writers_go_in_the_order_their_waits_began(env: Env) {
     let last = backend.acquire(write(&younger)).await.unwrap();
     assert!(acquired(&last), "then the younger one: {last:?}");
     assert!(backend.release(write(&younger)).await.unwrap());
+}
+
+/// Waiters queued behind each other in one process hand on promptly: a write of an `RwLock`
+/// (then a `Lock`) holds, and three waiters wait for it on the same store (the first contends,
+/// the others queue behind it in the process). Each gets in within [`HANDOFF`] of the lease
+/// before it ending, also the ones that never sent an attempt while the lock was this
+/// process's, which a store that notifies only the releases someone was refused for does not
+/// announce.
+pub async fn writers_queued_in_one_process_hand_on_promptly(env: Env) {
+    let (a, _) = stores(&env);
+    let hold = Duration::from_millis(50);
+    // Seated in this order, each before the next.
+    let seated = Duration::from_millis(50);
+    let inside = Inside::default();
+    let name = "queued-here";
+    let first = DOCS.try_write(&a, name).await.unwrap().expect("free");
+    let first_inside = inside.write();
+    let mut writers = Vec::new();
+    for _ in 0..3 {
+        writers.push(waiter(a.clone(), name, true, hold, inside.clone(), None));
+        sleep(seated).await;
+    }
+    drop(first_inside);
+    let ended = Instant::now();
+    assert!(first.release().await.unwrap());
+    let mut turns = Vec::new();
+    for writer in writers {
+        turns.push(writer.await.unwrap());
+    }
+    in_turn("RwLock writer", ended, turns);
+
+    const JOB: Lock<str> = Lock::new("fair-job", TTL);
+    let first = JOB.try_lock(&a, name).await.unwrap().expect("free");
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let a = a.clone();
+        holders.push(tokio::spawn(async move {
+            let wait = Duration::from_secs(4);
+            let token = JOB.try_lock_for(&a, name, wait).await.unwrap();
+            let token = token.expect("the waiter got in within its wait");
+            let entered = Instant::now();
+            sleep(hold).await;
+            let left = Instant::now();
+            assert!(token.release().await.unwrap(), "released while held");
+            Turn { entered, left }
+        }));
+        sleep(seated).await;
+    }
+    let ended = Instant::now();
+    assert!(first.release().await.unwrap());
+    let mut turns = Vec::new();
+    for holder in holders {
+        turns.push(holder.await.unwrap());
+    }
+    in_turn("Lock waiter", ended, turns);
+}
+
+/// Asserts that each turn began within [`HANDOFF`] of the one before ending (the first, of
+/// `ended`), and none overlapped.
+fn in_turn(who: &str, mut ended: Instant, mut turns: Vec<Turn>) {
+    turns.sort_by_key(|turn| turn.entered);
+    for (i, turn) in turns.iter().enumerate() {
+        assert!(
+            turn.entered >= ended,
+            "{who} {i} got in before the one before it left"
+        );
+        let handoff = turn.entered.saturating_duration_since(ended);
+        assert!(
+            handoff <= HANDOFF,
+            "queued {who} {i} got in {handoff:?} after the lease before it ended"
+        );
+        ended = turn.left;
+    }
 }

@@ -353,6 +353,7 @@ macro_rules! __scenarios {
                 a_read_phase_nobody_comes_to_ends_by_itself,
                 waiters_side_by_side_in_one_process_all_hear_their_release,
                 waiting_writers_go_in_the_order_their_waits_began,
+                writers_queued_in_one_process_hand_on_promptly,
             ],
             fences: [
                 fences_of_a_fresh_name_follow_the_clock,

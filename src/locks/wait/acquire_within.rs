@@ -165,7 +165,11 @@ pub(crate) async fn acquire_within(
             Some(intent) => pause.min(intent.renew_within()),
             None => pause,
         };
-        let watched = published.is_some();
+        // Waiting on this process's own lease (no attempt was sent, so none marked the name),
+        // its release wakes the waiter here if the store announces only the releases someone
+        // was refused for.
+        let own_release_unannounced = retry_after.is_none() && !store.announces_every_release();
+        let by_notification_only = published.is_some() && !own_release_unannounced;
         let published = async {
             match published {
                 Some(published) => published.await,
@@ -176,7 +180,7 @@ pub(crate) async fn acquire_within(
         tokio::select! {
             // With notifications, this process's own releases arrive as messages too: waking
             // for both would send a second attempt per release.
-            () = released, if !watched => {}
+            () = released, if !by_notification_only => {}
             () = published => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}

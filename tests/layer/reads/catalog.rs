@@ -140,3 +140,14 @@ async fn every_get_and_put_is_served_and_none_overlap(env: Backing) {
     // when the one before ends: well under its wait, never the wait's end.
     assert!(slowest <= SLOWEST, "a request took {slowest:?}");
 }
+
+/// The same catalog on Sentinel: each replica's store finds the primary through the sentinels
+/// and waits for a replica's acknowledgement of each acquisition.
+#[cfg(feature = "sentinel")]
+mod on_sentinel {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_get_and_put_is_served_and_none_overlap() {
+        let env = tower_lease_harness::Backing::sentinel().await;
+        super::every_get_and_put_is_served_and_none_overlap(env).await;
+    }
+}
