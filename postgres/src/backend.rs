@@ -142,7 +142,8 @@ impl PgStore {
             }
             other => return Err(unknown_mode(other)),
         };
-        self.sweeper.now_and_then(&self.pool, self.timeout);
+        self.sweeper
+            .now_and_then(&self.pool, self.sessions, self.timeout);
         // A permit's fence is not in the contract: none, as the memory store answers.
         acquisition(&row, lock.fenced && mode != Mode::Permit)
     }
@@ -213,29 +214,104 @@ impl PgStore {
         row.try_get("released").map_err(backend)
     }
 
-    async fn extend_many_now(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<Extended>> {
-        let modes: Vec<&str> = leases.iter().map(|l| letter(l.mode)).collect();
-        let namespaces: Vec<&str> = leases.iter().map(|l| l.lock.namespace).collect();
-        let names: Vec<&[u8]> = leases.iter().map(|l| l.lock.name).collect();
-        let secrets: Vec<&[u8]> = leases.iter().map(|l| &l.secret.as_bytes()[..]).collect();
-        let ttls: Vec<i64> = leases.iter().map(|l| millis(l.lock.ttl)).collect();
-        let params: [&(dyn ToSql + Sync); 5] = [&modes, &namespaces, &names, &secrets, &ttls];
-        let row = self.row(EXTEND_MANY, &params, Acts::Plainly).await?;
-        let held: Vec<bool> = row.try_get("held").map_err(backend)?;
-        let writer_waiting: Vec<bool> = row.try_get("writer_waiting").map_err(backend)?;
-        if held.len() != leases.len() || writer_waiting.len() != leases.len() {
-            return Err(Error::UnexpectedReply(format!(
-                "extend_many answered {} of {} leases",
-                held.len(),
-                leases.len()
-            )));
+    /// The batch in chunks of at most [`MOST_NAMES_A_TRANSACTION`] leases, each one
+    /// `extend_many` statement and transaction, all sent together on one connection: the
+    /// server runs them one after the other, in one round trip. Each transaction holds the
+    /// advisory lock of each of its names to its commit, so a batch of 512 in one would take
+    /// 512 entries of the server's shared lock table (`max_locks_per_transaction`, 64 by
+    /// default, times the connections); several replicas' heartbeats at once would exhaust it,
+    /// and every session's next lock would fail with "out of shared memory".
+    async fn extend_many_now(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<Result<Extended>>> {
+        let chunks: Vec<Chunk<'_>> = leases
+            .chunks(MOST_NAMES_A_TRANSACTION)
+            .map(Chunk::new)
+            .collect();
+        let params: Vec<[&(dyn ToSql + Sync); 5]> = chunks.iter().map(Chunk::params).collect();
+        let params: Vec<&[&(dyn ToSql + Sync)]> = params.iter().map(|p| &p[..]).collect();
+        let rows = self.rows(EXTEND_MANY, &params, Acts::Plainly).await?;
+        let mut answers = Vec::with_capacity(leases.len());
+        for (chunk, row) in leases.chunks(MOST_NAMES_A_TRANSACTION).zip(rows) {
+            match row
+                .map_err(backend)
+                .and_then(|row| chunk_answers(&row, chunk.len()))
+            {
+                Ok(extended) => answers.extend(extended.into_iter().map(Ok)),
+                // The chunk failed as a whole: each of its leases hears why.
+                Err(e) => {
+                    let words = error_words(&e);
+                    answers.extend(
+                        chunk
+                            .iter()
+                            .map(|_| Err(Error::Backend(words.clone().into()))),
+                    );
+                }
+            }
         }
-        Ok(held
-            .into_iter()
-            .zip(writer_waiting)
-            .map(|(h, w)| extended(h, w))
-            .collect())
+        Ok(answers)
     }
+}
+
+/// The most leases one `extend_many` transaction extends, so holds advisory locks of.
+const MOST_NAMES_A_TRANSACTION: usize = 32;
+
+/// One chunk of a batch, as `extend_many` takes it.
+struct Chunk<'a> {
+    modes: Vec<&'static str>,
+    namespaces: Vec<&'a str>,
+    names: Vec<&'a [u8]>,
+    secrets: Vec<&'a [u8]>,
+    ttls: Vec<i64>,
+}
+
+impl<'a> Chunk<'a> {
+    fn new(leases: &[LeaseRef<'a>]) -> Self {
+        Chunk {
+            modes: leases.iter().map(|l| letter(l.mode)).collect(),
+            namespaces: leases.iter().map(|l| l.lock.namespace).collect(),
+            names: leases.iter().map(|l| l.lock.name).collect(),
+            secrets: leases.iter().map(|l| &l.secret.as_bytes()[..]).collect(),
+            ttls: leases.iter().map(|l| millis(l.lock.ttl)).collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.modes,
+            &self.namespaces,
+            &self.names,
+            &self.secrets,
+            &self.ttls,
+        ]
+    }
+}
+
+/// A chunk's answers, one per lease, in order.
+fn chunk_answers(row: &Row, leases: usize) -> Result<Vec<Extended>> {
+    let held: Vec<bool> = row.try_get("held").map_err(backend)?;
+    let writer_waiting: Vec<bool> = row.try_get("writer_waiting").map_err(backend)?;
+    if held.len() != leases || writer_waiting.len() != leases {
+        return Err(Error::UnexpectedReply(format!(
+            "extend_many answered {} of {leases} leases",
+            held.len(),
+        )));
+    }
+    Ok(held
+        .into_iter()
+        .zip(writer_waiting)
+        .map(|(h, w)| extended(h, w))
+        .collect())
+}
+
+/// An error and its sources, in words: the server's message is the source of a driver's error.
+fn error_words(e: &Error) -> String {
+    let mut words = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        words.push_str(": ");
+        words.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    words
 }
 
 pub(crate) fn backend(e: tokio_postgres::Error) -> Error {
@@ -290,10 +366,10 @@ impl Backend for PgStore {
     ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         Box::pin(async move {
             match self.extend_many_now(leases).await {
-                Ok(answers) => answers.into_iter().map(Ok).collect(),
+                Ok(answers) => answers,
                 // One round trip failed for all: each lease hears why, as its own extend would.
                 Err(e) => {
-                    let e = e.to_string();
+                    let e = error_words(&e);
                     leases
                         .iter()
                         .map(|_| Err(Error::Backend(e.clone().into())))

@@ -88,6 +88,7 @@ mod naming;
 mod notify;
 mod options;
 mod schema;
+mod session;
 mod store;
 mod sweep;
 
