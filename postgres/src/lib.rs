@@ -84,6 +84,7 @@ mod call;
 mod check;
 mod claim;
 mod idempotency;
+mod many;
 mod naming;
 mod notify;
 mod options;

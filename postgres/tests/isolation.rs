@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use tower_lease::{Lock, RwLock, Semaphore, Store};
 use tower_lease_harness::PgServer;
-use tower_lease_postgres::PgStore;
 use tower_lease_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tower_lease_postgres::tokio_postgres::NoTls;
+use tower_lease_postgres::{PgStore, PgWarning};
 
 const TTL: Duration = Duration::from_secs(10);
 const PERMITS: u32 = 2;
@@ -353,4 +353,79 @@ async fn replicas_install_the_schema_at_once_under_repeatable_read() {
         }
         assert!(token.release().await.unwrap());
     }
+}
+
+/// A call on an application's pool cut off by the store's deadline, while it waited for the
+/// name's lock inside its transaction, leaves no transaction open on the connection it gives
+/// back: the next checkout of the pool's one connection runs at the session's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cut_off_leaves_no_transaction_open() {
+    let server = support::server().await;
+    drop(support::pg_store(&server).await);
+    default_isolation(&server, "repeatable read").await;
+    let store = PgStore::from_pool(app_pool(&server.url(), 1))
+        .await
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    let pool = store.pool().clone();
+    let store: Store = store.into();
+    let permit = SLOTS
+        .try_acquire(&store, "cut")
+        .await
+        .unwrap()
+        .expect("free");
+    // Another session holds the name's lock: the extension waits for it past its deadline.
+    let mut holder = support::client(&server.url()).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(tower_lease.lock_class(), \
+         tower_lease.name_key('p', 'slots', 'cut'::bytea))",
+        &[],
+    )
+    .await
+    .unwrap();
+    let cut = permit.extend().await;
+    assert!(
+        matches!(cut, Err(tower_lease::Error::Timeout(_))),
+        "the extension waits past its deadline: {cut:?}"
+    );
+    tx.commit().await.unwrap();
+    let client = pool.get().await.unwrap();
+    let isolation: String = client
+        .query_one("SELECT current_setting('transaction_isolation')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        isolation, "repeatable read",
+        "a transaction of the store left open"
+    );
+    drop(client);
+    assert!(permit.release().await.unwrap(), "the store goes on");
+}
+
+/// `check` notes sessions that default to another isolation on an application's pool, and not
+/// on the store's own (which sets read committed on each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_notes_the_default_isolation() {
+    let server = support::server().await;
+    drop(support::pg_store(&server).await);
+    default_isolation(&server, "repeatable read").await;
+    let own = replica(&server.url(), Pools::Connect).await;
+    assert!(
+        !own.check()
+            .await
+            .unwrap()
+            .iter()
+            .any(|w| matches!(w, PgWarning::DefaultIsolation { .. })),
+        "the store's own sessions default to read committed"
+    );
+    let yours = replica(&server.url(), Pools::FromPool).await;
+    let found = yours.check().await.unwrap();
+    assert!(
+        found.contains(&PgWarning::DefaultIsolation {
+            default: "repeatable read".into()
+        }),
+        "{found:?}"
+    );
 }
