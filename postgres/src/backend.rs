@@ -13,6 +13,7 @@ use tower_lease::{Error, Result};
 
 use crate::PgStore;
 use crate::call::Acts;
+use crate::many::error_words;
 
 const LOCK_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
      FROM tower_lease.lock_acquire($1, $2, $3, $4, $5)";
@@ -38,8 +39,6 @@ pub(crate) const IDEMPOTENCY_RELEASE: &str =
     "SELECT tower_lease.idempotency_release($1, $2, $3, $4) AS released";
 const WITHDRAW_INTENT: &str = "SELECT tower_lease.withdraw_intent($1, $2, $3) AS withdrawn";
 const PERMITS_IN_USE: &str = "SELECT tower_lease.permits_in_use($1, $2) AS in_use";
-const EXTEND_MANY: &str =
-    "SELECT held, writer_waiting FROM tower_lease.extend_many($1, $2, $3, $4, $5)";
 
 /// A TTL in whole milliseconds, as the functions take it.
 pub(crate) fn millis(ttl: Duration) -> i64 {
@@ -74,7 +73,7 @@ fn acquisition(row: &Row, fenced: bool) -> Result<Acquisition> {
 }
 
 /// An extend's answer.
-fn extended(held: bool, writer_waiting: bool) -> Extended {
+pub(crate) fn extended(held: bool, writer_waiting: bool) -> Extended {
     match (held, writer_waiting) {
         (false, _) => Extended::Gone,
         (true, true) => Extended::HeldWriterWaiting,
@@ -142,7 +141,8 @@ impl PgStore {
             }
             other => return Err(unknown_mode(other)),
         };
-        self.sweeper.now_and_then(&self.pool, self.timeout);
+        self.sweeper
+            .now_and_then(&self.pool, self.sessions, self.timeout);
         // A permit's fence is not in the contract: none, as the memory store answers.
         acquisition(&row, lock.fenced && mode != Mode::Permit)
     }
@@ -212,30 +212,6 @@ impl PgStore {
         };
         row.try_get("released").map_err(backend)
     }
-
-    async fn extend_many_now(&self, leases: &[LeaseRef<'_>]) -> Result<Vec<Extended>> {
-        let modes: Vec<&str> = leases.iter().map(|l| letter(l.mode)).collect();
-        let namespaces: Vec<&str> = leases.iter().map(|l| l.lock.namespace).collect();
-        let names: Vec<&[u8]> = leases.iter().map(|l| l.lock.name).collect();
-        let secrets: Vec<&[u8]> = leases.iter().map(|l| &l.secret.as_bytes()[..]).collect();
-        let ttls: Vec<i64> = leases.iter().map(|l| millis(l.lock.ttl)).collect();
-        let params: [&(dyn ToSql + Sync); 5] = [&modes, &namespaces, &names, &secrets, &ttls];
-        let row = self.row(EXTEND_MANY, &params, Acts::Plainly).await?;
-        let held: Vec<bool> = row.try_get("held").map_err(backend)?;
-        let writer_waiting: Vec<bool> = row.try_get("writer_waiting").map_err(backend)?;
-        if held.len() != leases.len() || writer_waiting.len() != leases.len() {
-            return Err(Error::UnexpectedReply(format!(
-                "extend_many answered {} of {} leases",
-                held.len(),
-                leases.len()
-            )));
-        }
-        Ok(held
-            .into_iter()
-            .zip(writer_waiting)
-            .map(|(h, w)| extended(h, w))
-            .collect())
-    }
 }
 
 pub(crate) fn backend(e: tokio_postgres::Error) -> Error {
@@ -290,10 +266,10 @@ impl Backend for PgStore {
     ) -> BoxFuture<'a, Vec<Result<Extended>>> {
         Box::pin(async move {
             match self.extend_many_now(leases).await {
-                Ok(answers) => answers.into_iter().map(Ok).collect(),
+                Ok(answers) => answers,
                 // One round trip failed for all: each lease hears why, as its own extend would.
                 Err(e) => {
-                    let e = e.to_string();
+                    let e = error_words(&e);
                     leases
                         .iter()
                         .map(|_| Err(Error::Backend(e.clone().into())))

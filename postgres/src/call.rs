@@ -22,6 +22,7 @@ use tower_lease::backend::Secret;
 use tower_lease::{Error, Result};
 
 use crate::PgStore;
+use crate::session::{Answers, query_each};
 
 /// The most stalled connections kept aside at once; past it a stalled call's connection goes
 /// back to the pool, and what it takes ends with its TTL.
@@ -88,6 +89,21 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         acts: Acts<'_>,
     ) -> Result<Row> {
+        let mut rows = self.rows(sql, &[params], acts).await?;
+        rows.pop()
+            .expect("one answer a statement")
+            .map_err(|e| Error::Backend(Box::new(e)))
+    }
+
+    /// Runs `sql` (one prepared statement answering one row) once per set of `params`, sent
+    /// together on one connection (one round trip, each its own transaction), within the
+    /// store's deadline: each one's answer, in order.
+    pub(crate) async fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&[&(dyn ToSql + Sync)]],
+        acts: Acts<'_>,
+    ) -> Result<Vec<std::result::Result<Row, tokio_postgres::Error>>> {
         let sql = self.schema.statement(sql);
         let acts = match acts {
             Acts::Takes(secret, ttl, gives_back) => {
@@ -96,18 +112,18 @@ impl PgStore {
             other => other,
         };
         let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.row_now(sql, params, acts)).await {
+        match tokio::time::timeout_at(deadline, self.rows_now(sql, params, acts)).await {
             Ok(answer) => answer,
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
     }
 
-    async fn row_now(
+    async fn rows_now(
         &self,
         sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
+        params: &[&[&(dyn ToSql + Sync)]],
         acts: Acts<'_>,
-    ) -> Result<Row> {
+    ) -> Result<Vec<std::result::Result<Row, tokio_postgres::Error>>> {
         // A server restarted or its backends terminated leave every pooled connection closed,
         // some not yet known to be: one more try than the pool has connections.
         let most_tries = self.pool.status().max_size + 1;
@@ -131,21 +147,43 @@ impl PgStore {
                 keep,
             };
             let client = wire.client.as_ref().expect("just put");
-            let answer = match prepare(client, sql, acts).await {
-                Ok(statement) => client.query_one(&statement, params).await,
+            let answers = match prepare(client, sql, acts).await {
+                Ok(statement) => {
+                    let answers = query_each(client, self.sessions, &statement, params).await;
+                    Ok(answers)
+                }
                 Err(e) => Err(e),
             };
             // Answered: nothing of it is left on the wire.
             let client = wire.client.take().expect("still there");
-            match answer {
-                Ok(row) => return Ok(row),
-                Err(e) if tries < most_tries && lost(&e, &client) => {
-                    // Never back into the pool: the next try takes another connection.
-                    drop(Object::take(client));
-                    tracing::debug!(error = %e, "connection lost; sending the call again");
+            let answers = match answers {
+                Ok(Answers { rows, discard }) => {
+                    let lost = rows
+                        .iter()
+                        .find_map(|row| row.as_ref().err().filter(|e| lost(e, &client)));
+                    match lost {
+                        Some(e) if tries < most_tries => {
+                            tracing::debug!(error = %e, "connection lost; sending the call again");
+                            drop(Object::take(client));
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    if discard {
+                        // Its transaction's state is unknown: never back into the pool.
+                        drop(Object::take(client));
+                    }
+                    return Ok(rows);
                 }
-                Err(e) => return Err(Error::Backend(Box::new(e))),
+                Err(e) => e,
+            };
+            if tries < most_tries && lost(&answers, &client) {
+                // Never back into the pool: the next try takes another connection.
+                drop(Object::take(client));
+                tracing::debug!(error = %answers, "connection lost; sending the call again");
+                continue;
             }
+            return Err(Error::Backend(Box::new(answers)));
         }
     }
 }

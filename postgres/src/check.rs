@@ -9,7 +9,8 @@ use crate::PgStore;
 use crate::backend::backend;
 use crate::call::Acts;
 
-const SETUP: &str = "SELECT pg_is_in_recovery(), current_setting('synchronous_commit')";
+const SETUP: &str = "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
+     current_setting('default_transaction_isolation')";
 
 /// Something about a store's database that can break the locks' guarantees, or slow them,
 /// found by [`PgStore::check`]. Prints as a message a user can act on.
@@ -35,6 +36,15 @@ pub enum PgWarning {
     /// The store does not [listen](PgStore::listen) for releases: waiters find releases made
     /// by other processes by polling.
     NoNotifications,
+    /// A note: the sessions of the store's pool default to an isolation level other than read
+    /// committed (`ALTER ROLE/DATABASE … SET default_transaction_isolation`, the pool's
+    /// settings). The calls are right anyway: on a pool given to
+    /// [`from_pool`](crate::PgStoreBuilder::from_pool) each runs in a transaction of its own
+    /// at read committed, which costs the server two more statements a call.
+    DefaultIsolation {
+        /// The sessions' `default_transaction_isolation`.
+        default: String,
+    },
 }
 
 impl fmt::Display for PgWarning {
@@ -59,6 +69,12 @@ impl fmt::Display for PgWarning {
                 "no release notifications: waiters poll for releases in other processes; \
                  build the store with PgStore::connect, or add listen(config)",
             ),
+            PgWarning::DefaultIsolation { default } => write!(
+                f,
+                "the pool's sessions default to {default} isolation: each lock call runs in a \
+                 transaction of its own at read committed, two more statements a call; a pool \
+                 of PgStore::connect (or sessions defaulting to read committed) needs none"
+            ),
         }
     }
 }
@@ -66,12 +82,14 @@ impl fmt::Display for PgWarning {
 impl PgStore {
     /// Checks the database and the store's setup for what can break the locks' guarantees,
     /// or slow them: a read-only standby, `synchronous_commit = off`, a pool smaller than the
-    /// [expected concurrency](Self::expect_concurrency), no release notifications. Call it
+    /// [expected concurrency](Self::expect_concurrency), no release notifications; and notes
+    /// sessions whose default isolation is not read committed. Call it
     /// once at startup and report what it finds; it logs nothing itself.
     pub async fn check(&self) -> Result<Vec<PgWarning>> {
         let row = self.row(SETUP, &[], Acts::Plainly).await?;
         let standby: bool = row.try_get(0).map_err(backend)?;
         let commit: String = row.try_get(1).map_err(backend)?;
+        let isolation: String = row.try_get(2).map_err(backend)?;
         let mut found = Vec::new();
         if standby {
             found.push(PgWarning::Standby);
@@ -85,6 +103,11 @@ impl PgStore {
         }
         if self.listening.is_none() {
             found.push(PgWarning::NoNotifications);
+        }
+        // The call above ran in a transaction of its own: the session's default is not its
+        // isolation.
+        if isolation != "read committed" {
+            found.push(PgWarning::DefaultIsolation { default: isolation });
         }
         Ok(found)
     }

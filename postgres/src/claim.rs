@@ -81,6 +81,13 @@ impl std::error::Error for ClaimError {
 /// Claim last, just before the commit: a claim being made holds off the other claims of its
 /// key (an insert into the claims' primary key) until its transaction ends.
 ///
+/// Any isolation level of `tx` works: the claims' primary key never lets two claims of a key
+/// commit. At read committed a claim that waited for another one's commit answers
+/// [`ClaimError::AlreadyClaimed`]; at repeatable read or serializable, whose snapshot is older
+/// than that commit, it fails instead with a serialization error (SQLSTATE `40001`, as
+/// [`ClaimError::Postgres`]): roll back and run the transaction again, as for any serialization
+/// failure, and the retry's claim answers `AlreadyClaimed`.
+///
 /// Claims in the schema `tower_lease`, the store's default; a store built with another
 /// [`schema`](crate::PgStoreBuilder::schema) claims with [`claim_in`].
 ///

@@ -84,10 +84,12 @@ mod call;
 mod check;
 mod claim;
 mod idempotency;
+mod many;
 mod naming;
 mod notify;
 mod options;
 mod schema;
+mod session;
 mod store;
 mod sweep;
 

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
+use tokio_postgres::IsolationLevel;
 use tower_lease::{Error, Result};
 
 use crate::naming::Schema;
@@ -126,7 +127,13 @@ async fn install_now(client: &mut Object, schema: Schema) -> std::result::Result
     if up_to_date(schema, installed(&***client, schema).await?)? {
         return Ok(());
     }
-    let tx = client.transaction().await?;
+    // At read committed whatever the session's default: the statements after the lock's wait
+    // read what the installation before it committed.
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
     tx.execute(INSTALL_LOCK, &[&LOCK_CLASS]).await?;
     // Another replica may have installed it while we waited for the lock.
     if up_to_date(schema, installed(&*tx, schema).await?)? {

@@ -13,6 +13,7 @@ use crate::naming::Schema;
 use crate::notify::Listening;
 use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
+use crate::session::{self, Sessions};
 use crate::sweep::Sweeper;
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
@@ -48,6 +49,7 @@ pub struct PgStore {
     pub(crate) listening: Option<Listening>,
     pub(crate) sweeper: Arc<Sweeper>,
     pub(crate) schema: Schema,
+    pub(crate) sessions: Sessions,
 }
 
 impl PgStore {
@@ -140,14 +142,26 @@ impl PgStoreBuilder {
         );
         let pool = Pool::builder(manager)
             .max_size(self.max_connections)
+            .post_create(session::read_committed_hook())
             .build()
             .map_err(|e| Error::Backend(Box::new(e)))?;
-        Ok(self.from_pool(pool).await?.listen(config))
+        let store = self.on_pool(pool, Sessions::ReadCommitted).await?;
+        Ok(store.listen(config))
     }
 
     /// A store on `pool`, as [`PgStore::from_pool`] makes it with these options (but the
     /// pool's size and its sessions' name, which are the pool's).
+    ///
+    /// Its sessions may default to any isolation level (a pool's settings, `ALTER ROLE … SET
+    /// default_transaction_isolation`): each call runs in a transaction of its own at read
+    /// committed, `BEGIN ISOLATION LEVEL READ COMMITTED`, the call and `COMMIT` sent together
+    /// in one round trip. The pool of [`connect`](Self::connect) sets read committed as each
+    /// session's default when it opens, and its calls need no such transaction.
     pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
+        self.on_pool(pool, Sessions::AnyDefault).await
+    }
+
+    async fn on_pool(self, pool: Pool, sessions: Sessions) -> Result<PgStore> {
         let schema = Schema::new(&self.schema).map_err(|e| Error::Backend(e.into()))?;
         schema::install(&pool, schema, self.install_schema).await?;
         Ok(PgStore {
@@ -158,6 +172,7 @@ impl PgStoreBuilder {
             listening: None,
             sweeper: Arc::new(Sweeper::new(self.sweep_every, schema)),
             schema,
+            sessions,
         })
     }
 }
@@ -170,6 +185,7 @@ impl fmt::Debug for PgStore {
             .field("concurrency", &self.concurrency)
             .field("listening", &self.listening.is_some())
             .field("schema", &self.schema.name())
+            .field("sessions", &self.sessions)
             .finish_non_exhaustive()
     }
 }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::call::checkout;
 use crate::naming::Schema;
+use crate::session::{Sessions, query_each};
 
 const SWEEP: &str = "SELECT tower_lease.sweep($1) AS most_gone";
 /// Rows of each table one statement deletes at most.
@@ -37,7 +38,7 @@ impl Sweeper {
 
     /// Starts a sweep on its own task unless one started within its cadence; outside a tokio
     /// runtime (never, on a call's path) it does nothing.
-    pub(crate) fn now_and_then(&self, pool: &Pool, timeout: Duration) {
+    pub(crate) fn now_and_then(&self, pool: &Pool, sessions: Sessions, timeout: Duration) {
         let now = Instant::now();
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -52,7 +53,7 @@ impl Sweeper {
         let (pool, statement) = (pool.clone(), self.sweep);
         runtime.spawn(async move {
             for _ in 0..MOST_BATCHES {
-                match tokio::time::timeout(timeout, sweep(&pool, statement)).await {
+                match tokio::time::timeout(timeout, sweep(&pool, sessions, statement)).await {
                     Ok(Ok(gone)) if gone >= BATCH => {}
                     Ok(Ok(_)) => break,
                     Ok(Err(e)) => {
@@ -69,15 +70,21 @@ impl Sweeper {
     }
 }
 
-async fn sweep(pool: &Pool, statement: &str) -> tower_lease::Result<i32> {
+async fn sweep(pool: &Pool, sessions: Sessions, statement: &str) -> tower_lease::Result<i32> {
     let client = checkout(pool).await?;
     let statement = client
         .prepare_cached(statement)
         .await
         .map_err(crate::backend::backend)?;
-    let row = client
-        .query_one(&statement, &[&BATCH])
-        .await
+    let mut answers = query_each(&client, sessions, &statement, &[&[&BATCH]]).await;
+    if answers.discard {
+        // Its transaction's state is unknown: never back into the pool.
+        drop(deadpool_postgres::Object::take(client));
+    }
+    let row = answers
+        .rows
+        .pop()
+        .expect("one answer a statement")
         .map_err(crate::backend::backend)?;
     row.try_get("most_gone").map_err(crate::backend::backend)
 }
