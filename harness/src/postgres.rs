@@ -3,8 +3,9 @@
 //! folder `TOWER_LEASE_PG_BIN` names, or `PATH`).
 //!
 //! `initdb` runs once per machine and version into a template cluster in the temporary
-//! folder; every server starts on a copy of it, in a folder of its own, with `fsync=off`,
-//! trust authentication on `127.0.0.1`, and its socket in its own folder. PostgreSQL refuses
+//! folder; every server starts on a copy of it, in a folder of its own, with `fsync=off`
+//! (`TOWER_LEASE_PG_SETTINGS`, e.g. `'fsync=on full_page_writes=on'`, overrides it), trust
+//! authentication on `127.0.0.1`, and its socket in its own folder. PostgreSQL refuses
 //! to run as root: under root the server runs as the `postgres` user, which owns its folder.
 //! [`pause`](PgServer::pause) and [`stop`](PgServer::stop) signal every process of a server
 //! (the postmaster and its children); the postmaster is asked to die with the thread that started it (start it on the test's thread,
@@ -124,7 +125,15 @@ impl PgServer {
             .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off"])
             .args(["-c", "shared_buffers=16MB"])
-            .args(["-c", "max_connections=60"])
+            .args(["-c", "max_connections=60"]);
+        // Settings of the caller's, after the defaults, which they override: e.g. a benchmark
+        // against a server that flushes its WAL, as production runs one.
+        if let Ok(settings) = std::env::var("TOWER_LEASE_PG_SETTINGS") {
+            for setting in settings.split_whitespace() {
+                command.args(["-c", setting]);
+            }
+        }
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -4,11 +4,11 @@
 //! ```text
 //! cargo bench -p tower-lease-postgres --bench pg
 //! BENCH_ROUNDS=15 BENCH_ROUND_MS=1000 cargo bench -p tower-lease-postgres --bench pg
-//! PG_FSYNC=on cargo bench -p tower-lease-postgres --bench pg
+//! TOWER_LEASE_PG_SETTINGS='fsync=on full_page_writes=on' cargo bench -p tower-lease-postgres --bench pg
 //! ```
 //!
 //! The benchmark starts its own server (`PgServer`: an `initdb` cluster on a free loopback
-//! port, `fsync=off`, or on with `PG_FSYNC=on`), with `pg_stat_statements` loaded but not
+//! port, `fsync=off` unless `TOWER_LEASE_PG_SETTINGS` says otherwise), with `pg_stat_statements` loaded but not
 //! tracking until the last part.
 //!
 //! The minimum is a table of its own (`name` primary key, `token`, `expires`) and two prepared
@@ -406,20 +406,8 @@ async fn bench(server: &PgServer, settings: Settings) {
         ],
     )
     .await;
-    // What the server runs with: `fsync` is off in the harness's servers, unless `PG_FSYNC=on`
-    // asks for a server that flushes its WAL at each commit, as production runs.
-    if std::env::var("PG_FSYNC").is_ok_and(|v| v == "on") {
-        each(
-            &admin,
-            &[
-                "ALTER SYSTEM SET fsync = on",
-                "ALTER SYSTEM SET full_page_writes = on",
-                "SELECT pg_reload_conf()",
-            ],
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // What the server runs with: `fsync` is off in the harness's servers, unless
+    // `TOWER_LEASE_PG_SETTINGS` turns it on.
     let fsync_now: String = admin
         .query_one("SELECT current_setting('fsync')", &[])
         .await

@@ -83,6 +83,10 @@ DECLARE
     call_time timestamptz := pg_catalog.clock_timestamp();
     marked boolean;
 BEGIN
+    -- A release's commit need not wait for its WAL flush (nor a synchronous standby): lost in
+    -- a crash, the lease only lives on to its end, which delays the next holder and lets no
+    -- second one in; an acquisition that follows it flushes it with its own commit.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     DELETE FROM tower_lease.locks l
     WHERE l.namespace = lock_namespace AND l.name = lock_name AND l.secret = holder_secret
       AND l.expires > call_time AND coalesce(l.fence_until, call_time) <= call_time

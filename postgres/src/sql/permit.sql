@@ -61,6 +61,10 @@ DECLARE
     call_time timestamptz;
     ended timestamptz;
 BEGIN
+    -- A release's commit need not wait for its WAL flush (nor a synchronous standby): lost in
+    -- a crash, the lease only lives on to its end, which delays the next holder and lets no
+    -- second one in; an acquisition that follows it flushes it with its own commit.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     PERFORM tower_lease.take_name_lock('p', lock_namespace, lock_name);
     call_time := pg_catalog.clock_timestamp();
     DELETE FROM tower_lease.permits p

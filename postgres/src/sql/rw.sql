@@ -207,6 +207,10 @@ DECLARE
     call_time timestamptz;
     ended timestamptz;
 BEGIN
+    -- A release's commit need not wait for its WAL flush (nor a synchronous standby): lost in
+    -- a crash, the lease only lives on to its end, which delays the next holder and lets no
+    -- second one in; an acquisition that follows it flushes it with its own commit.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
     call_time := pg_catalog.clock_timestamp();
     IF as_reader THEN
@@ -255,6 +259,10 @@ RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp 
 DECLARE
     call_time timestamptz;
 BEGIN
+    -- A release's commit need not wait for its WAL flush (nor a synchronous standby): lost in
+    -- a crash, the lease only lives on to its end, which delays the next holder and lets no
+    -- second one in; an acquisition that follows it flushes it with its own commit.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     PERFORM tower_lease.take_name_lock('rw', lock_namespace, lock_name);
     call_time := pg_catalog.clock_timestamp();
     UPDATE tower_lease.rwlocks r SET intent = NULL, intent_expires = NULL
