@@ -96,7 +96,7 @@ fn waiter(store: &Store, kind: &'static str, name: String) -> JoinHandle<Instant
     let store = store.clone();
     tokio::spawn(async move {
         let lost = "the waiter got in once released";
-        let at = match kind {
+        match kind {
             "lock" => {
                 let token = JOBS.try_lock_for(&store, &name, WAIT).await.unwrap();
                 let at = Instant::now();
@@ -115,8 +115,7 @@ fn waiter(store: &Store, kind: &'static str, name: String) -> JoinHandle<Instant
                 assert!(token.expect(lost).release().await.unwrap());
                 at
             }
-        };
-        at
+        }
     })
 }
 
@@ -175,6 +174,7 @@ async fn got_in_within(
 ) {
     for (kind, waiter) in waiters {
         let after = waiter.await.unwrap().saturating_duration_since(released);
+        eprintln!("{when}: the {kind} waiter got in {after:?} after the release");
         assert!(
             after <= bound,
             "{when}: the {kind} waiter got in {after:?} after the release (bound {bound:?})"
