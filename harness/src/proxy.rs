@@ -1,4 +1,4 @@
-//! A TCP fault proxy between a client and a server (redis-server): it passes bytes through, or
+//! A TCP fault proxy between a client and a server (redis-server, or PostgreSQL): it passes bytes through, or
 //! delays, blackholes, drops replies, resets, and severs connections on demand.
 //!
 //! The mode is read for every chunk, so a change applies to open connections at once (except
@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "redis")]
 use crate::server::{Endpoint, RedisServer};
 
 /// What the proxy does with the bytes it reads.
@@ -92,6 +93,7 @@ impl Proxy {
     }
 
     /// Starts a proxy to `server`.
+    #[cfg(feature = "redis")]
     pub async fn to(server: &RedisServer) -> Self {
         Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()))).await
     }
@@ -130,6 +132,7 @@ impl Proxy {
 }
 
 /// Connections to the proxy reach the server behind it, faults included.
+#[cfg(feature = "redis")]
 impl Endpoint for Proxy {
     fn url(&self) -> String {
         format!("redis://{}/", self.addr)

@@ -46,7 +46,9 @@
 //!   a database-wide lock, so an uncontended release skips it); each store listens on a
 //!   connection of its own and wakes its waiters. The mark is written under the lock the
 //!   release takes, and a waiter tries again once it listens, so no release it waits for goes
-//!   unheard.
+//!   unheard. The listening connection sends a heartbeat every second, so one cut off
+//!   without a reset is found in about 3 s; while it is down and being replaced the waiters
+//!   poll, and once the new one listens every waiter tries again.
 //! - Every call is bounded by the store's [`timeout`](PgStore::timeout) (1 s by default). A
 //!   connection found closed is dropped and the call sent again on another within it; the
 //!   functions are safe to run twice (an acquisition that finds its own secret answers

@@ -2,8 +2,9 @@
 //! `NOTIFY`s the channel named as the store's schema (`tower_lease`) in the function that made
 //! it (delivered when it commits) when a refused call marked the name as waited on, and each
 //! store listens on a connection of its own ([`listener`]), handing what it hears to the
-//! core's [`NotificationSink`]. The listener hears every lock, so watching one
-//! only waits until it listens.
+//! core's [`NotificationSink`]. The listener hears every lock, so watching one only waits
+//! until it first listens; while it is down (its connection lost, a new one not yet
+//! listening), watching answers an error at once, and the waiter polls.
 
 mod listener;
 mod payload;
@@ -16,14 +17,26 @@ use tower_lease::{Error, Result};
 
 use crate::naming::Schema;
 
+/// Where a store's listener is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Connecting for the first time.
+    Starting,
+    /// Listening: every notification from now on reaches the sink.
+    Listening,
+    /// Its connection failed or was lost, and a new one does not listen yet: notifications
+    /// go unheard.
+    Down,
+}
+
 /// How a store listens: the database to connect to, the schema whose channel it listens on,
-/// and whether its listener is listening now (set once the store's
-/// [`Store`](tower_lease::Store) handed it its sink).
+/// and where its listener is now (set once the store's [`Store`](tower_lease::Store) handed
+/// it its sink).
 #[derive(Debug)]
 pub(crate) struct Listening {
     config: tokio_postgres::Config,
     schema: Schema,
-    listening: Arc<Mutex<Option<watch::Receiver<bool>>>>,
+    state: Arc<Mutex<Option<watch::Receiver<State>>>>,
 }
 
 impl Clone for Listening {
@@ -38,7 +51,7 @@ impl Listening {
         Listening {
             config,
             schema,
-            listening: Arc::default(),
+            state: Arc::default(),
         }
     }
 
@@ -48,27 +61,32 @@ impl Listening {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let (tell, listening) = watch::channel(false);
-        *self.listening.lock().unwrap_or_else(|e| e.into_inner()) = Some(listening);
+        let (tell, state) = watch::channel(State::Starting);
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
         let listen = format!("LISTEN {}", self.schema.quoted());
         runtime.spawn(listener::listen(self.config.clone(), listen, sink, tell));
         true
     }
 
-    /// Resolves once the listener listens (at once while it does): from then on every
-    /// notification reaches the sink.
+    /// Resolves once the listener listens (at once while it does; when it first connects,
+    /// once it listens): from then on every notification reaches the sink. An error while
+    /// it is down, at once: a waiter then polls rather than trust notifications that go
+    /// unheard.
     pub(crate) async fn listening(&self) -> Result<()> {
-        let listening = self
-            .listening
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let Some(mut listening) = listening else {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(mut state) = state else {
             return Err(Error::Backend("the store has no listener".into()));
         };
-        match listening.wait_for(|now| *now).await {
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::Backend("the store's listener stopped".into())),
+        let listening = match state.wait_for(|now| *now != State::Starting).await {
+            Ok(now) => *now == State::Listening,
+            Err(_) => return Err(Error::Backend("the store's listener stopped".into())),
+        };
+        if listening {
+            Ok(())
+        } else {
+            Err(Error::Backend(
+                "the store's listener is down (reconnecting): polling".into(),
+            ))
         }
     }
 }
