@@ -3,7 +3,7 @@
 //!
 //! - [`server`]: real `redis-server` processes on free loopback ports;
 //! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
-//! - [`proxy`]: a TCP fault proxy between a store and its Redis;
+//! - [`proxy`]: a TCP fault proxy between a store and its Redis or PostgreSQL;
 //! - [`sentinel`]: a primary, replicas and three sentinels (feature `sentinel`);
 //! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;
@@ -31,7 +31,7 @@ pub mod hooked;
 pub mod http;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub mod proxy;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
