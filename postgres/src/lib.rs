@@ -86,6 +86,7 @@ mod claim;
 mod idempotency;
 mod many;
 mod naming;
+mod network;
 mod notify;
 mod options;
 mod schema;
