@@ -3,8 +3,7 @@
 //!
 //! - [`server`]: real `redis-server` processes on free loopback ports;
 //! - [`cluster`]: a local 3-master Redis Cluster made of them (feature `cluster`);
-//! - [`proxy`]: a TCP fault proxy between a store and its Redis or PostgreSQL (feature `redis`
-//!   or `postgres`);
+//! - [`proxy`]: a TCP fault proxy between a store and its Redis or PostgreSQL;
 //! - [`sentinel`]: a primary, replicas and three sentinels (feature `sentinel`);
 //! - [`backing`]: a store on Redis, on the cluster or in memory, with a direct line to the Redis
 //!   behind it, and the [`store_tests!`] macro that runs a test on each;

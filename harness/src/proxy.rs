@@ -1,5 +1,6 @@
-//! A TCP fault proxy between a client and a server (redis-server, or PostgreSQL): it passes bytes through, or
-//! delays, blackholes, drops replies, resets, and severs connections on demand.
+//! A TCP fault proxy between a client and a server (redis-server, or PostgreSQL with the
+//! `postgres` feature): it passes bytes through, or delays, blackholes, drops replies, resets,
+//! and severs connections on demand.
 //!
 //! The mode is read for every chunk, so a change applies to open connections at once (except
 //! [`Fault::Reset`], which only refuses new ones). The proxy and all its connections stop when
@@ -18,6 +19,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "postgres")]
+use crate::postgres::PgServer;
 #[cfg(feature = "redis")]
 use crate::server::{Endpoint, RedisServer};
 
@@ -96,6 +99,19 @@ impl Proxy {
     #[cfg(feature = "redis")]
     pub async fn to(server: &RedisServer) -> Self {
         Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()))).await
+    }
+
+    /// Starts a proxy to the PostgreSQL `server`; [`postgres_url`](Self::postgres_url) reaches
+    /// it through the proxy.
+    #[cfg(feature = "postgres")]
+    pub async fn to_postgres(server: &PgServer) -> Self {
+        Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()))).await
+    }
+
+    /// `postgres://postgres@<proxy>/postgres`: the database of a [`PgServer`] behind the proxy.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_url(&self) -> String {
+        format!("postgres://postgres@{}/postgres", self.addr)
     }
 
     /// The address clients connect to.

@@ -9,6 +9,13 @@
 //! stalled acquisition is kept aside under its secret (until its TTL ran out), and a release
 //! with that secret goes on it: PostgreSQL runs one connection's statements in order, so the
 //! release runs after the acquisition.
+//!
+//! A release that times out on such a connection leaves it aside again, until the TTL. Any
+//! other call's connection that the deadline passed with a statement on it (a plain call, a
+//! release on a pooled connection) is closed, never pooled: the next call would queue behind that statement, or,
+//! on a connection whose bytes a network lost, wait for an answer that never comes. The server
+//! ends the statement itself within its bound (`statement_timeout`, [`crate::session`]), and
+//! a statement it cancels answers [`Error::Timeout`], as the client's deadline does.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -49,34 +56,78 @@ pub(crate) struct Stalled {
 impl Stalled {
     fn keep(&self, secret: &Secret, client: Object, until: Instant) {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        // Dropped ones go back to the pool; their statements run before the next one's.
-        kept.retain(|(_, _, until)| *until > now);
+        expire(&mut kept);
         if kept.len() < MOST_STALLED {
             kept.push((secret.clone(), client, until));
+        } else {
+            // Never pooled with its statement on it; what it takes ends with its TTL.
+            close(client);
         }
     }
 
-    fn take(&self, secret: &Secret) -> Option<Object> {
+    /// The connection kept for `secret`, and until when.
+    fn take(&self, secret: &Secret) -> Option<(Object, Instant)> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        kept.retain(|(_, _, until)| *until > now);
+        expire(&mut kept);
         let at = kept.iter().position(|(held, _, _)| held == secret)?;
-        Some(kept.swap_remove(at).1)
+        let (_, client, until) = kept.swap_remove(at);
+        Some((client, until))
     }
 }
 
+/// Closes the kept connections whose lease's TTL ran out with no release for them: whether
+/// their statement ever answered is not known, so they are not pooled.
+fn expire(kept: &mut Vec<(Secret, Object, Instant)>) {
+    let now = Instant::now();
+    let mut at = 0;
+    while at < kept.len() {
+        if kept[at].2 > now {
+            at += 1;
+        } else {
+            close(kept.swap_remove(at).1);
+        }
+    }
+}
+
+/// Takes `client` out of its pool and closes it (once the statements on it answered, or its
+/// socket is found dead): the pool opens another in its place.
+fn close(client: Object) {
+    drop(Object::take(client));
+}
+
 /// A checked-out connection with a statement on it; dropped before the answer came (the
-/// deadline passed, or the caller gave up), it is kept aside for the release.
-struct OnTheWire<'a> {
+/// deadline passed, or the caller gave up), it is kept aside for the release if it may take a
+/// lease, and closed otherwise.
+pub(crate) struct OnTheWire<'a> {
     client: Option<Object>,
     keep: Option<(&'a Stalled, &'a Secret, Instant)>,
 }
 
+impl OnTheWire<'_> {
+    /// `client`, closed unless [`answered`](Self::answered) takes it back first.
+    pub(crate) fn plain(client: Object) -> Self {
+        OnTheWire {
+            client: Some(client),
+            keep: None,
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Object {
+        self.client.as_ref().expect("on the wire until answered")
+    }
+
+    /// The connection, whose statements all answered: nothing of them is left on the wire.
+    pub(crate) fn answered(&mut self) -> Object {
+        self.client.take().expect("answered once")
+    }
+}
+
 impl Drop for OnTheWire<'_> {
     fn drop(&mut self) {
-        if let (Some(client), Some((stalled, secret, until))) = (self.client.take(), self.keep) {
-            stalled.keep(secret, client, until);
+        match (self.client.take(), self.keep) {
+            (Some(client), Some((stalled, secret, until))) => stalled.keep(secret, client, until),
+            (Some(client), None) => close(client),
+            (None, _) => {}
         }
     }
 }
@@ -92,7 +143,19 @@ impl PgStore {
         let mut rows = self.rows(sql, &[params], acts).await?;
         rows.pop()
             .expect("one answer a statement")
-            .map_err(|e| Error::Backend(Box::new(e)))
+            .map_err(|e| self.call_error(e))
+    }
+
+    /// The error a call answers for `error`: [`Error::Timeout`] when the server cancelled the
+    /// statement (its `statement_timeout` or `lock_timeout`, or an operator's cancel), as when
+    /// the client's deadline passes.
+    pub(crate) fn call_error(&self, error: tokio_postgres::Error) -> Error {
+        match error.code() {
+            Some(&SqlState::QUERY_CANCELED | &SqlState::LOCK_NOT_AVAILABLE) => {
+                Error::Timeout(self.timeout)
+            }
+            _ => Error::Backend(Box::new(error)),
+        }
     }
 
     /// Runs `sql` (one prepared statement answering one row) once per set of `params`, sent
@@ -131,31 +194,40 @@ impl PgStore {
         loop {
             tries += 1;
             let kept = match acts {
-                Acts::GivesBack(secret) => self.stalled.take(secret),
+                Acts::GivesBack(secret) => self.stalled.take(secret).map(|kept| (secret, kept)),
                 _ => None,
             };
-            let client = match kept {
-                Some(client) => client,
-                None => checkout(&self.pool).await?,
-            };
-            let keep = match acts {
-                Acts::Takes(secret, ttl, _) => Some((&*self.stalled, secret, Instant::now() + ttl)),
-                _ => None,
+            // Kept aside if the deadline passes with the statement on it: a call that may
+            // take a lease, for its release; a release on a stalled call's connection, again
+            // (whatever of the two is on the wire still runs in order); any other is closed.
+            let (client, keep) = match kept {
+                Some((secret, (client, until))) => (client, Some((&*self.stalled, secret, until))),
+                None => {
+                    let client = checkout(&self.pool).await?;
+                    let keep = match acts {
+                        Acts::Takes(secret, ttl, _) => {
+                            Some((&*self.stalled, secret, Instant::now() + ttl))
+                        }
+                        _ => None,
+                    };
+                    (client, keep)
+                }
             };
             let mut wire = OnTheWire {
                 client: Some(client),
                 keep,
             };
-            let client = wire.client.as_ref().expect("just put");
+            let client = wire.client();
             let answers = match prepare(client, sql, acts).await {
                 Ok(statement) => {
-                    let answers = query_each(client, self.sessions, &statement, params).await;
+                    let answers =
+                        query_each(client, self.sessions, self.timeout, &statement, params).await;
                     Ok(answers)
                 }
                 Err(e) => Err(e),
             };
             // Answered: nothing of it is left on the wire.
-            let client = wire.client.take().expect("still there");
+            let client = wire.answered();
             let answers = match answers {
                 Ok(Answers { rows, discard }) => {
                     let lost = rows
@@ -164,14 +236,14 @@ impl PgStore {
                     match lost {
                         Some(e) if tries < most_tries => {
                             tracing::debug!(error = %e, "connection lost; sending the call again");
-                            drop(Object::take(client));
+                            close(client);
                             continue;
                         }
                         _ => {}
                     }
                     if discard {
                         // Its transaction's state is unknown: never back into the pool.
-                        drop(Object::take(client));
+                        close(client);
                     }
                     return Ok(rows);
                 }
@@ -179,11 +251,11 @@ impl PgStore {
             };
             if tries < most_tries && lost(&answers, &client) {
                 // Never back into the pool: the next try takes another connection.
-                drop(Object::take(client));
+                close(client);
                 tracing::debug!(error = %answers, "connection lost; sending the call again");
                 continue;
             }
-            return Err(Error::Backend(Box::new(answers)));
+            return Err(self.call_error(answers));
         }
     }
 }

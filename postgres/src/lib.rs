@@ -54,7 +54,9 @@
 //!   functions are safe to run twice (an acquisition that finds its own secret answers
 //!   "acquired").
 //!   A call that timed out keeps its connection for the release that gives back what it may
-//!   still take, so that release runs after it.
+//!   still take, so that release runs after it; any other call's is closed, never pooled with
+//!   its statement on it. The server bounds each call too (`statement_timeout`,
+//!   `lock_timeout`), and `connect` turns on TCP keepalives and `tcp_user_timeout`.
 //!
 //! # Seen by operators
 //!
@@ -88,6 +90,7 @@ mod claim;
 mod idempotency;
 mod many;
 mod naming;
+mod network;
 mod notify;
 mod options;
 mod schema;

@@ -35,10 +35,14 @@ impl PgStore {
         let mut answers = Vec::with_capacity(leases.len());
         for (chunk, row) in leases.chunks(MOST_NAMES_A_TRANSACTION).zip(rows) {
             match row
-                .map_err(backend)
+                .map_err(|e| self.call_error(e))
                 .and_then(|row| chunk_answers(&row, chunk.len()))
             {
                 Ok(extended) => answers.extend(extended.into_iter().map(Ok)),
+                // The server ended it at its bound.
+                Err(Error::Timeout(timeout)) => {
+                    answers.extend(chunk.iter().map(|_| Err(Error::Timeout(timeout))));
+                }
                 // The chunk failed as a whole: each of its leases hears why.
                 Err(e) => {
                     let words = error_words(&e);

@@ -134,6 +134,10 @@ async fn install_now(client: &mut Object, schema: Schema) -> std::result::Result
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .await?;
+    // Bounded by `INSTALL_WITHIN`, not by the calls' bound the store's sessions have: the
+    // lock may wait for another replica's installation.
+    tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
+        .await?;
     tx.execute(INSTALL_LOCK, &[&LOCK_CLASS]).await?;
     // Another replica may have installed it while we waited for the lock.
     if up_to_date(schema, installed(&*tx, schema).await?)? {

@@ -10,10 +10,11 @@ use tower_lease::{Error, Result, Store};
 
 use crate::call::Stalled;
 use crate::naming::Schema;
+use crate::network;
 use crate::notify::Listening;
 use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
-use crate::session::{self, Sessions};
+use crate::session::{self, ServerBound, Sessions};
 use crate::sweep::Sweeper;
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
@@ -50,6 +51,8 @@ pub struct PgStore {
     pub(crate) sweeper: Arc<Sweeper>,
     pub(crate) schema: Schema,
     pub(crate) sessions: Sessions,
+    /// The server's bound on the statements of a pool the store made, which its hooks read.
+    pub(crate) server_bound: Arc<ServerBound>,
 }
 
 impl PgStore {
@@ -88,8 +91,18 @@ impl PgStore {
     /// The deadline of each call, from the checkout of a connection to the answer (1 s by
     /// default): past it the call answers [`Error::Timeout`], and what it may still take is
     /// given back.
+    ///
+    /// The server bounds each call's statements by it too (`statement_timeout` and
+    /// `lock_timeout`, in whole milliseconds), so a call given up on does not wait on a lock
+    /// and act later; a statement the server cancels answers [`Error::Timeout`]. On the pool
+    /// of [`connect`](Self::connect) they are set on each session as it opens (the
+    /// connections opened before a change close at their next checkout, and the last timeout
+    /// set on a store or any of its clones holds for the pool), so your queries on
+    /// [`pool`](Self::pool) have them too; on a pool given to [`from_pool`](Self::from_pool)
+    /// they are `SET LOCAL` in each call's transaction and touch nothing else.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.server_bound.set(timeout);
         self
     }
 
@@ -112,7 +125,11 @@ impl PgStore {
         self
     }
 
-    /// The pool the store runs on.
+    /// The pool the store runs on. The sessions of the pool of [`connect`](Self::connect)
+    /// default to read committed, and bound each statement by the store's
+    /// [`timeout`](Self::timeout) (`statement_timeout`, `lock_timeout`): a query of yours on
+    /// it that may run longer sets its own (`SET LOCAL statement_timeout = 0` in its
+    /// transaction).
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
@@ -128,6 +145,7 @@ impl PgStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<PgStore> {
         let mut config: tokio_postgres::Config =
             url.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+        network::find_dead_sockets(&mut config, url);
         if let Some(name) = &self.application_name {
             config.application_name(name);
         } else if config.get_application_name().is_none() {
@@ -140,12 +158,16 @@ impl PgStoreBuilder {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
         let pool = Pool::builder(manager)
             .max_size(self.max_connections)
-            .post_create(session::read_committed_hook())
+            .post_create(session::session_hook(server_bound.clone()))
+            .post_recycle(session::stale_hook(server_bound.clone()))
             .build()
             .map_err(|e| Error::Backend(Box::new(e)))?;
-        let store = self.on_pool(pool, Sessions::ReadCommitted).await?;
+        let store = self
+            .on_pool(pool, Sessions::ReadCommitted, server_bound)
+            .await?;
         Ok(store.listen(config))
     }
 
@@ -158,10 +180,16 @@ impl PgStoreBuilder {
     /// in one round trip. The pool of [`connect`](Self::connect) sets read committed as each
     /// session's default when it opens, and its calls need no such transaction.
     pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
-        self.on_pool(pool, Sessions::AnyDefault).await
+        let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
+        self.on_pool(pool, Sessions::AnyDefault, server_bound).await
     }
 
-    async fn on_pool(self, pool: Pool, sessions: Sessions) -> Result<PgStore> {
+    async fn on_pool(
+        self,
+        pool: Pool,
+        sessions: Sessions,
+        server_bound: Arc<ServerBound>,
+    ) -> Result<PgStore> {
         let schema = Schema::new(&self.schema).map_err(|e| Error::Backend(e.into()))?;
         schema::install(&pool, schema, self.install_schema).await?;
         Ok(PgStore {
@@ -173,6 +201,7 @@ impl PgStoreBuilder {
             sweeper: Arc::new(Sweeper::new(self.sweep_every, schema)),
             schema,
             sessions,
+            server_bound,
         })
     }
 }

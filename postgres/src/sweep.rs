@@ -8,7 +8,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::time::Instant;
 
-use crate::call::checkout;
+use crate::call::{OnTheWire, checkout};
 use crate::naming::Schema;
 use crate::session::{Sessions, query_each};
 
@@ -53,7 +53,9 @@ impl Sweeper {
         let (pool, statement) = (pool.clone(), self.sweep);
         runtime.spawn(async move {
             for _ in 0..MOST_BATCHES {
-                match tokio::time::timeout(timeout, sweep(&pool, sessions, statement)).await {
+                match tokio::time::timeout(timeout, sweep(&pool, sessions, timeout, statement))
+                    .await
+                {
                     Ok(Ok(gone)) if gone >= BATCH => {}
                     Ok(Ok(_)) => break,
                     Ok(Err(e)) => {
@@ -70,13 +72,21 @@ impl Sweeper {
     }
 }
 
-async fn sweep(pool: &Pool, sessions: Sessions, statement: &str) -> tower_lease::Result<i32> {
-    let client = checkout(pool).await?;
+async fn sweep(
+    pool: &Pool,
+    sessions: Sessions,
+    timeout: Duration,
+    statement: &str,
+) -> tower_lease::Result<i32> {
+    // Closed, not pooled, if the deadline passes with the sweep on it.
+    let mut wire = OnTheWire::plain(checkout(pool).await?);
+    let client = wire.client();
     let statement = client
         .prepare_cached(statement)
         .await
         .map_err(crate::backend::backend)?;
-    let mut answers = query_each(&client, sessions, &statement, &[&[&BATCH]]).await;
+    let mut answers = query_each(client, sessions, timeout, &statement, &[&[&BATCH]]).await;
+    let client = wire.answered();
     if answers.discard {
         // Its transaction's state is unknown: never back into the pool.
         drop(deadpool_postgres::Object::take(client));

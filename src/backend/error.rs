@@ -51,8 +51,12 @@ pub enum Error {
     InvalidPermits,
 
     /// The store did not answer within its timeout
-    /// ([`RedisStore::timeout`](crate::RedisStore::timeout)); Redis is slow or unreachable.
-    #[error("the lock store did not answer within {0:?}; check that Redis is reachable")]
+    /// ([`RedisStore::timeout`](crate::RedisStore::timeout), or a backend's
+    /// [`Backend::timeout`](crate::backend::Backend::timeout)), or its server ended the call at
+    /// that bound: the server is slow, busy with a lock, or unreachable.
+    #[error(
+        "the lock store did not answer within {0:?}; check that its server is reachable and not overloaded"
+    )]
     Timeout(Duration),
 
     /// The store answered with something this crate does not understand, such as a key that

@@ -26,6 +26,15 @@ pub async fn pg_store(server: &PgServer) -> PgStore {
         .expect("connect to the test postgres")
 }
 
+/// A store on the database at `url` with `timeout`, as a `Store`.
+pub async fn pg_store_timeout(url: &str, timeout: Duration) -> Store {
+    PgStore::connect(url)
+        .await
+        .expect("connect to the test postgres")
+        .timeout(timeout)
+        .into()
+}
+
 /// A direct connection to `url`, outside any store.
 pub async fn client(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
