@@ -19,7 +19,8 @@
 //! 1. Lock cycles (`try_lock` + `release`, a name per task) at 1 and 16 tasks: the minimum,
 //!    `PgStore`, and two variants that split the difference: `PgStore`'s own SQL functions
 //!    called by hand like the minimum (the server's share of the difference, against the
-//!    client's), and the same with a copy of the release function that sends no `NOTIFY`.
+//!    client's), and the same with a copy of the release function that sends no `NOTIFY`; and
+//!    a lone read of an `RwLock` (`try_read` + `release`), what a catalog's `GET` pays alone.
 //! 2. HTTP: one axum app (`POST /jobs/{name}`, a random name per request) behind a hand-written
 //!    `from_fn` middleware on the minimum (`409` when held, the release after the handler),
 //!    behind `LockLayer` on `PgStore`, and behind the same `from_fn` middleware around
@@ -46,7 +47,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::StatusCode;
-use tower_lease::{Lock, LockLayer, Store, extract};
+use tower_lease::{Lock, LockLayer, RwLock, Store, extract};
 use tower_lease_harness::PgServer;
 use tower_lease_harness::bench::{self, Op, Settings, median, op, quantile_us};
 use tower_lease_harness::http::{Sender, connect, serve};
@@ -59,6 +60,7 @@ const TTL: Duration = Duration::from_secs(10);
 const TTL_MS: i64 = 10_000;
 const LOCK: Lock<str> = Lock::new("bench", TTL);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);
+const DOCS: RwLock<str> = RwLock::new("bench-docs", TTL);
 const CONCURRENCY: [usize; 2] = [1, 16];
 /// HTTP connections per app: as many as each pool has connections.
 const CONNECTIONS: usize = 16;
@@ -85,6 +87,7 @@ const MINIMUM: &str = "minimum: INSERT … ON CONFLICT + DELETE";
 const PG_LOCK: &str = "PgStore: Lock try_lock + release";
 const FUNCTIONS: &str = "diagnostic: PgStore's functions, called by hand";
 const QUIET: &str = "diagnostic: the same, release without NOTIFY";
+const PG_READ: &str = "diagnostic: PgStore: RwLock try_read + release (a lone read)";
 
 const HAND_HTTP: &str = "from_fn lock by hand on the minimum";
 const LAYER_HTTP: &str = "LockLayer on PgStore";
@@ -210,6 +213,22 @@ fn store_cycle(store: Store) -> Op {
                 .await
                 .expect("try_lock")
                 .expect("the lock was held");
+            assert!(token.release().await.expect("release"), "released nothing");
+        }
+    })
+}
+
+/// A read of an `RwLock` nobody else reads or writes: what a catalog's lone `GET` pays.
+fn store_read_cycle(store: Store) -> Op {
+    let names = names("read-");
+    op(move |task, _| {
+        let (store, names) = (store.clone(), names.clone());
+        async move {
+            let token = DOCS
+                .try_read(&store, names[task].as_str())
+                .await
+                .expect("try_read")
+                .expect("the read was refused");
             assert!(token.release().await.expect("release"), "released nothing");
         }
     })
@@ -371,17 +390,27 @@ async fn make_quiet_release(admin: &Client) -> bool {
         .await
         .unwrap();
     let definition: String = row.get(0);
-    let notify = "PERFORM tower_lease.notify('e', lock_namespace, lock_name);";
+    // The schema's name is quoted in the installed text: the line, whatever precedes the call.
+    let notify = ".notify('e', lock_namespace, lock_name);";
     if !definition.contains(notify) {
         return false;
     }
-    let quiet = definition
-        .replacen(
-            "FUNCTION tower_lease.lock_release(",
-            "FUNCTION public.bench_lock_release_quiet(",
-            1,
-        )
-        .replace(notify, "");
+    let quiet: String = definition
+        .lines()
+        .filter(|line| !line.contains(notify))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let Some(at) = quiet.find(".lock_release(") else {
+        return false;
+    };
+    let start = quiet[..at]
+        .rfind("FUNCTION ")
+        .map_or(0, |f| f + "FUNCTION ".len());
+    let quiet = format!(
+        "{}public.bench_lock_release_quiet({}",
+        &quiet[..start],
+        &quiet[at + ".lock_release(".len()..]
+    );
     admin.batch_execute(&quiet).await.unwrap();
     true
 }
@@ -431,6 +460,7 @@ async fn bench(server: &PgServer, settings: Settings) {
         (MINIMUM, hand_cycle(minimum.clone(), "hand-")),
         (PG_LOCK, store_cycle(store.clone())),
         (FUNCTIONS, hand_cycle(functions, "fn-")),
+        (PG_READ, store_read_cycle(store.clone())),
     ];
     if make_quiet_release(&admin).await {
         let quiet = Hand {

@@ -20,9 +20,10 @@ use tower_lease_harness::http::{Http, serve};
 const CATALOG: RwLock<str> = RwLock::new("shop-catalog", Duration::from_secs(2));
 /// How long a request may wait for the lock, reads as writes.
 const MAX_WAIT: Duration = Duration::from_secs(2);
-/// The slowest answer allowed: half the wait, generous for a loaded 2-core machine (a few
-/// 30 ms writes queued, each handed on by a notification or, without one, a poll).
-const SLOWEST: Duration = Duration::from_secs(1);
+/// The slowest answer allowed: three quarters of the wait, generous for a loaded 2-core
+/// machine running other suites beside it (a few 30 ms writes queued, each handed on by a
+/// notification or, without one, a poll): a PUT of 1.33 s was seen on the cluster there.
+const SLOWEST: Duration = Duration::from_millis(1500);
 
 tower_lease_harness::store_tests!(Layer: [every_get_and_put_is_served_and_none_overlap]);
 
