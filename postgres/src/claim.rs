@@ -26,6 +26,10 @@ pub enum ClaimError {
     },
     /// The statement failed (the transaction is aborted then, as for any failed statement).
     Postgres(tokio_postgres::Error),
+    /// The statement failed, sent by [`sqlx::claim`](crate::sqlx::claim) (the transaction is
+    /// aborted then, as for any failed statement).
+    #[cfg(feature = "sqlx")]
+    Sqlx(::sqlx::Error),
 }
 
 impl fmt::Display for ClaimError {
@@ -35,6 +39,8 @@ impl fmt::Display for ClaimError {
                 f.write_str("the idempotency key was claimed by a committed transaction")
             }
             ClaimError::Postgres(e) => write!(f, "claiming the idempotency key failed: {e}"),
+            #[cfg(feature = "sqlx")]
+            ClaimError::Sqlx(e) => write!(f, "claiming the idempotency key failed: {e}"),
         }
     }
 }
@@ -44,6 +50,8 @@ impl std::error::Error for ClaimError {
         match self {
             ClaimError::AlreadyClaimed { .. } => None,
             ClaimError::Postgres(e) => Some(e),
+            #[cfg(feature = "sqlx")]
+            ClaimError::Sqlx(e) => Some(e),
         }
     }
 }

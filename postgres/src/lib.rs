@@ -79,7 +79,9 @@
 //! transaction that makes its effect, so that a retry after a crash between that commit and
 //! the response never runs the effect again: the layer runs the handler again, its claim
 //! answers [`ClaimError::AlreadyClaimed`], and it answers from its own record. A store in a
-//! schema of another name claims with [`claim_in`].
+//! schema of another name claims with [`claim_in`]. An application on sqlx claims in its sqlx
+//! transaction with `sqlx::claim` (the `sqlx` feature); any other driver sends the claim's one
+//! statement, which [`claim`] documents.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -95,6 +97,8 @@ mod notify;
 mod options;
 mod schema;
 mod session;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod store;
 mod sweep;
 
