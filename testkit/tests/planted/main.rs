@@ -12,13 +12,17 @@ use tower_lease_testkit::{Env, scenarios};
 
 use crate::store::{Bug, MemoryStore};
 
+/// The suite's `Env` on a store with `bug`, and a second store on the same backend (its
+/// notifications shared through an in-process bus) as another process.
 fn env(bug: Bug) -> Env {
     let store = MemoryStore::new(bug);
     let wipe = store.clone();
-    Env::new(Store::from_backend(store)).with_data_loss(move || {
-        wipe.lose_data();
-        Box::pin(async {})
-    })
+    Env::new(Store::from_backend(store.clone()))
+        .with_elsewhere(Store::from_backend(store))
+        .with_data_loss(move || {
+            wipe.lose_data();
+            Box::pin(async {})
+        })
 }
 
 /// Runs every scenario on a store with `bug`, each on a thread of its own under tokio's paused
@@ -60,9 +64,10 @@ macro_rules! caught {
                 let failed = failing(Bug::$bug);
                 assert!(!failed.is_empty(), "no scenario caught {:?}", Bug::$bug);
                 // The scenarios `README.md` records for it.
-                for scenario in [$($scenario),*] {
+                let recorded: &[&str] = &[$($scenario),*];
+                for scenario in recorded {
                     assert!(
-                        failed.iter().any(|f| f == scenario),
+                        failed.iter().any(|f| f.as_str() == *scenario),
                         "{scenario} no longer catches {:?}: caught by {failed:?}",
                         Bug::$bug
                     );
@@ -125,4 +130,11 @@ caught! {
         "idempotency::a_reservation_ends_with_its_lease",
         "differential::reservation_sequences_answer_as_the_memory_store",
     ],
+    notifies_nothing: NotifiesNothing => [],
+    no_release_notice: NoReleaseNotice => [],
+    notice_before_release: NoticeBeforeRelease => [],
+    wrong_mode_notice: WrongModeNotice => [],
+    no_intent_notice: NoIntentNotice => [],
+    kinds_share_state: KindsShareState => [],
+    hangs: Hangs => [],
 }

@@ -15,6 +15,7 @@ use tower_lease::backend::{Acquisition, LeaseRef, Mode, Secret};
 mod backend;
 mod fence_counters;
 mod idempotency;
+mod notify;
 
 /// A [`Backend`](tower_lease::backend::Backend) that keeps leases in a map in this process; use it
 /// through [`Store::memory`](crate::Store::memory).
@@ -25,12 +26,14 @@ mod idempotency;
 /// Redis: a fence is `max(last + 1, wall-clock µs)`, so a forgotten counter costs nothing. Time
 /// is [`tokio::time::Instant`]: under `tokio::time::pause` leases and counters expire as the
 /// paused clock advances.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     /// Idempotency keys, apart from the leases of locks.
     idempotency: Records,
     bug: Bug,
+    /// What every store made on this backend hears: releases and write intents.
+    bus: tokio::sync::broadcast::Sender<notify::Event>,
 }
 
 /// The bug planted in a store.
@@ -70,6 +73,24 @@ pub enum Bug {
     /// A phase-fair write's release begins no read phase: the readers that waited for it wait
     /// for the next writer too.
     NoReadPhase,
+    /// `notify_to` answers `true` but delivers nothing.
+    NotifiesNothing,
+    /// A release is not announced (withdrawn intents and write intents are).
+    NoReleaseNotice,
+    /// A release is announced before it is made: a waiter woken by it is refused, and waits
+    /// for its next poll.
+    NoticeBeforeRelease,
+    /// An `RwLock`'s releases are announced as a `Lock`'s (`Mode::Exclusive`), so its waiters
+    /// are not woken.
+    WrongModeNotice,
+    /// Write intents are not announced, so another process's shared reads keep admitting
+    /// readers until their heartbeat hears of the writer.
+    NoIntentNotice,
+    /// A `Lock` and an `RwLock` of the same namespace and name share state: a writer or
+    /// readers of one refuse the other.
+    KindsShareState,
+    /// `in_use` never answers.
+    Hangs,
 }
 
 #[derive(Debug, Default)]
@@ -211,9 +232,10 @@ impl MemoryStore {
     /// An empty store.
     pub fn new(bug: Bug) -> Self {
         Self {
+            state: Arc::default(),
             idempotency: Records::new(bug),
             bug,
-            ..Self::default()
+            bus: notify::bus(),
         }
     }
 
@@ -243,6 +265,11 @@ impl MemoryStore {
                 if let Some(holder) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
                     return Acquisition::Busy {
                         retry_after: holder.ends - now,
+                    };
+                }
+                if let Some(until) = ns.rwlock_until(lock.name, now, self.bug) {
+                    return Acquisition::Busy {
+                        retry_after: until - now,
                     };
                 }
                 let stored = StoredLease {
@@ -318,10 +345,16 @@ impl MemoryStore {
                 }
                 // Readers block a writer, and so does a read phase while one of its readers
                 // has not come in.
+                let shared_lock = ns
+                    .locks
+                    .get(lock.name)
+                    .filter(|l| self.bug == Bug::KindsShareState && l.live(now))
+                    .map(|l| l.ends);
                 let blocked_until = shared
                     .writer
                     .as_ref()
                     .map(|w| w.ends)
+                    .or(shared_lock)
                     .or_else(|| match self.bug {
                         Bug::ReadersRetryMin => shared.readers.values().min().copied(),
                         _ => shared.readers.values().max().copied(),
@@ -342,6 +375,7 @@ impl MemoryStore {
                             until: now + intent,
                             secret: lease.secret.clone(),
                         });
+                        self.announce_intent(lease);
                     }
                     return Acquisition::Busy {
                         retry_after: until - now,
@@ -558,6 +592,22 @@ impl State {
 }
 
 impl Namespace {
+    /// With [`Bug::KindsShareState`]: until when the `RwLock` of `name` holds (a writer, or
+    /// the last reader), which then refuses the `Lock` of the same name.
+    fn rwlock_until(&self, name: &[u8], now: Instant, bug: Bug) -> Option<Instant> {
+        if bug != Bug::KindsShareState {
+            return None;
+        }
+        let shared = self.rwlocks.get(name)?;
+        let writer = shared
+            .writer
+            .as_ref()
+            .filter(|w| w.live(now))
+            .map(|w| w.ends);
+        let readers = shared.readers.values().filter(|ends| **ends > now).max();
+        writer.or(readers.copied())
+    }
+
     /// How many entries the namespace keeps: names with leases (live or not yet swept) and
     /// fence counters.
     fn len(&self) -> usize {
