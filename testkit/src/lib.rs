@@ -3,8 +3,9 @@
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
 //! [`semaphore`], [`fairness`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
-//! [`fences`], and [`differential`], which compares random sequences of calls with the memory
-//! store's answers); its doc says what it checks. [`conformance!`] declares one
+//! [`fences`], [`wakeups`] and [`shared_reads`] (notifications across two stores), and
+//! [`differential`], which compares random sequences of calls with the memory store's
+//! answers); its doc says what it checks. Each fails if it runs past [`DEADLINE`]. [`conformance!`] declares one
 //! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
 //! them some other way. The scenarios talk to the store
 //! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
@@ -74,6 +75,8 @@ pub mod input;
 pub mod intent_window;
 pub mod rw;
 pub mod semaphore;
+pub mod shared_reads;
+pub mod wakeups;
 pub mod writer_preferred;
 
 use std::any::Any;
@@ -100,6 +103,25 @@ pub type IntentProbe =
 /// `FLUSHALL` or a restart without persistence would.
 pub type DataLoss = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// The longest a scenario may run: [`conformance!`] and [`Scenario::run`] fail one that has
+/// not finished by then, so a backend whose call never answers fails the scenario that made
+/// it with a clear message instead of hanging the suite. The slowest scenarios take about 15 s
+/// on a network store; under tokio's paused clock (`conformance!(paused: …)`) the deadline is
+/// in the paused clock's time, which jumps ahead while everything waits, so a hang there fails
+/// at once (in real time) and the scenarios, whose leases last seconds, are far within it.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs the scenario `name` (its `module::function`), failing it (a panic) if it has not
+/// finished within [`DEADLINE`].
+pub async fn within_deadline(name: &str, scenario: impl Future<Output = ()>) {
+    if tokio::time::timeout(DEADLINE, scenario).await.is_err() {
+        panic!(
+            "{name} did not finish within {DEADLINE:?}: the backend hangs (a call that never \
+             answers) or is far too slow"
+        );
+    }
+}
+
 /// A scenario's future, as [`Scenario::run`] answers it.
 pub type ScenarioFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -111,7 +133,7 @@ pub struct Scenario {
     pub module: &'static str,
     /// Its name, the name of its function.
     pub name: &'static str,
-    /// Runs it on an [`Env`].
+    /// Runs it on an [`Env`], within [`DEADLINE`].
     pub run: fn(Env) -> ScenarioFuture,
 }
 
@@ -371,6 +393,7 @@ macro_rules! __scenarios {
             input: [
                 names_out_of_range_are_errors,
                 binary_names_lock_independently,
+                kinds_on_one_name_are_independent,
             ],
             intent_window: [
                 a_waiting_writer_that_gives_up_leaves_no_intent,
@@ -400,6 +423,15 @@ macro_rules! __scenarios {
                 bad_input_is_a_clear_error,
                 a_permit_released_after_its_lease_ran_out_answers_false,
             ],
+            shared_reads: [
+                a_writer_elsewhere_closes_the_shared_reads_promptly,
+            ],
+            wakeups: [
+                a_locks_release_wakes_its_waiter,
+                a_reads_release_wakes_the_waiting_writer,
+                a_writes_release_wakes_the_waiting_readers,
+                a_permits_release_wakes_its_waiter,
+            ],
             writer_preferred: [
                 a_refused_writer_holds_new_readers_off_until_the_readers_leave,
                 an_abandoned_intent_ends_by_itself,
@@ -424,7 +456,10 @@ macro_rules! __conformance {
             $crate::Scenario {
                 module: stringify!($module),
                 name: stringify!($name),
-                run: |env| Box::pin($crate::$module::$name(env)),
+                run: |env| Box::pin($crate::within_deadline(
+                    concat!(stringify!($module), "::", stringify!($name)),
+                    $crate::$module::$name(env),
+                )),
             },
         )*)*]
     };
@@ -436,7 +471,11 @@ macro_rules! __conformance {
             $(
                 #[$attr]
                 async fn $name() {
-                    $crate::$module::$name($env).await
+                    $crate::within_deadline(
+                        concat!(stringify!($module), "::", stringify!($name)),
+                        async { $crate::$module::$name($env).await },
+                    )
+                    .await
                 }
             )*
         }
