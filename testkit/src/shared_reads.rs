@@ -27,9 +27,9 @@ use crate::wakeups::WAKE;
 const TTL: Duration = Duration::from_secs(6);
 /// The share's heartbeat, whose extension reports a write intent too: a store that does not
 /// deliver intents has its writer wait up to this long.
-const BEAT: Duration = Duration::from_secs(2);
+pub const BEAT: Duration = Duration::from_secs(2);
 /// How long each read request takes.
-const READ: Duration = Duration::from_millis(100);
+pub const READ: Duration = Duration::from_millis(100);
 /// The default policy, whose waiting writers leave intents.
 const CATALOG: RwLock<str> = RwLock::new("shared-reads", TTL);
 
