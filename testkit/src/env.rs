@@ -114,4 +114,3 @@ impl fmt::Debug for Env {
             .finish_non_exhaustive()
     }
 }
-
