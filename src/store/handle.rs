@@ -96,9 +96,11 @@ impl Store {
         &self.hub.intents
     }
 
-    /// Whether the backend delivers notifications, so that [`watch`](Self::watch) may answer
-    /// one.
-    pub(crate) fn has_notifications(&self) -> bool {
+    /// Whether the backend delivers notifications (its [`notify_to`](Backend::notify_to)
+    /// answered `true`): waiters then wake on the releases it delivers, and shared reads stop
+    /// taking new readers on the write intents it delivers, instead of polling (a `RedisStore`
+    /// made by `RedisStore::new` has none; one made by `RedisStore::connect` has them).
+    pub fn has_notifications(&self) -> bool {
         self.notified
     }
 

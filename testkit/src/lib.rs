@@ -3,8 +3,9 @@
 //!
 //! Each scenario is an `async fn(Env)` in the module of what it tests ([`exclusive`], [`rw`],
 //! [`semaphore`], [`fairness`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
-//! [`fences`], and [`differential`], which compares random sequences of calls with the memory
-//! store's answers); its doc says what it checks. [`conformance!`] declares one
+//! [`fences`], [`wakeups`] and [`shared_reads`] (notifications across two stores), and
+//! [`differential`], which compares random sequences of calls with the memory store's
+//! answers); its doc says what it checks. Each fails if it runs past [`DEADLINE`]. [`conformance!`] declares one
 //! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
 //! them some other way. The scenarios talk to the store
 //! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
@@ -65,6 +66,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod env;
+
 pub mod differential;
 pub mod exclusive;
 pub mod fairness;
@@ -74,10 +77,10 @@ pub mod input;
 pub mod intent_window;
 pub mod rw;
 pub mod semaphore;
+pub mod shared_reads;
+pub mod wakeups;
 pub mod writer_preferred;
 
-use std::any::Any;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -88,17 +91,29 @@ use tokio::time::Instant;
 use tower_lease::Store;
 use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
 
+pub use self::env::{DataLoss, Env, IntentProbe};
+
 /// Stores and clocks count whole milliseconds; comparisons allow that much rounding.
 pub const ROUNDING: Duration = Duration::from_millis(3);
 
-/// A look behind a store's back: whether the backend still keeps the write intent of a name,
-/// given its namespace and name.
-pub type IntentProbe =
-    Box<dyn Fn(&str, &[u8]) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+/// The longest a scenario may run: [`conformance!`] and [`Scenario::run`] fail one that has
+/// not finished by then, so a backend whose call never answers fails the scenario that made
+/// it with a clear message instead of hanging the suite. The slowest scenarios take about 15 s
+/// on a network store; under tokio's paused clock (`conformance!(paused: …)`) the deadline is
+/// in the paused clock's time, which jumps ahead while everything waits, so a hang there fails
+/// at once (in real time) and the scenarios, whose leases last seconds, are far within it.
+pub const DEADLINE: Duration = Duration::from_secs(120);
 
-/// Wipes everything the backend keeps (leases, fence counters, idempotency records), as a
-/// `FLUSHALL` or a restart without persistence would.
-pub type DataLoss = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+/// Runs the scenario `name` (its `module::function`), failing it (a panic) if it has not
+/// finished within [`DEADLINE`].
+pub async fn within_deadline(name: &str, scenario: impl Future<Output = ()>) {
+    if tokio::time::timeout(DEADLINE, scenario).await.is_err() {
+        panic!(
+            "{name} did not finish within {DEADLINE:?}: the backend hangs (a call that never \
+             answers) or is far too slow"
+        );
+    }
+}
 
 /// A scenario's future, as [`Scenario::run`] answers it.
 pub type ScenarioFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -111,112 +126,13 @@ pub struct Scenario {
     pub module: &'static str,
     /// Its name, the name of its function.
     pub name: &'static str,
-    /// Runs it on an [`Env`].
+    /// Runs it on an [`Env`], within [`DEADLINE`].
     pub run: fn(Env) -> ScenarioFuture,
 }
 
 /// Every scenario of the suite, in the order [`conformance!`] declares them.
 pub fn scenarios() -> Vec<Scenario> {
     crate::__scenarios!(@table)
-}
-
-/// What a scenario runs on: the store under test and, where the backend has them, a second
-/// store on the same backend as another process would make it, and a look at its write intents.
-pub struct Env {
-    /// The store under test.
-    pub store: Store,
-    elsewhere: Option<Store>,
-    intent_probe: Option<IntentProbe>,
-    data_loss: Option<DataLoss>,
-    guards: Vec<Box<dyn Any + Send + Sync>>,
-}
-
-impl Env {
-    /// An environment on `store` alone.
-    pub fn new(store: Store) -> Self {
-        Env {
-            store,
-            elsewhere: None,
-            intent_probe: None,
-            data_loss: None,
-            guards: Vec::new(),
-        }
-    }
-
-    /// Adds a second store on the same backend, as another process would make it (for Redis:
-    /// with release notifications of its own); the scenarios that need one also run across
-    /// the two.
-    pub fn with_elsewhere(mut self, store: Store) -> Self {
-        self.elsewhere = Some(store);
-        self
-    }
-
-    /// Adds a look at the write intents the backend keeps, so the scenarios also check that
-    /// an intent is gone, not only that readers get in.
-    pub fn with_intent_probe(
-        mut self,
-        probe: impl Fn(&str, &[u8]) -> Pin<Box<dyn Future<Output = bool> + Send>>
-        + Send
-        + Sync
-        + 'static,
-    ) -> Self {
-        self.intent_probe = Some(Box::new(probe));
-        self
-    }
-
-    /// Adds a way to wipe the backend's data (everything it keeps: leases, fence counters,
-    /// idempotency records), as a `FLUSHALL` or a restart without persistence would, so the
-    /// scenarios also check what must survive it (fences keep growing).
-    pub fn with_data_loss(
-        mut self,
-        lose: impl Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static,
-    ) -> Self {
-        self.data_loss = Some(Box::new(lose));
-        self
-    }
-
-    /// Wipes the backend's data with the [data-loss hook](Self::with_data_loss); `false` (and
-    /// nothing done) without one.
-    pub async fn lose_data(&self) -> bool {
-        match &self.data_loss {
-            Some(lose) => {
-                lose().await;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Keeps `guard` (a server process, a temporary directory) alive as long as this `Env`.
-    pub fn holding(mut self, guard: impl Any + Send + Sync) -> Self {
-        self.guards.push(Box::new(guard));
-        self
-    }
-
-    /// The second store on the same backend, if there is one.
-    pub fn elsewhere(&self) -> Option<Store> {
-        self.elsewhere.clone()
-    }
-
-    /// Whether the backend still keeps the write intent of `name` in `namespace`; `false`
-    /// without an [intent probe](Self::with_intent_probe).
-    pub async fn intent_kept(&self, namespace: &str, name: &[u8]) -> bool {
-        match &self.intent_probe {
-            Some(probe) => probe(namespace, name).await,
-            None => false,
-        }
-    }
-}
-
-impl fmt::Debug for Env {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Env")
-            .field("store", &self.store)
-            .field("elsewhere", &self.elsewhere)
-            .field("intent_probe", &self.intent_probe.is_some())
-            .field("data_loss", &self.data_loss.is_some())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Asserts that a stranger, without the holder's secret, can neither release nor extend the
@@ -371,6 +287,7 @@ macro_rules! __scenarios {
             input: [
                 names_out_of_range_are_errors,
                 binary_names_lock_independently,
+                kinds_on_one_name_are_independent,
             ],
             intent_window: [
                 a_waiting_writer_that_gives_up_leaves_no_intent,
@@ -400,6 +317,15 @@ macro_rules! __scenarios {
                 bad_input_is_a_clear_error,
                 a_permit_released_after_its_lease_ran_out_answers_false,
             ],
+            shared_reads: [
+                a_writer_elsewhere_closes_the_shared_reads_promptly,
+            ],
+            wakeups: [
+                a_locks_release_wakes_its_waiter,
+                a_reads_release_wakes_the_waiting_writer,
+                a_writes_release_wakes_the_waiting_readers,
+                a_permits_release_wakes_its_waiter,
+            ],
             writer_preferred: [
                 a_refused_writer_holds_new_readers_off_until_the_readers_leave,
                 an_abandoned_intent_ends_by_itself,
@@ -424,7 +350,10 @@ macro_rules! __conformance {
             $crate::Scenario {
                 module: stringify!($module),
                 name: stringify!($name),
-                run: |env| Box::pin($crate::$module::$name(env)),
+                run: |env| Box::pin($crate::within_deadline(
+                    concat!(stringify!($module), "::", stringify!($name)),
+                    $crate::$module::$name(env),
+                )),
             },
         )*)*]
     };
@@ -436,7 +365,11 @@ macro_rules! __conformance {
             $(
                 #[$attr]
                 async fn $name() {
-                    $crate::$module::$name($env).await
+                    $crate::within_deadline(
+                        concat!(stringify!($module), "::", stringify!($name)),
+                        async { $crate::$module::$name($env).await },
+                    )
+                    .await
                 }
             )*
         }

@@ -8,7 +8,7 @@ use super::MemoryStore;
 use tower_lease::Result;
 use tower_lease::backend::{
     Acquisition, Backend, Begin, BoxFuture, Completion, Extended, FINGERPRINT_LEN, LeaseRef,
-    LockRef, Mode,
+    LockRef, Mode, NotificationSink,
 };
 
 use super::Bug;
@@ -44,7 +44,13 @@ impl Backend for MemoryStore {
     }
 
     fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.idempotency.free(lease)) })
+        Box::pin(async move {
+            let freed = self.idempotency.free(lease);
+            if freed {
+                self.announce_release(lease);
+            }
+            Ok(freed)
+        })
     }
 
     fn idempotency_complete<'a>(
@@ -52,7 +58,13 @@ impl Backend for MemoryStore {
         lease: LeaseRef<'a>,
         completion: Completion<'a>,
     ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.idempotency.complete(lease, completion)) })
+        Box::pin(async move {
+            let completed = self.idempotency.complete(lease, completion);
+            if completed {
+                self.announce_release(lease);
+            }
+            Ok(completed)
+        })
     }
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
@@ -66,15 +78,31 @@ impl Backend for MemoryStore {
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.update_now(lease, false)) })
+        Box::pin(async move {
+            let release = || self.update_now(lease, false);
+            Ok(self.release_and_announce(lease, release).await)
+        })
     }
 
     fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(lease.mode == Mode::Write && self.withdraw_now(lease)) })
+        Box::pin(async move {
+            let withdrawn = lease.mode == Mode::Write && self.withdraw_now(lease);
+            if withdrawn {
+                self.announce_release(lease);
+            }
+            Ok(withdrawn)
+        })
+    }
+
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        self.listen(sink)
     }
 
     fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
         Box::pin(async move {
+            if self.bug == Bug::Hangs {
+                std::future::pending::<()>().await;
+            }
             let now = Instant::now();
             let state = self.lock();
             let permits = state

@@ -4,8 +4,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 use self::fence_counters::FenceCounters;
@@ -13,8 +11,14 @@ use self::idempotency::Records;
 use tower_lease::backend::{Acquisition, LeaseRef, Mode, Secret};
 
 mod backend;
+mod bug;
 mod fence_counters;
 mod idempotency;
+mod notify;
+mod rw_entry;
+mod sweep;
+
+pub use self::bug::Bug;
 
 /// A [`Backend`](tower_lease::backend::Backend) that keeps leases in a map in this process; use it
 /// through [`Store::memory`](crate::Store::memory).
@@ -25,51 +29,14 @@ mod idempotency;
 /// Redis: a fence is `max(last + 1, wall-clock µs)`, so a forgotten counter costs nothing. Time
 /// is [`tokio::time::Instant`]: under `tokio::time::pause` leases and counters expire as the
 /// paused clock advances.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     /// Idempotency keys, apart from the leases of locks.
     idempotency: Records,
     bug: Bug,
-}
-
-/// The bug planted in a store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Bug {
-    /// None: the memory store as it is.
-    #[default]
-    None,
-    /// A writer refused by several readers is told the earliest reader's end, not the last's.
-    ReadersRetryMin,
-    /// A refused permit is told the latest permit's end, not the earliest's.
-    PermitsRetryMax,
-    /// `extend` of an exclusive lease that ran out re-takes it.
-    ExtendRevives,
-    /// `release` of a lease that ran out answers `true`.
-    ReleaseExpiredTrue,
-    /// Fences are a plain counter, `last + 1`, not `max(last + 1, clock µs)`.
-    CounterFence,
-    /// The fairness ignored: a refused writer leaves no write intent.
-    NoWriteIntent,
-    /// A reader's extension never answers `HeldWriterWaiting`.
-    NoWriterWaitingFlag,
-    /// `release` of an exclusive lease ignores the secret.
-    ReleaseIgnoresSecret,
-    /// The write intent stays after the writer got in.
-    IntentKeptAfterWrite,
-    /// A stranger's `idempotency_begin` takes over a live reservation.
-    ReservationOverwrite,
-    /// `extend` of an exclusive lease ignores the secret.
-    ExtendIgnoresSecret,
-    /// `in_use` counts permits that ran out.
-    InUseCountsExpired,
-    /// `idempotency_begin_once` leaves no at-most-once marker.
-    BeginOnceNoMarker,
-    /// A stranger's `idempotency_complete` stores its record over a live reservation.
-    StrangerCompletes,
-    /// A phase-fair write's release begins no read phase: the readers that waited for it wait
-    /// for the next writer too.
-    NoReadPhase,
+    /// What every store made on this backend hears: releases and write intents.
+    bus: tokio::sync::broadcast::Sender<notify::Event>,
 }
 
 #[derive(Debug, Default)]
@@ -134,86 +101,14 @@ impl StoredLease {
     }
 }
 
-impl RwEntry {
-    fn forget_expired(&mut self, now: Instant) {
-        self.readers.retain(|_, ends| *ends > now);
-        if self.writer.as_ref().is_some_and(|w| !w.live(now)) {
-            self.writer = None;
-        }
-        if self
-            .intent
-            .as_ref()
-            .is_some_and(|intent| intent.until <= now)
-        {
-            self.intent = None;
-        }
-        self.waiting.retain(|_, until| *until > now);
-        if self
-            .phase
-            .as_ref()
-            .is_some_and(|phase| phase.until <= now || phase.readers.is_empty())
-        {
-            self.phase = None;
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.writer.is_none()
-            && self.readers.is_empty()
-            && self.intent.is_none()
-            && self.waiting.is_empty()
-            && self.phase.is_none()
-    }
-
-    /// A phase-fair reader with `secret` that waits was refused, told `retry_after`: it is
-    /// noted as waiting until that much, and two read phases, from now.
-    fn note_waiting(&mut self, lease: LeaseRef<'_>, now: Instant, retry_after: Duration) {
-        if let Some(phase) = lease.lock.read_phase().filter(|_| lease.waiting) {
-            let until = now + retry_after + 2 * phase;
-            self.waiting.insert(lease.secret.clone(), until);
-        }
-    }
-
-    /// A phase-fair write ended by its release: the readers waiting now are let in before the
-    /// next writer, for at most `phase`.
-    fn begin_read_phase(&mut self, phase: Option<Duration>, now: Instant) {
-        let Some(phase) = phase else { return };
-        if self.waiting.is_empty() {
-            return;
-        }
-        let readers = self.waiting.drain().map(|(secret, _)| secret).collect();
-        self.phase = Some(Phase {
-            until: now + phase,
-            readers,
-        });
-    }
-
-    /// Whether `secret` is a reader of the live read phase.
-    fn in_phase(&self, secret: &Secret) -> bool {
-        self.phase
-            .as_ref()
-            .is_some_and(|phase| phase.readers.contains(secret))
-    }
-
-    /// A reader with `secret` entered: it waits no more, and has left its phase.
-    fn entered(&mut self, secret: &Secret) {
-        self.waiting.remove(secret);
-        if let Some(phase) = &mut self.phase {
-            phase.readers.remove(secret);
-            if phase.readers.is_empty() {
-                self.phase = None;
-            }
-        }
-    }
-}
-
 impl MemoryStore {
     /// An empty store.
     pub fn new(bug: Bug) -> Self {
         Self {
+            state: Arc::default(),
             idempotency: Records::new(bug),
             bug,
-            ..Self::default()
+            bus: notify::bus(),
         }
     }
 
@@ -243,6 +138,11 @@ impl MemoryStore {
                 if let Some(holder) = ns.locks.get(lock.name).filter(|l| l.live(now)) {
                     return Acquisition::Busy {
                         retry_after: holder.ends - now,
+                    };
+                }
+                if let Some(until) = ns.rwlock_until(lock.name, now, self.bug) {
+                    return Acquisition::Busy {
+                        retry_after: until - now,
                     };
                 }
                 let stored = StoredLease {
@@ -318,10 +218,16 @@ impl MemoryStore {
                 }
                 // Readers block a writer, and so does a read phase while one of its readers
                 // has not come in.
+                let shared_lock = ns
+                    .locks
+                    .get(lock.name)
+                    .filter(|l| self.bug == Bug::KindsShareState && l.live(now))
+                    .map(|l| l.ends);
                 let blocked_until = shared
                     .writer
                     .as_ref()
                     .map(|w| w.ends)
+                    .or(shared_lock)
                     .or_else(|| match self.bug {
                         Bug::ReadersRetryMin => shared.readers.values().min().copied(),
                         _ => shared.readers.values().max().copied(),
@@ -342,6 +248,7 @@ impl MemoryStore {
                             until: now + intent,
                             secret: lease.secret.clone(),
                         });
+                        self.announce_intent(lease);
                     }
                     return Acquisition::Busy {
                         retry_after: until - now,
@@ -515,56 +422,5 @@ impl MemoryStore {
             ns.rwlocks.remove(lease.lock.name);
         }
         ours
-    }
-}
-
-impl State {
-    fn namespace(&mut self, namespace: &str) -> &mut Namespace {
-        if !self.namespaces.contains_key(namespace) {
-            self.namespaces
-                .insert(namespace.into(), Namespace::default());
-        }
-        self.namespaces.get_mut(namespace).expect("inserted above")
-    }
-
-    /// Drops expired leases and counters once per as many calls as the last sweep kept
-    /// entries, so the sweep costs O(1) per call on average and the entries never grow past
-    /// twice the live ones (plus the calls since).
-    fn sweep_sometimes(&mut self, now: Instant) {
-        self.calls_since_sweep += 1;
-        // Counted against what the last sweep kept, not what there is now: every call on a new
-        // name adds an entry, so a stream of new names would otherwise outrun the count for
-        // good, and the map would grow without bound.
-        if self.calls_since_sweep < self.kept_at_sweep.max(64) {
-            return;
-        }
-        self.calls_since_sweep = 0;
-        for ns in self.namespaces.values_mut() {
-            ns.locks.retain(|_, lease| lease.live(now));
-            ns.rwlocks.retain(|_, shared| {
-                shared.forget_expired(now);
-                !shared.is_empty()
-            });
-            ns.semaphores.retain(|_, permits| {
-                permits.retain(|_, ends| *ends > now);
-                !permits.is_empty()
-            });
-            ns.lock_fences.forget_expired(now);
-            ns.rwlock_fences.forget_expired(now);
-        }
-        self.namespaces.retain(|_, ns| ns.len() > 0);
-        self.kept_at_sweep = self.namespaces.values().map(Namespace::len).sum();
-    }
-}
-
-impl Namespace {
-    /// How many entries the namespace keeps: names with leases (live or not yet swept) and
-    /// fence counters.
-    fn len(&self) -> usize {
-        self.locks.len()
-            + self.rwlocks.len()
-            + self.semaphores.len()
-            + self.lock_fences.len()
-            + self.rwlock_fences.len()
     }
 }
