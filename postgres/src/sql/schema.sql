@@ -230,9 +230,11 @@ $$;
 
 -- Takes the transaction-scoped advisory lock that makes every call on one name of a kind
 -- atomic (the `RwLock`s', the `Semaphore`s' and the idempotency keys': a `Lock`'s calls are
--- ordered by its one row's lock).
+-- ordered by its one row's lock). No `SET` clause: its body names everything by its schema, and
+-- a function with one is never inlined into its caller (each call cost a lone read's two
+-- calls some 60 µs of the server's time each, against 3 µs for the lock itself).
 CREATE FUNCTION tower_lease.take_name_lock(lock_kind text, lock_namespace text, lock_name bytea)
-RETURNS void LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE sql VOLATILE AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(
         tower_lease.lock_class(), tower_lease.name_key(lock_kind, lock_namespace, lock_name))
 $$;
