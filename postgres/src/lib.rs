@@ -97,6 +97,7 @@ mod schema;
 mod session;
 mod store;
 mod sweep;
+mod tls;
 
 /// The README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]

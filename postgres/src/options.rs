@@ -42,6 +42,8 @@ pub struct PgStoreBuilder {
     pub(crate) schema: String,
     pub(crate) install_schema: bool,
     pub(crate) sweep_every: Duration,
+    /// PEM certificates of CAs to trust besides the platform's.
+    pub(crate) root_certificates: Vec<Vec<u8>>,
 }
 
 impl Default for PgStoreBuilder {
@@ -52,6 +54,7 @@ impl Default for PgStoreBuilder {
             schema: crate::naming::DEFAULT_SCHEMA.to_owned(),
             install_schema: true,
             sweep_every: DEFAULT_SWEEP_EVERY,
+            root_certificates: Vec::new(),
         }
     }
 }
@@ -111,6 +114,18 @@ impl PgStoreBuilder {
     /// tables as small in practice for fewer statements.
     pub fn sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every;
+        self
+    }
+
+    /// Trusts the CA certificates in `pem` (PEM, one or more `-----BEGIN CERTIFICATE-----`
+    /// blocks) besides the platform's roots, for the TLS connections of the pool of
+    /// [`connect`](Self::connect) and of the listener: e.g. your cloud provider's CA bundle,
+    /// as `sslrootcert=<path>` in the URL does from a file. Each call adds to the CAs of the
+    /// calls before; a `pem` without a certificate fails [`connect`](Self::connect). Whether
+    /// TLS is used is the URL's `sslmode` (see [`PgStore::connect`](crate::PgStore::connect)).
+    #[cfg(feature = "tls")]
+    pub fn root_certificates(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.root_certificates.push(pem.as_ref().to_vec());
         self
     }
 }

@@ -1,0 +1,266 @@
+//! TLS to the server: what `sslmode` and `sslrootcert` in the URL of
+//! [`connect`](crate::PgStoreBuilder::connect) mean here, and the connector (rustls, on the
+//! `ring` provider, under the default feature `tls`) that the pool and the listener open their
+//! connections with.
+//!
+//! - `sslmode=disable`: no TLS.
+//! - `sslmode=prefer` (the default, as libpq's): TLS when the server offers it, plain text
+//!   when it does not. A server that offers TLS with a certificate that does not verify is
+//!   refused, not spoken to in plain text.
+//! - `sslmode=require`, `verify-ca`, `verify-full`: TLS or no connection.
+//!
+//! Whenever TLS is used, the server's certificate is verified, and so is its name (the URL's
+//! host, a DNS name or an IP address, against the certificate's subject alternative names):
+//! libpq's `require` and `verify-ca` would skip some of that, here they mean `verify-full`.
+//! Trusted are the platform's roots (`rustls-native-certs`, loaded once per process) and the
+//! CAs of `sslrootcert=<path to PEM>` in the URL (read at connect; `system`, libpq's name for
+//! the platform's roots, adds none) and of the builder's
+//! [`root_certificates`](crate::PgStoreBuilder::root_certificates). tokio-postgres parses
+//! neither `sslrootcert` nor the `verify-*` modes: both are taken out of the URL here before
+//! it does. Client certificates (`sslcert`, `sslkey`) are not supported.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use percent_encoding::percent_decode_str;
+use tokio_postgres::Config;
+use tower_lease::{Error, Result};
+
+/// The connection string of [`connect`](crate::PgStoreBuilder::connect), parsed.
+pub(crate) struct Target {
+    /// What tokio-postgres takes.
+    pub(crate) config: Config,
+    /// `sslrootcert`, a PEM file of CAs to trust (but `system`).
+    pub(crate) root_cert: Option<PathBuf>,
+}
+
+/// Parses `url` (a URL or libpq's `key=value` form), taking out `sslrootcert` and reading the
+/// `verify-*` modes as `require`, which tokio-postgres does not parse.
+pub(crate) fn parse(url: &str) -> Result<Target> {
+    let (rest, root_cert) = rewrite(url);
+    let config: Config = rest.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+    let root_cert = root_cert.filter(|path| path != "system").map(PathBuf::from);
+    Ok(Target { config, root_cert })
+}
+
+/// `url` without `sslrootcert`, `sslmode=verify-*` as `sslmode=require`; and the path.
+fn rewrite(url: &str) -> (String, Option<String>) {
+    let mut root_cert = None;
+    let mut keep = |key: &str, value: String| match (key, value.as_str()) {
+        ("sslrootcert", _) => {
+            root_cert = Some(value);
+            None
+        }
+        ("sslmode", "verify-ca" | "verify-full") => Some("sslmode=require"),
+        _ => Some(""),
+    };
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_owned(), None);
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode_str(value).decode_utf8_lossy().into_owned();
+            match keep(key, value) {
+                Some("") => kept.push(pair),
+                Some(replaced) => kept.push(replaced),
+                None => {}
+            }
+        }
+        let rest = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        return (rest, root_cert);
+    }
+    let mut rest = String::with_capacity(url.len());
+    for (raw, key, value) in pairs(url) {
+        match keep(key, value) {
+            Some("") => rest.push_str(raw),
+            Some(replaced) => rest.push_str(replaced),
+            None => continue,
+        }
+        rest.push(' ');
+    }
+    (rest, root_cert)
+}
+
+/// The `key = value` pairs of libpq's form: each as written, its key, and its value unquoted.
+/// What does not parse is left to tokio-postgres, as one pair without a key.
+fn pairs(s: &str) -> Vec<(&str, &str, String)> {
+    let mut pairs = Vec::new();
+    let mut at = 0;
+    loop {
+        at += s[at..].len() - s[at..].trim_start().len();
+        if at == s.len() {
+            return pairs;
+        }
+        let start = at;
+        let Some(eq) = s[at..].find('=') else {
+            pairs.push((&s[start..], "", String::new()));
+            return pairs;
+        };
+        let key = s[at..at + eq].trim();
+        at += eq + 1;
+        at += s[at..].len() - s[at..].trim_start().len();
+        let quoted = s[at..].starts_with('\'');
+        if quoted {
+            at += 1;
+        }
+        let mut value = String::new();
+        let mut chars = s[at..].char_indices();
+        let mut end = s.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                '\'' if quoted => {
+                    end = at + i + 1;
+                    break;
+                }
+                c if c.is_whitespace() && !quoted => {
+                    end = at + i;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        at = end;
+        pairs.push((&s[start..end], key, value));
+    }
+}
+
+/// What the pool and the listener open their connections with.
+#[derive(Clone)]
+pub(crate) struct Connector(Inner);
+
+#[cfg(feature = "tls")]
+type Inner = tokio_postgres_rustls::MakeRustlsConnect;
+#[cfg(not(feature = "tls"))]
+type Inner = tokio_postgres::NoTls;
+
+impl Connector {
+    /// A connector that trusts the platform's roots, the PEM certificates in `roots` and those
+    /// of the file `root_cert`.
+    #[cfg(feature = "tls")]
+    pub(crate) fn new(roots: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+
+        let mut store = platform_roots().clone();
+        let file = match root_cert {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::Backend(format!("sslrootcert {}: {e}", path.display()).into())
+            })?),
+            None => None,
+        };
+        for (pem, from) in roots
+            .iter()
+            .map(|pem| (pem, "root_certificates".to_owned()))
+            .chain(file.iter().map(|pem| (pem, format!("sslrootcert {:?}", root_cert))))
+        {
+            let bad = |e: &dyn fmt::Display| Error::Backend(format!("{from}: {e}").into());
+            let mut found = 0;
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                store.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+                found += 1;
+            }
+            if found == 0 {
+                return Err(bad(&"no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+            }
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Backend(Box::new(e)))?
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        // What PostgreSQL 17 asks of a direct TLS connection (`sslnegotiation=direct`).
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(Connector(Inner::new(config)))
+    }
+
+    /// Without the `tls` feature: no TLS, and a URL that asks for it is refused.
+    #[cfg(not(feature = "tls"))]
+    pub(crate) fn new(_: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
+        if root_cert.is_some() {
+            return Err(Error::Backend(
+                "sslrootcert needs tower-lease-postgres's `tls` feature".into(),
+            ));
+        }
+        Ok(Connector(tokio_postgres::NoTls))
+    }
+
+    /// Refuses a `config` that requires TLS this build cannot speak.
+    pub(crate) fn check(&self, config: &Config) -> Result<()> {
+        let require = config.get_ssl_mode() == tokio_postgres::config::SslMode::Require;
+        if require && !cfg!(feature = "tls") {
+            return Err(Error::Backend(
+                "sslmode=require needs tower-lease-postgres's `tls` feature".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The connector itself, as tokio-postgres takes it.
+    pub(crate) fn make(&self) -> Inner {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connector")
+            .field("tls", &cfg!(feature = "tls"))
+            .finish()
+    }
+}
+
+/// The platform's roots, loaded once per process; those that do not load are skipped.
+#[cfg(feature = "tls")]
+fn platform_roots() -> &'static rustls::RootCertStore {
+    static ROOTS: std::sync::OnceLock<rustls::RootCertStore> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let loaded = rustls_native_certs::load_native_certs();
+        for e in &loaded.errors {
+            tracing::debug!(error = %e, "tower_lease: a platform root did not load");
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(loaded.certs);
+        roots
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sslrootcert_and_verify_modes_are_taken_out_of_a_url() {
+        let (rest, root) = rewrite(
+            "postgres://app@db/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20x.pem&a=b",
+        );
+        assert_eq!(rest, "postgres://app@db/app?sslmode=require&a=b");
+        assert_eq!(root.as_deref(), Some("/etc/ca x.pem"));
+        let (rest, root) = rewrite("postgresql://db/app?sslrootcert=ca.pem");
+        assert_eq!((rest.as_str(), root.as_deref()), ("postgresql://db/app", Some("ca.pem")));
+        let (rest, root) = rewrite("postgres://db/app?sslmode=prefer");
+        assert_eq!((rest.as_str(), root), ("postgres://db/app?sslmode=prefer", None));
+    }
+
+    #[test]
+    fn and_out_of_key_value_pairs() {
+        let (rest, root) =
+            rewrite("host=db sslrootcert = '/etc/my ca\\'s.pem' sslmode=verify-ca user=app");
+        assert_eq!(rest, "host=db sslmode=require user=app ");
+        assert_eq!(root.as_deref(), Some("/etc/my ca's.pem"));
+        let config = parse("host=db sslmode=verify-full sslrootcert=system").unwrap();
+        assert_eq!(
+            config.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert!(config.root_cert.is_none());
+        assert!(parse("host=db sslmode=sometimes").is_err());
+    }
+}
