@@ -158,7 +158,10 @@ impl Connector {
         for (pem, from) in roots
             .iter()
             .map(|pem| (pem, "root_certificates".to_owned()))
-            .chain(file.iter().map(|pem| (pem, format!("sslrootcert {:?}", root_cert))))
+            .chain(
+                file.iter()
+                    .map(|pem| (pem, format!("sslrootcert {:?}", root_cert))),
+            )
         {
             let bad = |e: &dyn fmt::Display| Error::Backend(format!("{from}: {e}").into());
             let mut found = 0;
@@ -167,7 +170,9 @@ impl Connector {
                 found += 1;
             }
             if found == 0 {
-                return Err(bad(&"no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+                return Err(bad(
+                    &"no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+                ));
             }
         }
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
@@ -244,9 +249,15 @@ mod tests {
         assert_eq!(rest, "postgres://app@db/app?sslmode=require&a=b");
         assert_eq!(root.as_deref(), Some("/etc/ca x.pem"));
         let (rest, root) = rewrite("postgresql://db/app?sslrootcert=ca.pem");
-        assert_eq!((rest.as_str(), root.as_deref()), ("postgresql://db/app", Some("ca.pem")));
+        assert_eq!(
+            (rest.as_str(), root.as_deref()),
+            ("postgresql://db/app", Some("ca.pem"))
+        );
         let (rest, root) = rewrite("postgres://db/app?sslmode=prefer");
-        assert_eq!((rest.as_str(), root), ("postgres://db/app?sslmode=prefer", None));
+        assert_eq!(
+            (rest.as_str(), root),
+            ("postgres://db/app?sslmode=prefer", None)
+        );
     }
 
     #[test]
