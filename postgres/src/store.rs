@@ -162,7 +162,6 @@ impl PgStoreBuilder {
             root_cert,
         } = tls::parse(url)?;
         let tls = Connector::new(&self.root_certificates, root_cert.as_deref())?;
-        tls.check(&config)?;
         network::find_dead_sockets(&mut config, url);
         if let Some(name) = &self.application_name {
             config.application_name(name);

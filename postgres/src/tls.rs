@@ -35,10 +35,17 @@ pub(crate) struct Target {
 }
 
 /// Parses `url` (a URL or libpq's `key=value` form), taking out `sslrootcert` and reading the
-/// `verify-*` modes as `require`, which tokio-postgres does not parse.
+/// `verify-*` modes as `require`, which tokio-postgres does not parse. Without the `tls`
+/// feature, a URL that requires TLS is refused.
 pub(crate) fn parse(url: &str) -> Result<Target> {
     let (rest, root_cert) = rewrite(url);
     let config: Config = rest.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+    let require = config.get_ssl_mode() == tokio_postgres::config::SslMode::Require;
+    if require && !cfg!(feature = "tls") {
+        return Err(Error::Backend(
+            "sslmode=require needs tower-lease-postgres's `tls` feature".into(),
+        ));
+    }
     let root_cert = root_cert.filter(|path| path != "system").map(PathBuf::from);
     Ok(Target { config, root_cert })
 }
@@ -197,18 +204,8 @@ impl Connector {
         Ok(Connector(tokio_postgres::NoTls))
     }
 
-    /// Refuses a `config` that requires TLS this build cannot speak.
-    pub(crate) fn check(&self, config: &Config) -> Result<()> {
-        let require = config.get_ssl_mode() == tokio_postgres::config::SslMode::Require;
-        if require && !cfg!(feature = "tls") {
-            return Err(Error::Backend(
-                "sslmode=require needs tower-lease-postgres's `tls` feature".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// The connector itself, as tokio-postgres takes it.
+    #[cfg_attr(not(feature = "tls"), allow(clippy::clone_on_copy))]
     pub(crate) fn make(&self) -> Inner {
         self.0.clone()
     }
