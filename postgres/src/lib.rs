@@ -58,6 +58,14 @@
 //!   its statement on it. The server bounds each call too (`statement_timeout`,
 //!   `lock_timeout`), and `connect` turns on TCP keepalives and `tcp_user_timeout`.
 //!
+//! # TLS
+//!
+//! Under the default feature `tls` (rustls on the `ring` provider), the pool and the listener
+//! speak TLS as the URL's `sslmode` says, and verify the server's certificate and name
+//! whenever they do, against the platform's roots and the CAs of `sslrootcert` in the URL or
+//! of [`root_certificates`](PgStoreBuilder::root_certificates): see
+//! [`PgStore::connect`]. Without it, every connection is plain text.
+//!
 //! # Seen by operators
 //!
 //! Every session of a store carries its `application_name` (`tower-lease`, the URL's, or the

@@ -123,7 +123,7 @@ impl PgStoreBuilder {
     /// as `sslrootcert=<path>` in the URL does from a file. Each call adds to the CAs of the
     /// calls before; a `pem` without a certificate fails [`connect`](Self::connect). Whether
     /// TLS is used is the URL's `sslmode` (see [`PgStore::connect`](crate::PgStore::connect)).
-    #[cfg(feature = "tls")]
+    /// Without the feature `tls`, a store given CAs refuses to connect.
     pub fn root_certificates(mut self, pem: impl AsRef<[u8]>) -> Self {
         self.root_certificates.push(pem.as_ref().to_vec());
         self

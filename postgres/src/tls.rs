@@ -195,10 +195,11 @@ impl Connector {
 
     /// Without the `tls` feature: no TLS, and a URL that asks for it is refused.
     #[cfg(not(feature = "tls"))]
-    pub(crate) fn new(_: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
-        if root_cert.is_some() {
+    pub(crate) fn new(roots: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
+        if root_cert.is_some() || !roots.is_empty() {
             return Err(Error::Backend(
-                "sslrootcert needs tower-lease-postgres's `tls` feature".into(),
+                "sslrootcert and root_certificates need tower-lease-postgres's `tls` feature"
+                    .into(),
             ));
         }
         Ok(Connector(tokio_postgres::NoTls))
