@@ -70,9 +70,10 @@ impl PgStore {
     /// it, for the pool and the listener alike: `disable` never, `prefer` (the default) when
     /// the server offers it, `require` (or libpq's `verify-ca`, `verify-full`) always, or no
     /// connection. Whenever TLS is used the server's certificate and name are verified
-    /// (libpq's `require` would verify neither; there is no way to turn it off here) against
-    /// the platform's roots, the CAs of the file `sslrootcert=<path>` in the URL and those of
-    /// the builder's [`root_certificates`](PgStoreBuilder::root_certificates):
+    /// (libpq's `require` verifies neither without a root certificate file; there is no way
+    /// to turn verification off here) against the platform's roots, the CAs of the file
+    /// `sslrootcert=<path>` in the URL and those of the builder's
+    /// [`root_certificates`](PgStoreBuilder::root_certificates):
     /// `postgres://app@db.example.com/app?sslmode=require&sslrootcert=/etc/ssl/db-ca.pem`.
     /// A certificate that does not verify fails `connect` with the reason
     /// (`invalid peer certificate: UnknownIssuer` in the error's sources).
@@ -122,8 +123,8 @@ impl PgStore {
     /// Listens for releases, write intents and completions with a connection of its own to
     /// the database `config` names (TLS as its `sslmode` says, trusting the platform's roots
     /// and the builder's [`root_certificates`](PgStoreBuilder::root_certificates); named
-    /// `tower-lease` unless `config` names it), reconnecting with backoff when it is lost. [`connect`](Self::connect) does it
-    /// already.
+    /// `tower-lease` unless `config` names it), reconnecting with backoff when it is lost.
+    /// [`connect`](Self::connect) does it already.
     pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);

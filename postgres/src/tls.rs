@@ -157,19 +157,18 @@ impl Connector {
 
         let mut store = platform_roots().clone();
         let file = match root_cert {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                Error::Backend(format!("sslrootcert {}: {e}", path.display()).into())
-            })?),
+            Some(path) => {
+                let from = format!("sslrootcert {}", path.display());
+                let pem = std::fs::read(path)
+                    .map_err(|e| Error::Backend(format!("{from}: {e}").into()))?;
+                Some((pem, from))
+            }
             None => None,
         };
-        for (pem, from) in roots
+        let given = roots
             .iter()
-            .map(|pem| (pem, "root_certificates".to_owned()))
-            .chain(
-                file.iter()
-                    .map(|pem| (pem, format!("sslrootcert {:?}", root_cert))),
-            )
-        {
+            .map(|pem| (pem, "root_certificates".to_owned()));
+        for (pem, from) in given.chain(file.iter().map(|(pem, from)| (pem, from.clone()))) {
             let bad = |e: &dyn fmt::Display| Error::Backend(format!("{from}: {e}").into());
             let mut found = 0;
             for cert in CertificateDer::pem_slice_iter(pem) {
@@ -271,5 +270,23 @@ mod tests {
         );
         assert!(config.root_cert.is_none());
         assert!(parse("host=db sslmode=sometimes").is_err());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn cas_that_do_not_load_fail_with_where_they_came_from() {
+        let e = Connector::new(&[b"not a certificate".to_vec()], None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("root_certificates: no PEM certificate"),
+            "{e}"
+        );
+        let missing = std::path::Path::new("/nonexistent/ca.pem");
+        let e = Connector::new(&[], Some(missing)).unwrap_err();
+        assert!(
+            e.to_string().contains("sslrootcert /nonexistent/ca.pem:"),
+            "{e}"
+        );
+        assert!(Connector::new(&[], None).is_ok());
     }
 }

@@ -1,8 +1,8 @@
-//! The listening task: a connection of its own (TLS as the store's pool, [`crate::tls`]) that `LISTEN`s on the schema's channel, hands
-//! each notification to the sink, and sends a heartbeat every second, so that a connection cut
-//! off without a reset (a half-open one, which would look healthy for hours) is found within
-//! seconds. A lost connection is replaced, with backoff; it stops once every `Store` on the
-//! backend is gone.
+//! The listening task: a connection of its own (with TLS as the store's pool has it) that
+//! `LISTEN`s on the schema's channel, hands each notification to the sink, and sends a
+//! heartbeat every second, so that a connection cut off without a reset (a half-open one,
+//! which would look healthy for hours) is found within seconds. A lost connection is
+//! replaced, with backoff; it stops once every `Store` on the backend is gone.
 //!
 //! A release made while nobody listens goes unheard, so the sink hears that notifications may
 //! have been missed ([`NotificationSink::missed`], which makes every waiter of the process try

@@ -30,9 +30,9 @@ pub(crate) enum State {
     Down,
 }
 
-/// How a store listens: the database to connect to and how (TLS), the schema whose channel it listens on,
-/// and where its listener is now (set once the store's [`Store`](tower_lease::Store) handed
-/// it its sink).
+/// How a store listens: the database to connect to and how (TLS), the schema whose channel it
+/// listens on, and where its listener is now (set once the store's
+/// [`Store`](tower_lease::Store) handed it its sink).
 #[derive(Debug)]
 pub(crate) struct Listening {
     config: tokio_postgres::Config,
