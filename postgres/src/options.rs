@@ -44,6 +44,8 @@ pub struct PgStoreBuilder {
     pub(crate) sweep_every: Duration,
     /// PEM certificates of CAs to trust besides the platform's.
     pub(crate) root_certificates: Vec<Vec<u8>>,
+    /// Whether TLS goes on with a certificate that does not verify.
+    pub(crate) accept_invalid_certificates: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -55,6 +57,7 @@ impl Default for PgStoreBuilder {
             install_schema: true,
             sweep_every: DEFAULT_SWEEP_EVERY,
             root_certificates: Vec::new(),
+            accept_invalid_certificates: false,
         }
     }
 }
@@ -126,6 +129,17 @@ impl PgStoreBuilder {
     /// Without the feature `tls`, a store given CAs refuses to connect.
     pub fn root_certificates(mut self, pem: impl AsRef<[u8]>) -> Self {
         self.root_certificates.push(pem.as_ref().to_vec());
+        self
+    }
+
+    /// With `true`, TLS connections go on whatever certificate the server shows (expired,
+    /// self-signed, of another name, of an unknown CA): encrypted, but not authenticated, as
+    /// libpq's `sslmode=require` without a root certificate, so anyone on the path can pose as
+    /// the server. `false` by default: every certificate is verified. For a server whose CA
+    /// you cannot have (a development machine's self-signed certificate); give
+    /// [`root_certificates`](Self::root_certificates) instead whenever you can.
+    pub fn danger_accept_invalid_certificates(mut self, accept: bool) -> Self {
+        self.accept_invalid_certificates = accept;
         self
     }
 }

@@ -70,8 +70,8 @@ impl PgStore {
     /// it, for the pool and the listener alike: `disable` never, `prefer` (the default) when
     /// the server offers it, `require` (or libpq's `verify-ca`, `verify-full`) always, or no
     /// connection. Whenever TLS is used the server's certificate and name are verified
-    /// (libpq's `require` verifies neither without a root certificate file; there is no way
-    /// to turn verification off here) against the platform's roots, the CAs of the file
+    /// (libpq's `require` verifies neither without a root certificate file; here only
+    /// [`PgStoreBuilder::danger_accept_invalid_certificates`] turns verification off) against the platform's roots, the CAs of the file
     /// `sslrootcert=<path>` in the URL and those of the builder's
     /// [`root_certificates`](PgStoreBuilder::root_certificates):
     /// `postgres://app@db.example.com/app?sslmode=require&sslrootcert=/etc/ssl/db-ca.pem`.
@@ -162,7 +162,7 @@ impl PgStoreBuilder {
             mut config,
             root_cert,
         } = tls::parse(url)?;
-        let tls = Connector::new(&self.root_certificates, root_cert.as_deref())?;
+        let tls = Connector::new(&self, root_cert.as_deref())?;
         network::find_dead_sockets(&mut config, url);
         if let Some(name) = &self.application_name {
             config.application_name(name);
@@ -199,7 +199,7 @@ impl PgStoreBuilder {
     /// session's default when it opens, and its calls need no such transaction.
     pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
         let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
-        let tls = Connector::new(&self.root_certificates, None)?;
+        let tls = Connector::new(&self, None)?;
         self.on_pool(pool, Sessions::AnyDefault, server_bound, tls)
             .await
     }

@@ -11,7 +11,11 @@
 //!
 //! Whenever TLS is used, the server's certificate is verified, and so is its name (the URL's
 //! host, a DNS name or an IP address, against the certificate's subject alternative names):
-//! libpq's `require` and `verify-ca` would skip some of that, here they mean `verify-full`.
+//! libpq's `require` and `verify-ca` would skip some of that, here they mean `verify-full`,
+//! unless the builder's
+//! [`danger_accept_invalid_certificates`](crate::PgStoreBuilder::danger_accept_invalid_certificates)
+//! turns verification off (the handshake's signatures are still checked against the
+//! certificate shown, but nothing says whose it is).
 //! Trusted are the platform's roots (`rustls-native-certs`, loaded once per process) and the
 //! CAs of `sslrootcert=<path to PEM>` in the URL (read at connect; `system`, libpq's name for
 //! the platform's roots, adds none) and of the builder's
@@ -148,10 +152,13 @@ type Inner = tokio_postgres_rustls::MakeRustlsConnect;
 type Inner = tokio_postgres::NoTls;
 
 impl Connector {
-    /// A connector that trusts the platform's roots, the PEM certificates in `roots` and those
-    /// of the file `root_cert`.
+    /// A connector that trusts the platform's roots, the builder's PEM certificates and those
+    /// of the file `root_cert`; or any certificate, if the builder says so.
     #[cfg(feature = "tls")]
-    pub(crate) fn new(roots: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
+    pub(crate) fn new(
+        builder: &crate::PgStoreBuilder,
+        root_cert: Option<&std::path::Path>,
+    ) -> Result<Self> {
         use rustls::pki_types::CertificateDer;
         use rustls::pki_types::pem::PemObject;
 
@@ -165,7 +172,8 @@ impl Connector {
             }
             None => None,
         };
-        let given = roots
+        let given = builder
+            .root_certificates
             .iter()
             .map(|pem| (pem, "root_certificates".to_owned()));
         for (pem, from) in given.chain(file.iter().map(|(pem, from)| (pem, from.clone()))) {
@@ -182,11 +190,15 @@ impl Connector {
             }
         }
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Backend(Box::new(e)))?
             .with_root_certificates(store)
             .with_no_client_auth();
+        if builder.accept_invalid_certificates {
+            let any = std::sync::Arc::new(any::AnyCertificate(provider));
+            config.dangerous().set_certificate_verifier(any);
+        }
         // What PostgreSQL 17 asks of a direct TLS connection (`sslnegotiation=direct`).
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         Ok(Connector(Inner::new(config)))
@@ -194,8 +206,11 @@ impl Connector {
 
     /// Without the `tls` feature: no TLS, and a URL that asks for it is refused.
     #[cfg(not(feature = "tls"))]
-    pub(crate) fn new(roots: &[Vec<u8>], root_cert: Option<&std::path::Path>) -> Result<Self> {
-        if root_cert.is_some() || !roots.is_empty() {
+    pub(crate) fn new(
+        builder: &crate::PgStoreBuilder,
+        root_cert: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        if root_cert.is_some() || !builder.root_certificates.is_empty() {
             return Err(Error::Backend(
                 "sslrootcert and root_certificates need tower-lease-postgres's `tls` feature"
                     .into(),
@@ -232,6 +247,56 @@ fn platform_roots() -> &'static rustls::RootCertStore {
         roots.add_parsable_certificates(loaded.certs);
         roots
     })
+}
+
+/// The verifier of `danger_accept_invalid_certificates`: any certificate, but the
+/// handshake's signatures still checked against it.
+#[cfg(feature = "tls")]
+mod any {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    pub(super) struct AnyCertificate(pub(super) std::sync::Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.0.signature_verification_algorithms;
+            verify_tls12_signature(message, cert, dss, algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.0.signature_verification_algorithms;
+            verify_tls13_signature(message, cert, dss, algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -275,18 +340,19 @@ mod tests {
     #[cfg(feature = "tls")]
     #[test]
     fn cas_that_do_not_load_fail_with_where_they_came_from() {
-        let e = Connector::new(&[b"not a certificate".to_vec()], None).unwrap_err();
+        let builder = crate::PgStoreBuilder::default().root_certificates("not a certificate");
+        let e = Connector::new(&builder, None).unwrap_err();
         assert!(
             e.to_string()
                 .contains("root_certificates: no PEM certificate"),
             "{e}"
         );
         let missing = std::path::Path::new("/nonexistent/ca.pem");
-        let e = Connector::new(&[], Some(missing)).unwrap_err();
+        let e = Connector::new(&Default::default(), Some(missing)).unwrap_err();
         assert!(
             e.to_string().contains("sslrootcert /nonexistent/ca.pem:"),
             "{e}"
         );
-        assert!(Connector::new(&[], None).is_ok());
+        assert!(Connector::new(&Default::default(), None).is_ok());
     }
 }

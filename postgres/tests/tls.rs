@@ -3,7 +3,8 @@
 //! CA (the builder's `root_certificates`, or `sslrootcert` in the URL) connects, its pool's and
 //! its listener's sessions are TLS ones, and a release in one store wakes a waiter in another
 //! through the listener; a store without the CA, or with another, is refused at once with the
-//! reason; a client without TLS is refused by the server.
+//! reason, unless told to accept any certificate; a client without TLS is refused by the
+//! server.
 
 mod support;
 
@@ -231,6 +232,17 @@ async fn a_server_whose_certificate_does_not_verify_is_refused_at_once() {
             assert!(started.elapsed() < Duration::from_secs(2), "{what}: slow");
         }
     }
+
+    // Told to accept any certificate: encrypted, not authenticated.
+    let accepting = PgStore::builder()
+        .danger_accept_invalid_certificates(true)
+        .application_name("tls-any")
+        .connect(&format!("{}?sslmode=require", server.url()))
+        .await
+        .unwrap_or_else(|e| panic!("connect accepting any certificate: {}", chain(&e)));
+    let (all, tls, _) = sessions(&accepting, "tls-any").await;
+    assert!(all >= 1);
+    assert_eq!(tls, all, "sessions without TLS");
 
     // A name the certificate does not carry (the same server, at `hostaddr`): refused even
     // with the CA.
