@@ -137,7 +137,8 @@ impl PgStoreBuilder {
     /// libpq's `sslmode=require` without a root certificate, so anyone on the path can pose as
     /// the server. `false` by default: every certificate is verified. For a server whose CA
     /// you cannot have (a development machine's self-signed certificate); give
-    /// [`root_certificates`](Self::root_certificates) instead whenever you can.
+    /// [`root_certificates`](Self::root_certificates) instead whenever you can. Without the
+    /// feature `tls`, where no connection uses TLS, it does nothing.
     pub fn danger_accept_invalid_certificates(mut self, accept: bool) -> Self {
         self.accept_invalid_certificates = accept;
         self
