@@ -48,7 +48,7 @@ use tokio::sync::watch;
 #[cfg(feature = "redis")]
 pub use backing::{Backing, Raw, STORE_TIMEOUT, Setup};
 #[cfg(feature = "postgres")]
-pub use postgres::PgServer;
+pub use postgres::{PgServer, PgSetup};
 #[cfg(feature = "redis")]
 pub use server::{Endpoint, RedisServer};
 

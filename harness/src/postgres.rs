@@ -25,23 +25,76 @@ pub struct PgServer {
     port: u16,
     dir: PathBuf,
     paused: bool,
+    settings: Vec<(String, String)>,
+}
+
+/// What a server starts with besides the defaults, for [`PgServer::start_with`]: settings
+/// (`-c name=value`, after the defaults and `TOWER_LEASE_PG_SETTINGS`), files written into its
+/// data folder before it starts (owned by the server's user, mode 0600, as a key file must
+/// be), and the lines of its `pg_hba.conf` instead of the template's.
+#[derive(Clone, Debug, Default)]
+pub struct PgSetup {
+    settings: Vec<(String, String)>,
+    files: Vec<(String, Vec<u8>)>,
+    hba: Option<String>,
+}
+
+impl PgSetup {
+    /// Adds the setting `name = value` (`-c name=value` on the server's command line).
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Writes `contents` to the file `name` in the data folder before the server starts; a
+    /// setting names it relative to that folder (`ssl_key_file=server.key`).
+    pub fn file(mut self, name: &str, contents: impl Into<Vec<u8>>) -> Self {
+        self.files.push((name.to_owned(), contents.into()));
+        self
+    }
+
+    /// `pg_hba.conf` as `lines` instead of the template's (trust on 127.0.0.1 and the
+    /// socket): e.g. `hostssl all all 127.0.0.1/32 trust` alone refuses connections without
+    /// TLS.
+    pub fn hba(mut self, lines: &str) -> Self {
+        self.hba = Some(lines.to_owned());
+        self
+    }
 }
 
 impl PgServer {
     /// Starts a server on a fresh copy of the template cluster, on a free port, and waits
     /// until it accepts connections.
     pub fn start() -> Self {
+        Self::start_with(PgSetup::default())
+    }
+
+    /// Starts a server as [`start`](Self::start) does, with `setup`'s settings, files and
+    /// `pg_hba.conf` (kept on [`restart`](Self::restart)).
+    pub fn start_with(setup: PgSetup) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let template = template();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("tower-lease-pg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         copy_dir(&template, &dir);
+        let PgSetup {
+            settings,
+            files,
+            hba,
+        } = setup;
+        if let Some(hba) = hba {
+            write_owned(&dir.join("pg_hba.conf"), hba.as_bytes());
+        }
+        for (name, contents) in files {
+            write_owned(&dir.join(name), &contents);
+        }
         let mut server = PgServer {
             child: None,
             port: 0,
             dir,
             paused: false,
+            settings,
         };
         // Another process may take the free port between our probe and the server's bind.
         for _ in 0..10 {
@@ -132,6 +185,9 @@ impl PgServer {
             for setting in settings.split_whitespace() {
                 command.args(["-c", setting]);
             }
+        }
+        for (name, value) in &self.settings {
+            command.args(["-c", &format!("{name}={value}")]);
         }
         command
             .stdin(Stdio::null())
@@ -315,6 +371,18 @@ fn copy_dir(from: &Path, to: &Path) {
         .expect("cp");
     assert!(status.success(), "could not copy the template cluster");
     own(to);
+}
+
+/// Writes `contents` to `path`, mode 0600, owned by the server's user.
+fn write_owned(path: &Path, contents: &[u8]) {
+    std::fs::write(path, contents)
+        .unwrap_or_else(|e| panic!("could not write {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod 0600");
+    if let Some((uid, gid)) = postgres_user() {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("could not chown {}: {e}", path.display()));
+    }
 }
 
 /// Gives `dir` to the `postgres` user when running as root.

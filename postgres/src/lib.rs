@@ -58,6 +58,14 @@
 //!   its statement on it. The server bounds each call too (`statement_timeout`,
 //!   `lock_timeout`), and `connect` turns on TCP keepalives and `tcp_user_timeout`.
 //!
+//! # TLS
+//!
+//! Under the default feature `tls` (rustls on the `ring` provider), the pool and the listener
+//! speak TLS as the URL's `sslmode` says, and verify the server's certificate and name as
+//! libpq does (under `verify-ca` and `verify-full`, or once CAs are given by `sslrootcert` in
+//! the URL or [`root_certificates`](PgStoreBuilder::root_certificates)): see
+//! [`PgStore::connect`]. Without it, every connection is plain text.
+//!
 //! # Seen by operators
 //!
 //! Every session of a store carries its `application_name` (`tower-lease`, the URL's, or the
@@ -101,6 +109,7 @@ mod session;
 pub mod sqlx;
 mod store;
 mod sweep;
+mod tls;
 
 /// The README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]

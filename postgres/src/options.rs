@@ -42,6 +42,10 @@ pub struct PgStoreBuilder {
     pub(crate) schema: String,
     pub(crate) install_schema: bool,
     pub(crate) sweep_every: Duration,
+    /// PEM certificates of CAs to trust besides the platform's.
+    pub(crate) root_certificates: Vec<Vec<u8>>,
+    /// Whether TLS goes on with a certificate that does not verify.
+    pub(crate) accept_invalid_certificates: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -52,6 +56,8 @@ impl Default for PgStoreBuilder {
             schema: crate::naming::DEFAULT_SCHEMA.to_owned(),
             install_schema: true,
             sweep_every: DEFAULT_SWEEP_EVERY,
+            root_certificates: Vec::new(),
+            accept_invalid_certificates: false,
         }
     }
 }
@@ -111,6 +117,31 @@ impl PgStoreBuilder {
     /// tables as small in practice for fewer statements.
     pub fn sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every;
+        self
+    }
+
+    /// Trusts the CA certificates in `pem` (PEM, one or more `-----BEGIN CERTIFICATE-----`
+    /// blocks) besides the platform's roots, for the TLS connections of the pool of
+    /// [`connect`](Self::connect) and of the listener: e.g. your cloud provider's CA bundle,
+    /// as `sslrootcert=<path>` in the URL does from a file. Each call adds to the CAs of the
+    /// calls before; a `pem` without a certificate fails [`connect`](Self::connect). Whether
+    /// TLS is used is the URL's `sslmode` (see [`PgStore::connect`](crate::PgStore::connect)).
+    /// Without the feature `tls`, a store given CAs refuses to connect.
+    pub fn root_certificates(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.root_certificates.push(pem.as_ref().to_vec());
+        self
+    }
+
+    /// With `true`, TLS connections go on whatever certificate the server shows (expired,
+    /// self-signed, of another name, of an unknown CA) in every `sslmode`, also `verify-full`
+    /// and with CAs given: encrypted, but not authenticated, so anyone on the path can pose as
+    /// the server. `false` by default: a certificate is verified where the URL's `sslmode`
+    /// (`verify-ca`, `verify-full`) or given CAs ask for it. For a server whose CA
+    /// you cannot have (a development machine's self-signed certificate); give
+    /// [`root_certificates`](Self::root_certificates) instead whenever you can. Without the
+    /// feature `tls`, where no connection uses TLS, it does nothing.
+    pub fn danger_accept_invalid_certificates(mut self, accept: bool) -> Self {
+        self.accept_invalid_certificates = accept;
         self
     }
 }

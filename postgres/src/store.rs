@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
 use tower_lease::{Error, Result, Store};
 
 use crate::call::Stalled;
@@ -16,6 +15,7 @@ use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
 use crate::session::{self, ServerBound, Sessions};
 use crate::sweep::Sweeper;
+use crate::tls::{self, Connector};
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -53,16 +53,31 @@ pub struct PgStore {
     pub(crate) sessions: Sessions,
     /// The server's bound on the statements of a pool the store made, which its hooks read.
     pub(crate) server_bound: Arc<ServerBound>,
+    /// What the listener connects with: the builder's CAs (and the URL's, from `connect`).
+    pub(crate) tls: Connector,
 }
 
 impl PgStore {
     /// Connects to the database at `url` (`postgres://user:password@host:port/db`, or the
-    /// `key=value` form libpq takes; without TLS) with a pool of 16 connections, installs the
+    /// `key=value` form libpq takes) with a pool of 16 connections, installs the
     /// schema `tower_lease` if it is missing or older (see [`from_pool`](Self::from_pool)),
     /// and listens for releases on a connection of its own. Every session is named
     /// `tower-lease` (`application_name`) unless the URL names it. The options that must be
     /// known before connecting (the pool's size, the sessions' name, the schema and whether
     /// to install it) are the [`builder`](Self::builder)'s.
+    ///
+    /// **TLS** (the default feature `tls`, rustls): the URL's `sslmode` says whether to use
+    /// it, for the pool and the listener alike: `disable` never, `prefer` (the default) when
+    /// the server offers it, `require`, `verify-ca` and `verify-full` always, or no
+    /// connection. As with libpq, the server's certificate and name are verified under
+    /// `verify-ca` and `verify-full`, and in every mode once CAs are given (the file
+    /// `sslrootcert=<path>` in the URL, the builder's
+    /// [`root_certificates`](PgStoreBuilder::root_certificates)), against the platform's roots
+    /// and those CAs: `postgres://app@db.example.com/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem`.
+    /// Under `prefer` and `require` without CAs, TLS encrypts but does not authenticate the
+    /// server (a development server's self-signed certificate is spoken to). A certificate
+    /// that does not verify fails `connect` with the reason (`invalid peer certificate:
+    /// UnknownIssuer` in the error's sources).
     pub async fn connect(url: &str) -> Result<PgStore> {
         Self::builder().connect(url).await
     }
@@ -107,14 +122,15 @@ impl PgStore {
     }
 
     /// Listens for releases, write intents and completions with a connection of its own to
-    /// the database `config` names (without TLS; named `tower-lease` unless `config` names
-    /// it), reconnecting with backoff when it is lost. [`connect`](Self::connect) does it
-    /// already.
+    /// the database `config` names (TLS as its `sslmode` says, trusting the platform's roots
+    /// and the builder's [`root_certificates`](PgStoreBuilder::root_certificates); named
+    /// `tower-lease` unless `config` names it), reconnecting with backoff when it is lost.
+    /// [`connect`](Self::connect) does it already.
     pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);
         }
-        self.listening = Some(Listening::new(config, self.schema));
+        self.listening = Some(Listening::new(config, self.schema, self.tls.clone()));
         self
     }
 
@@ -143,8 +159,12 @@ impl PgStore {
 impl PgStoreBuilder {
     /// Connects to the database at `url`, as [`PgStore::connect`] does with these options.
     pub async fn connect(self, url: &str) -> Result<PgStore> {
-        let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e| Error::Backend(Box::new(e)))?;
+        let tls::Target {
+            mut config,
+            root_cert,
+            verify,
+        } = tls::parse(url)?;
+        let tls = Connector::new(&self, root_cert.as_deref(), verify)?;
         network::find_dead_sockets(&mut config, url);
         if let Some(name) = &self.application_name {
             config.application_name(name);
@@ -153,7 +173,7 @@ impl PgStoreBuilder {
         }
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.make(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -166,7 +186,7 @@ impl PgStoreBuilder {
             .build()
             .map_err(|e| Error::Backend(Box::new(e)))?;
         let store = self
-            .on_pool(pool, Sessions::ReadCommitted, server_bound)
+            .on_pool(pool, Sessions::ReadCommitted, server_bound, tls)
             .await?;
         Ok(store.listen(config))
     }
@@ -181,7 +201,9 @@ impl PgStoreBuilder {
     /// session's default when it opens, and its calls need no such transaction.
     pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
         let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
-        self.on_pool(pool, Sessions::AnyDefault, server_bound).await
+        let tls = Connector::new(&self, None, false)?;
+        self.on_pool(pool, Sessions::AnyDefault, server_bound, tls)
+            .await
     }
 
     async fn on_pool(
@@ -189,6 +211,7 @@ impl PgStoreBuilder {
         pool: Pool,
         sessions: Sessions,
         server_bound: Arc<ServerBound>,
+        tls: Connector,
     ) -> Result<PgStore> {
         let schema = Schema::new(&self.schema).map_err(|e| Error::Backend(e.into()))?;
         schema::install(&pool, schema, self.install_schema).await?;
@@ -202,6 +225,7 @@ impl PgStoreBuilder {
             schema,
             sessions,
             server_bound,
+            tls,
         })
     }
 }

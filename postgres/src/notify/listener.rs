@@ -1,8 +1,8 @@
-//! The listening task: a connection of its own that `LISTEN`s on the schema's channel, hands
-//! each notification to the sink, and sends a heartbeat every second, so that a connection cut
-//! off without a reset (a half-open one, which would look healthy for hours) is found within
-//! seconds. A lost connection is replaced, with backoff; it stops once every `Store` on the
-//! backend is gone.
+//! The listening task: a connection of its own (with TLS as the store's pool has it) that
+//! `LISTEN`s on the schema's channel, hands each notification to the sink, and sends a
+//! heartbeat every second, so that a connection cut off without a reset (a half-open one,
+//! which would look healthy for hours) is found within seconds. A lost connection is
+//! replaced, with backoff; it stops once every `Store` on the backend is gone.
 //!
 //! A release made while nobody listens goes unheard, so the sink hears that notifications may
 //! have been missed ([`NotificationSink::missed`], which makes every waiter of the process try
@@ -22,11 +22,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
+use tokio_postgres::{AsyncMessage, Client, Notification};
 use tower_lease::backend::NotificationSink;
 
 use super::State;
 use super::payload::Heard;
+use crate::tls::Connector;
 
 /// The first pause before connecting again after a failure or a loss; it doubles up to
 /// [`LAST_PAUSE`] while connecting fails.
@@ -45,6 +46,7 @@ const HEARTBEAT_QUERY: &str = "SELECT 1";
 
 pub(super) async fn listen(
     config: tokio_postgres::Config,
+    tls: Connector,
     listen: String,
     sink: NotificationSink,
     state: watch::Sender<State>,
@@ -54,7 +56,7 @@ pub(super) async fn listen(
         let down = *state.borrow() == State::Down;
         let connecting = async {
             tokio::time::sleep(pause).await;
-            tokio::time::timeout(ANSWER_WITHIN, Session::start(&config, &listen)).await
+            tokio::time::timeout(ANSWER_WITHIN, Session::start(&config, &tls, &listen)).await
         };
         let started = tokio::select! {
             started = connecting => started,
@@ -125,9 +127,10 @@ impl Session {
     /// Connects and listens.
     async fn start(
         config: &tokio_postgres::Config,
+        tls: &Connector,
         listen: &str,
     ) -> Result<Session, tokio_postgres::Error> {
-        let (client, mut connection) = config.connect(NoTls).await?;
+        let (client, mut connection) = config.connect(tls.make()).await?;
         let (hear, heard) = mpsc::unbounded_channel();
         // The connection's messages must be read while the client talks: a task of its own,
         // which ends (dropping `hear`) when the connection does.

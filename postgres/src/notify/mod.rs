@@ -16,6 +16,7 @@ use tower_lease::backend::NotificationSink;
 use tower_lease::{Error, Result};
 
 use crate::naming::Schema;
+use crate::tls::Connector;
 
 /// Where a store's listener is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,28 +30,30 @@ pub(crate) enum State {
     Down,
 }
 
-/// How a store listens: the database to connect to, the schema whose channel it listens on,
-/// and where its listener is now (set once the store's [`Store`](tower_lease::Store) handed
-/// it its sink).
+/// How a store listens: the database to connect to and how (TLS), the schema whose channel it
+/// listens on, and where its listener is now (set once the store's
+/// [`Store`](tower_lease::Store) handed it its sink).
 #[derive(Debug)]
 pub(crate) struct Listening {
     config: tokio_postgres::Config,
     schema: Schema,
+    tls: Connector,
     state: Arc<Mutex<Option<watch::Receiver<State>>>>,
 }
 
 impl Clone for Listening {
     /// A clone made into another `Store` listens for that one: it starts without a listener.
     fn clone(&self) -> Self {
-        Listening::new(self.config.clone(), self.schema)
+        Listening::new(self.config.clone(), self.schema, self.tls.clone())
     }
 }
 
 impl Listening {
-    pub(crate) fn new(config: tokio_postgres::Config, schema: Schema) -> Self {
+    pub(crate) fn new(config: tokio_postgres::Config, schema: Schema, tls: Connector) -> Self {
         Listening {
             config,
             schema,
+            tls,
             state: Arc::default(),
         }
     }
@@ -64,7 +67,8 @@ impl Listening {
         let (tell, state) = watch::channel(State::Starting);
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
         let listen = format!("LISTEN {}", self.schema.quoted());
-        runtime.spawn(listener::listen(self.config.clone(), listen, sink, tell));
+        let (config, tls) = (self.config.clone(), self.tls.clone());
+        runtime.spawn(listener::listen(config, tls, listen, sink, tell));
         true
     }
 
