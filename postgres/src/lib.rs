@@ -95,6 +95,7 @@ mod notify;
 mod options;
 mod schema;
 mod session;
+mod statement;
 mod store;
 mod sweep;
 

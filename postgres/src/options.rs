@@ -42,6 +42,7 @@ pub struct PgStoreBuilder {
     pub(crate) schema: String,
     pub(crate) install_schema: bool,
     pub(crate) sweep_every: Duration,
+    pub(crate) transaction_pooler: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -52,6 +53,7 @@ impl Default for PgStoreBuilder {
             schema: crate::naming::DEFAULT_SCHEMA.to_owned(),
             install_schema: true,
             sweep_every: DEFAULT_SWEEP_EVERY,
+            transaction_pooler: false,
         }
     }
 }
@@ -111,6 +113,31 @@ impl PgStoreBuilder {
     /// tables as small in practice for fewer statements.
     pub fn sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every;
+        self
+    }
+
+    /// Whether the URL of [`connect`](Self::connect) (or the pool of
+    /// [`from_pool`](Self::from_pool)) reaches PostgreSQL through a transaction pooler, such
+    /// as PgBouncer with `pool_mode = transaction` (`false` by default), which gives each
+    /// transaction whichever server connection is free. With `true`:
+    ///
+    /// - each call is sent as the unnamed statement, with its parameters' types, in one
+    ///   message: no prepared statement is left on a server connection for the next call to
+    ///   miss. The store learns each statement's types the first time it sends it, in a
+    ///   transaction of its own;
+    /// - each call runs in a transaction of its own, `BEGIN ISOLATION LEVEL READ COMMITTED`,
+    ///   `SET LOCAL statement_timeout` and `lock_timeout`, the call and `COMMIT` sent together
+    ///   in one round trip, as on a pool of [`from_pool`](Self::from_pool): nothing is set on
+    ///   a session, whose settings would stay on a server connection for other clients;
+    /// - [`connect`](Self::connect) does not listen for releases, since `LISTEN` needs a
+    ///   session of its own: add [`listen`](crate::PgStore::listen) with a direct URL to
+    ///   PostgreSQL, not the pooler's, or waiters poll for releases made by other processes.
+    ///
+    /// The schema's installation works through the pooler too (its lock and DDL are one
+    /// transaction). A pooler in `session` mode, or PgBouncer 1.21 and later with
+    /// `max_prepared_statements` set, needs none of this.
+    pub fn transaction_pooler(mut self, pooler: bool) -> Self {
+        self.transaction_pooler = pooler;
         self
     }
 }

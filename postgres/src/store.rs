@@ -15,6 +15,7 @@ use crate::notify::Listening;
 use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
 use crate::session::{self, ServerBound, Sessions};
+use crate::statement::Statements;
 use crate::sweep::Sweeper;
 
 /// The deadline of each call unless [`PgStore::timeout`] says otherwise.
@@ -51,6 +52,8 @@ pub struct PgStore {
     pub(crate) sweeper: Arc<Sweeper>,
     pub(crate) schema: Schema,
     pub(crate) sessions: Sessions,
+    /// Named and cached per connection, or unnamed behind a transaction pooler.
+    pub(crate) statements: Statements,
     /// The server's bound on the statements of a pool the store made, which its hooks read.
     pub(crate) server_bound: Arc<ServerBound>,
 }
@@ -159,16 +162,21 @@ impl PgStoreBuilder {
             },
         );
         let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
-        let pool = Pool::builder(manager)
-            .max_size(self.max_connections)
-            .post_create(session::session_hook(server_bound.clone()))
-            .post_recycle(session::stale_hook(server_bound.clone()))
-            .build()
-            .map_err(|e| Error::Backend(Box::new(e)))?;
-        let store = self
-            .on_pool(pool, Sessions::ReadCommitted, server_bound)
-            .await?;
-        Ok(store.listen(config))
+        let pooler = self.transaction_pooler;
+        let mut pool = Pool::builder(manager).max_size(self.max_connections);
+        // Behind a transaction pooler a session's settings stay on a server connection: each
+        // call sets its own in its transaction, and the store listens on a direct URL.
+        let sessions = if pooler {
+            Sessions::AnyDefault
+        } else {
+            pool = pool
+                .post_create(session::session_hook(server_bound.clone()))
+                .post_recycle(session::stale_hook(server_bound.clone()));
+            Sessions::ReadCommitted
+        };
+        let pool = pool.build().map_err(|e| Error::Backend(Box::new(e)))?;
+        let store = self.on_pool(pool, sessions, server_bound).await?;
+        Ok(if pooler { store } else { store.listen(config) })
     }
 
     /// A store on `pool`, as [`PgStore::from_pool`] makes it with these options (but the
@@ -201,6 +209,7 @@ impl PgStoreBuilder {
             sweeper: Arc::new(Sweeper::new(self.sweep_every, schema)),
             schema,
             sessions,
+            statements: Statements::new(self.transaction_pooler),
             server_bound,
         })
     }
@@ -215,6 +224,7 @@ impl fmt::Debug for PgStore {
             .field("listening", &self.listening.is_some())
             .field("schema", &self.schema.name())
             .field("sessions", &self.sessions)
+            .field("statements", &self.statements)
             .finish_non_exhaustive()
     }
 }

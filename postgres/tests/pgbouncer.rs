@@ -15,9 +15,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tower_lease::backend::{
+    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
+};
 use tower_lease::{Lock, RwLock, Semaphore, Store};
 use tower_lease_harness::{PgBouncer, PgServer};
 use tower_lease_postgres::PgStore;
+use tower_lease_testkit::Env;
 
 const JOBS: Lock<str> = Lock::new("bouncer", Duration::from_millis(600));
 const DOCS: RwLock<str> = RwLock::new("bouncer", Duration::from_millis(600));
@@ -267,5 +271,199 @@ async fn without_the_option_calls_fail_behind_the_pooler() {
     assert!(
         timeouts.iter().any(|timeout| timeout != "0"),
         "no session setting stayed on a server connection: {timeouts:?}"
+    );
+}
+
+/// A store through `bouncer` with the option, listening on the server directly.
+async fn pooled_store(bouncer: &PgBouncer, server: &PgServer) -> PgStore {
+    let direct: tokio_postgres::Config = server.url().parse().expect("the server's URL");
+    PgStore::builder()
+        .transaction_pooler(true)
+        .connect(&bouncer.url())
+        .await
+        .expect("connect through pgbouncer")
+        .listen(direct)
+}
+
+/// With the option, three replicas through the pooler contend for a lock, a read-write lock
+/// and a semaphore, holding past their heartbeats: no error, no overlap, no lost lease, and
+/// the server connections keep their defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_option_replicas_contend_without_error() {
+    let (server, bouncer) = bouncer().await;
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(Store::from(pooled_store(&bouncer, &server).await));
+    }
+    let outcome = contend(&stores).await;
+    eprintln!(
+        "acquisitions {}, overlaps {}, lost {}, errors {:?}",
+        outcome.acquisitions, outcome.overlaps, outcome.lost, outcome.errors
+    );
+    assert!(outcome.errors.is_empty(), "errors: {:?}", outcome.errors);
+    assert_eq!(outcome.overlaps, 0, "two holders inside at once");
+    assert_eq!(outcome.lost, 0, "a heartbeat lost a held lease");
+    // Eight tasks for 4 s with holds of 20 ms to 250 ms: far more than this, even loaded.
+    assert!(
+        outcome.acquisitions >= 40,
+        "only {} acquisitions",
+        outcome.acquisitions
+    );
+    assert_eq!(
+        server_statement_timeouts(&bouncer).await,
+        vec!["0"; SERVER_CONNECTIONS],
+        "a store's setting stayed on a server connection"
+    );
+}
+
+/// A `PgStore` that counts its acquisitions: how often a waiter looked.
+struct Counting {
+    store: PgStore,
+    acquisitions: Arc<AtomicUsize>,
+}
+
+impl Backend for Counting {
+    fn acquire<'a>(
+        &'a self,
+        lease: LeaseRef<'a>,
+    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
+        self.acquisitions.fetch_add(1, Ordering::SeqCst);
+        self.store.acquire(lease)
+    }
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<Extended>> {
+        self.store.extend(lease)
+    }
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
+        self.store.release(lease)
+    }
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
+        self.store.in_use(lock)
+    }
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        self.store.notify_to(sink)
+    }
+    fn watch<'a>(
+        &'a self,
+        mode: Mode,
+        ns: &'a str,
+        name: &'a [u8],
+    ) -> BoxFuture<'a, tower_lease::Result<()>> {
+        self.store.watch(mode, ns, name)
+    }
+    fn timeout(&self) -> Duration {
+        Backend::timeout(&self.store)
+    }
+}
+
+/// A release through the pooler in one store wakes a waiter in another, whose listener
+/// connects to the server directly: it looks a few times, not every 100 ms of a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_through_the_pooler_wakes_a_waiter_listening_directly() {
+    const WAITED: Lock<str> = Lock::new("bouncer-wait", Duration::from_secs(5));
+    let (server, bouncer) = bouncer().await;
+    let holder: Store = pooled_store(&bouncer, &server).await.into();
+    let looks = Arc::new(AtomicUsize::new(0));
+    let waiter = Store::from_backend(Counting {
+        store: pooled_store(&bouncer, &server).await,
+        acquisitions: looks.clone(),
+    });
+    // Both listeners are up before the first release.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in ["a", "b"] {
+        let held = WAITED.try_lock(&holder, name).await.unwrap().expect("free");
+        let before = looks.load(Ordering::SeqCst);
+        let waiting = {
+            let (waiter, name) = (waiter.clone(), name.to_owned());
+            tokio::spawn(async move {
+                let token = WAITED
+                    .try_lock_for(&waiter, &name, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                (Instant::now(), token.expect("acquired once released"))
+            })
+        };
+        // Polling (5 ms backing off to 100 ms) would look about twenty times meanwhile.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let released = Instant::now();
+        assert!(held.release().await.unwrap());
+        let (got, token) = waiting.await.unwrap();
+        assert!(token.release().await.unwrap());
+        let (looked, after) = (looks.load(Ordering::SeqCst) - before, got - released);
+        // The first attempt, a look once watching, the woken one; a fallback look a second.
+        assert!(looked <= 5, "the waiter polled: {looked} attempts");
+        assert!(
+            after < Duration::from_millis(500),
+            "woken {after:?} after the release"
+        );
+    }
+}
+
+/// The test kit's `Env` through the pooler with the option: both stores through it, listening
+/// directly; the intent probe and the data loss on the server directly.
+async fn pooled_env() -> Env {
+    let (server, bouncer) = bouncer().await;
+    let url = server.url();
+    let store: Store = pooled_store(&bouncer, &server).await.into();
+    let elsewhere: Store = pooled_store(&bouncer, &server).await.into();
+    let (probe_url, loss_url) = (url.clone(), url);
+    Env::new(store)
+        .with_elsewhere(elsewhere)
+        .with_intent_probe(move |namespace, name| {
+            let (url, namespace, name) = (probe_url.clone(), namespace.to_owned(), name.to_vec());
+            Box::pin(async move {
+                support::client(&url)
+                    .await
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM tower_lease.rwlocks WHERE namespace = $1 \
+                         AND name = $2 AND intent_expires > clock_timestamp())",
+                        &[&namespace, &name],
+                    )
+                    .await
+                    .expect("look at the intents")
+                    .get(0)
+            })
+        })
+        .with_data_loss(move || {
+            let url = loss_url.clone();
+            Box::pin(async move {
+                support::client(&url)
+                    .await
+                    .batch_execute(
+                        "TRUNCATE tower_lease.locks, tower_lease.rwlocks, tower_lease.readers, \
+                         tower_lease.permits, tower_lease.idempotency, tower_lease.claims",
+                    )
+                    .await
+                    .expect("truncate");
+            })
+        })
+        .holding((bouncer, server))
+}
+
+/// A part of the conformance suite through the pooler: one scenario or two of each kind.
+mod conformance {
+    use super::pooled_env;
+
+    macro_rules! through_the_pooler {
+        ($($module:ident::$name:ident),* $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    tower_lease_testkit::$module::$name(pooled_env().await).await
+                }
+            )*
+        };
+    }
+
+    through_the_pooler!(
+        exclusive::mutual_exclusion,
+        exclusive::stale_release_leaves_next_holder_alone,
+        exclusive::fences_increase_per_name,
+        rw::writer_excludes_everyone,
+        rw::readers_block_writer_until_released,
+        semaphore::permits_up_to_the_limit,
+        semaphore::a_waiter_gets_the_slot_a_release_frees,
+        idempotency::complete_then_replay_or_mismatch,
+        fairness::waiters_side_by_side_in_one_process_all_hear_their_release,
+        fairness::writers_queued_in_one_process_hand_on_promptly,
     );
 }
