@@ -134,7 +134,7 @@ impl Drop for OnTheWire<'_> {
 }
 
 impl PgStore {
-    /// Runs `sql` (one prepared statement answering one row) within the store's deadline.
+    /// Runs `sql` (one statement answering one row) within the store's deadline.
     pub(crate) async fn row(
         &self,
         sql: &'static str,
@@ -159,7 +159,7 @@ impl PgStore {
         }
     }
 
-    /// Runs `sql` (one prepared statement answering one row) once per set of `params`, sent
+    /// Runs `sql` (one statement answering one row) once per set of `params`, sent
     /// together on one connection (one round trip, each its own transaction), within the
     /// store's deadline: each one's answer, in order.
     pub(crate) async fn rows(

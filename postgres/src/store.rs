@@ -101,8 +101,9 @@ impl PgStore {
     /// of [`connect`](Self::connect) they are set on each session as it opens (the
     /// connections opened before a change close at their next checkout, and the last timeout
     /// set on a store or any of its clones holds for the pool), so your queries on
-    /// [`pool`](Self::pool) have them too; on a pool given to [`from_pool`](Self::from_pool)
-    /// they are `SET LOCAL` in each call's transaction and touch nothing else.
+    /// [`pool`](Self::pool) have them too; on a pool given to [`from_pool`](Self::from_pool),
+    /// or behind a [transaction pooler](PgStoreBuilder::transaction_pooler), they are `SET
+    /// LOCAL` in each call's transaction and touch nothing else.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self.server_bound.set(timeout);
@@ -112,7 +113,8 @@ impl PgStore {
     /// Listens for releases, write intents and completions with a connection of its own to
     /// the database `config` names (without TLS; named `tower-lease` unless `config` names
     /// it), reconnecting with backoff when it is lost. [`connect`](Self::connect) does it
-    /// already.
+    /// already, but not behind a [transaction pooler](PgStoreBuilder::transaction_pooler):
+    /// there `LISTEN` on a direct URL to PostgreSQL, since it needs a session of its own.
     pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);

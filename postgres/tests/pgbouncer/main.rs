@@ -5,10 +5,15 @@
 //! another) and the sessions' settings stay on the server connections for other clients; with
 //! it, replicas contending for locks, read-write locks and semaphores, with heartbeats, see no
 //! error and exclusion holds, the server connections keep their defaults, a release in one
-//! store wakes a waiter in another (its listener connects directly), and a part of the
-//! conformance suite passes.
+//! store wakes a waiter in another (its listener connects directly), replicas connecting at
+//! once install the schema through it, and a part of the conformance suite passes
+//! (`conformance.rs`).
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod conformance;
+mod contend;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,189 +23,14 @@ use tokio::time::Instant;
 use tower_lease::backend::{
     Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
 };
-use tower_lease::{Lock, RwLock, Semaphore, Store};
+use tower_lease::{Lock, Store};
 use tower_lease_harness::{PgBouncer, PgServer};
 use tower_lease_postgres::PgStore;
-use tower_lease_testkit::Env;
 
-const JOBS: Lock<str> = Lock::new("bouncer", Duration::from_millis(600));
-const DOCS: RwLock<str> = RwLock::new("bouncer", Duration::from_millis(600));
-const SLOTS: Semaphore<str> = Semaphore::new("bouncer", 2, Duration::from_millis(600));
-/// How long the tasks contend.
-const CONTEND_FOR: Duration = Duration::from_secs(4);
+use contend::{JOBS, Outcome, chain, contend};
+
 /// Server connections behind pgbouncer, shared by every client connection.
 const SERVER_CONNECTIONS: usize = 2;
-
-/// What contending tasks saw.
-#[derive(Debug, Default)]
-struct Outcome {
-    errors: Vec<String>,
-    acquisitions: usize,
-    /// Times two holders were inside where one at most may be (or three permits of two).
-    overlaps: usize,
-    /// Leases their heartbeat lost while held.
-    lost: usize,
-}
-
-/// Who is inside each lock, counted by the tasks holding it.
-#[derive(Default)]
-struct Inside {
-    lock: AtomicUsize,
-    readers: AtomicUsize,
-    writers: AtomicUsize,
-    permits: AtomicUsize,
-}
-
-/// Eight tasks over `stores` take the lock, read and write the read-write lock and take
-/// permits of the semaphore (hold times past a third of the TTL, so heartbeats extend them)
-/// for [`CONTEND_FOR`]; every error, overlap and lost lease counted.
-async fn contend(stores: &[Store]) -> Outcome {
-    let inside = Arc::new(Inside::default());
-    let deadline = Instant::now() + CONTEND_FOR;
-    let mut tasks = Vec::new();
-    for task in 0..8usize {
-        let store = stores[task % stores.len()].clone();
-        let inside = inside.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut seen = Outcome::default();
-            let mut round = 0usize;
-            while Instant::now() < deadline {
-                round += 1;
-                let hold = Duration::from_millis(if round % 4 == 0 { 250 } else { 20 });
-                let answer = match (task + round) % 4 {
-                    0 => hold_lock(&store, &inside, hold, &mut seen).await,
-                    1 => hold_read(&store, &inside, hold, &mut seen).await,
-                    2 => hold_write(&store, &inside, hold, &mut seen).await,
-                    _ => hold_permit(&store, &inside, hold, &mut seen).await,
-                };
-                if let Err(e) = answer {
-                    seen.errors.push(chain(&e));
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-            seen
-        }));
-    }
-    let mut outcome = Outcome::default();
-    for task in tasks {
-        let seen = task.await.expect("a contending task");
-        outcome.errors.extend(seen.errors);
-        outcome.acquisitions += seen.acquisitions;
-        outcome.overlaps += seen.overlaps;
-        outcome.lost += seen.lost;
-    }
-    outcome
-}
-
-/// How long a task waits for what it takes.
-const WAIT: Duration = Duration::from_secs(3);
-
-/// `error` and each of its sources.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
-}
-
-async fn hold_lock(
-    store: &Store,
-    inside: &Inside,
-    hold: Duration,
-    seen: &mut Outcome,
-) -> tower_lease::Result<()> {
-    let Some(token) = JOBS.try_lock_for(store, "a", WAIT).await? else {
-        return Ok(());
-    };
-    seen.acquisitions += 1;
-    if inside.lock.fetch_add(1, Ordering::SeqCst) != 0 {
-        seen.overlaps += 1;
-    }
-    let held = token.keep_alive();
-    tokio::time::sleep(hold).await;
-    inside.lock.fetch_sub(1, Ordering::SeqCst);
-    if !held.is_held() {
-        seen.lost += 1;
-    }
-    held.release().await?;
-    Ok(())
-}
-
-async fn hold_read(
-    store: &Store,
-    inside: &Inside,
-    hold: Duration,
-    seen: &mut Outcome,
-) -> tower_lease::Result<()> {
-    let Some(token) = DOCS.try_read_for(store, "a", WAIT).await? else {
-        return Ok(());
-    };
-    seen.acquisitions += 1;
-    inside.readers.fetch_add(1, Ordering::SeqCst);
-    if inside.writers.load(Ordering::SeqCst) != 0 {
-        seen.overlaps += 1;
-    }
-    let held = token.keep_alive();
-    tokio::time::sleep(hold).await;
-    inside.readers.fetch_sub(1, Ordering::SeqCst);
-    if !held.is_held() {
-        seen.lost += 1;
-    }
-    held.release().await?;
-    Ok(())
-}
-
-async fn hold_write(
-    store: &Store,
-    inside: &Inside,
-    hold: Duration,
-    seen: &mut Outcome,
-) -> tower_lease::Result<()> {
-    let Some(token) = DOCS.try_write_for(store, "a", WAIT).await? else {
-        return Ok(());
-    };
-    seen.acquisitions += 1;
-    if inside.writers.fetch_add(1, Ordering::SeqCst) != 0
-        || inside.readers.load(Ordering::SeqCst) != 0
-    {
-        seen.overlaps += 1;
-    }
-    let held = token.keep_alive();
-    tokio::time::sleep(hold).await;
-    inside.writers.fetch_sub(1, Ordering::SeqCst);
-    if !held.is_held() {
-        seen.lost += 1;
-    }
-    held.release().await?;
-    Ok(())
-}
-
-async fn hold_permit(
-    store: &Store,
-    inside: &Inside,
-    hold: Duration,
-    seen: &mut Outcome,
-) -> tower_lease::Result<()> {
-    let Some(permit) = SLOTS.try_acquire_for(store, "a", WAIT).await? else {
-        return Ok(());
-    };
-    seen.acquisitions += 1;
-    if inside.permits.fetch_add(1, Ordering::SeqCst) >= 2 {
-        seen.overlaps += 1;
-    }
-    let held = permit.keep_alive();
-    tokio::time::sleep(hold).await;
-    inside.permits.fetch_sub(1, Ordering::SeqCst);
-    if !held.is_held() {
-        seen.lost += 1;
-    }
-    held.release().await?;
-    Ok(())
-}
 
 /// A server with the schema installed (directly), and pgbouncer in front of it.
 async fn bouncer() -> (PgServer, PgBouncer) {
@@ -293,7 +123,11 @@ async fn with_the_option_replicas_contend_without_error() {
     let (server, bouncer) = bouncer().await;
     let mut stores = Vec::new();
     for _ in 0..3 {
-        stores.push(Store::from(pooled_store(&bouncer, &server).await));
+        let store = pooled_store(&bouncer, &server).await;
+        // Listening, read committed, synchronous commit: nothing to warn of.
+        let warnings = store.check().await.expect("check through the pooler");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        stores.push(Store::from(store));
     }
     let outcome = contend(&stores).await;
     eprintln!(
@@ -398,72 +232,74 @@ async fn a_release_through_the_pooler_wakes_a_waiter_listening_directly() {
     }
 }
 
-/// The test kit's `Env` through the pooler with the option: both stores through it, listening
-/// directly; the intent probe and the data loss on the server directly.
-async fn pooled_env() -> Env {
-    let (server, bouncer) = bouncer().await;
-    let url = server.url();
-    let store: Store = pooled_store(&bouncer, &server).await.into();
-    let elsewhere: Store = pooled_store(&bouncer, &server).await.into();
-    let (probe_url, loss_url) = (url.clone(), url);
-    Env::new(store)
-        .with_elsewhere(elsewhere)
-        .with_intent_probe(move |namespace, name| {
-            let (url, namespace, name) = (probe_url.clone(), namespace.to_owned(), name.to_vec());
-            Box::pin(async move {
-                support::client(&url)
+/// Six replicas connecting at once through the pooler to a database without the schema: each
+/// connects (the installation's lock and DDL are one transaction, its reads unnamed), the
+/// schema is installed once, and each store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_install_the_schema_through_the_pooler() {
+    let server = support::server().await;
+    let bouncer = PgBouncer::start(&server, SERVER_CONNECTIONS);
+    let url = bouncer.url();
+    let connecting: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                PgStore::builder()
+                    .transaction_pooler(true)
+                    .connect(&url)
                     .await
-                    .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM tower_lease.rwlocks WHERE namespace = $1 \
-                         AND name = $2 AND intent_expires > clock_timestamp())",
-                        &[&namespace, &name],
-                    )
-                    .await
-                    .expect("look at the intents")
-                    .get(0)
+                    .map_err(|e| chain(&e))
             })
         })
-        .with_data_loss(move || {
-            let url = loss_url.clone();
-            Box::pin(async move {
-                support::client(&url)
-                    .await
-                    .batch_execute(
-                        "TRUNCATE tower_lease.locks, tower_lease.rwlocks, tower_lease.readers, \
-                         tower_lease.permits, tower_lease.idempotency, tower_lease.claims",
-                    )
-                    .await
-                    .expect("truncate");
-            })
-        })
-        .holding((bouncer, server))
+        .collect();
+    let mut stores = Vec::new();
+    for store in connecting {
+        stores.push(Store::from(store.await.unwrap().expect("connect")));
+    }
+    let versions: i64 = support::client(&server.url())
+        .await
+        .query_one("SELECT count(*) FROM tower_lease.schema_version", &[])
+        .await
+        .expect("the installed versions")
+        .get(0);
+    assert_eq!(versions, 1, "installed more than once");
+    for (n, store) in stores.iter().enumerate() {
+        let token = JOBS.try_lock(store, &n.to_string()).await.unwrap();
+        assert!(token.expect("free").release().await.unwrap());
+    }
 }
 
-/// A part of the conformance suite through the pooler: one scenario or two of each kind.
-mod conformance {
-    use super::pooled_env;
-
-    macro_rules! through_the_pooler {
-        ($($module:ident::$name:ident),* $(,)?) => {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    tower_lease_testkit::$module::$name(pooled_env().await).await
-                }
-            )*
-        };
+/// What a call costs sent unnamed (with the option) beside a prepared statement (without),
+/// both straight to the server: acquire and release a lock, one at a time, interleaved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --run-ignored only --no-capture"]
+async fn cost_of_unnamed_statements() {
+    let server = support::server().await;
+    let named: Store = support::pg_store(&server).await.into();
+    let unnamed: Store = PgStore::builder()
+        .transaction_pooler(true)
+        .connect(&server.url())
+        .await
+        .expect("connect")
+        .into();
+    let mut spent = [Duration::ZERO; 2];
+    const ROUNDS: usize = 10;
+    const CALLS: usize = 200;
+    for round in 0..ROUNDS {
+        for (at, store) in [&named, &unnamed].into_iter().enumerate() {
+            let started = Instant::now();
+            for call in 0..CALLS {
+                let name = format!("{round}-{call}");
+                let token = JOBS.try_lock(store, &name).await.unwrap().expect("free");
+                assert!(token.release().await.unwrap());
+            }
+            spent[at] += started.elapsed();
+        }
     }
-
-    through_the_pooler!(
-        exclusive::mutual_exclusion,
-        exclusive::stale_release_leaves_next_holder_alone,
-        exclusive::fences_increase_per_name,
-        rw::writer_excludes_everyone,
-        rw::readers_block_writer_until_released,
-        semaphore::permits_up_to_the_limit,
-        semaphore::a_waiter_gets_the_slot_a_release_frees,
-        idempotency::complete_then_replay_or_mismatch,
-        fairness::waiters_side_by_side_in_one_process_all_hear_their_release,
-        fairness::writers_queued_in_one_process_hand_on_promptly,
+    let per_pair = |spent: Duration| spent / (ROUNDS * CALLS) as u32;
+    eprintln!(
+        "acquire + release: prepared {:?}, unnamed in a transaction {:?}",
+        per_pair(spent[0]),
+        per_pair(spent[1])
     );
 }
