@@ -73,7 +73,7 @@ impl Statements {
 }
 
 /// The parameters' types of each statement a store sent unnamed.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct ParamTypes {
     known: Mutex<HashMap<&'static str, Arc<[Type]>>>,
 }
@@ -91,6 +91,14 @@ impl ParamTypes {
 
     fn known(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Arc<[Type]>>> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for ParamTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParamTypes")
+            .field("statements", &self.known().len())
+            .finish()
     }
 }
 
