@@ -5,9 +5,10 @@
 //! Its configuration is generated in a folder of its own (the socket, the log, the users
 //! file): `pool_mode = transaction`, trust authentication, and a small pool per database and
 //! user, so that its clients share a few server connections and one client's transactions go
-//! to different ones. pgbouncer refuses to run as root: under root it runs as the `postgres`
-//! user, as the server does, and dies with the thread that started it; its handle kills it
-//! when dropped.
+//! to different ones; on PgBouncer 1.21 and later, `max_prepared_statements = 0`, so that
+//! prepared statements pass through untracked as before 1.21. pgbouncer refuses to run as
+//! root: under root it runs as the `postgres` user, as the server does, and dies with the
+//! thread that started it; its handle kills it when dropped.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -93,8 +94,16 @@ impl PgBouncer {
              max_db_connections = {pool_size}\n\
              ignore_startup_parameters = extra_float_digits,options\n\
              log_connections = 0\n\
-             log_disconnections = 0\n",
+             log_disconnections = 0\n\
+             {prepared}",
             port = self.port,
+            prepared = if tracks_prepared_statements(&binary()) {
+                // 1.22 and later track prepared statements by default: not the pooler this
+                // stands for.
+                "max_prepared_statements = 0\n"
+            } else {
+                ""
+            },
         );
         std::fs::write(self.dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");
     }
@@ -102,9 +111,7 @@ impl PgBouncer {
     /// Starts pgbouncer on `self.port`; `false` when it exited (the port taken) or did not
     /// accept connections within 20 s.
     fn spawn_and_wait(&mut self) -> bool {
-        let binary = std::env::var_os("TOWER_LEASE_PGBOUNCER")
-            .filter(|b| !b.is_empty())
-            .map_or_else(|| PathBuf::from("/usr/sbin/pgbouncer"), PathBuf::from);
+        let binary = binary();
         let mut command = Command::new(&binary);
         command
             .arg(self.dir.join("pgbouncer.ini"))
@@ -149,4 +156,30 @@ impl Drop for PgBouncer {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `TOWER_LEASE_PGBOUNCER`, else Debian's `/usr/sbin/pgbouncer`.
+fn binary() -> PathBuf {
+    std::env::var_os("TOWER_LEASE_PGBOUNCER")
+        .filter(|b| !b.is_empty())
+        .map_or_else(|| PathBuf::from("/usr/sbin/pgbouncer"), PathBuf::from)
+}
+
+/// Whether `binary` is PgBouncer 1.21 or later, which has `max_prepared_statements` (and
+/// refuses it before): its `--version`'s first line, `PgBouncer 1.18.0`.
+fn tracks_prepared_statements(binary: &std::path::Path) -> bool {
+    let Ok(out) = Command::new(binary).arg("--version").output() else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .lines()
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .unwrap_or("");
+    let mut parts = version
+        .split('.')
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (1, 21)
 }
