@@ -12,6 +12,8 @@
 //!   time, and where their Redis is (feature `redis`);
 //! - [`postgres`](mod@postgres): real PostgreSQL servers, for `tower-lease-postgres` (feature
 //!   `postgres`);
+//! - [`pgbouncer`](mod@pgbouncer): Debian's `pgbouncer` in transaction pooling mode in front
+//!   of such a server (feature `postgres`);
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
 //! - below: drop flags, and the witnesses of how many are inside at once: [`Holders`] of a lock,
@@ -30,6 +32,8 @@ pub mod cluster;
 pub mod hooked;
 pub mod http;
 #[cfg(feature = "postgres")]
+pub mod pgbouncer;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub mod proxy;
@@ -47,6 +51,8 @@ use tokio::sync::watch;
 // What the tests use most, at the top.
 #[cfg(feature = "redis")]
 pub use backing::{Backing, Raw, STORE_TIMEOUT, Setup};
+#[cfg(feature = "postgres")]
+pub use pgbouncer::PgBouncer;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgServer, PgSetup};
 #[cfg(feature = "redis")]

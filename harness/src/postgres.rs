@@ -227,7 +227,7 @@ impl Drop for PgServer {
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -386,7 +386,7 @@ fn write_owned(path: &Path, contents: &[u8]) {
 }
 
 /// Gives `dir` to the `postgres` user when running as root.
-fn own(dir: &Path) {
+pub(crate) fn own(dir: &Path) {
     if let Some((uid, gid)) = postgres_user() {
         let status = Command::new("chown")
             .arg("-R")
@@ -419,7 +419,7 @@ fn postgres_user() -> Option<(u32, u32)> {
 }
 
 /// Makes `command` run as the `postgres` user under root, and die with the test process.
-fn as_postgres(command: &mut Command) {
+pub(crate) fn as_postgres(command: &mut Command) {
     let user = postgres_user();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {

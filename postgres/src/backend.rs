@@ -142,7 +142,7 @@ impl PgStore {
             other => return Err(unknown_mode(other)),
         };
         self.sweeper
-            .now_and_then(&self.pool, self.sessions, self.timeout);
+            .now_and_then(&self.pool, self.sessions, &self.statements, self.timeout);
         // A permit's fence is not in the contract: none, as the memory store answers.
         acquisition(&row, lock.fenced && mode != Mode::Permit)
     }

@@ -1,6 +1,7 @@
-//! How one call reaches the server: a pooled connection, one prepared statement, the store's
-//! deadline, one more try on a connection found closed, and the connections of calls that
-//! stalled, kept for the releases that give back what those calls may still take.
+//! How one call reaches the server: a pooled connection, one statement (prepared, or unnamed
+//! behind a transaction pooler: [`crate::statement`]), the store's deadline, one more try on a
+//! connection found closed, and the connections of calls that stalled, kept for the releases
+//! that give back what those calls may still take.
 //!
 //! A call that timed out is not undone: its statement is on the connection, and a paused or
 //! slow server runs it when it gets to it. The core then releases the lease with the call's
@@ -133,7 +134,7 @@ impl Drop for OnTheWire<'_> {
 }
 
 impl PgStore {
-    /// Runs `sql` (one prepared statement answering one row) within the store's deadline.
+    /// Runs `sql` (one statement answering one row) within the store's deadline.
     pub(crate) async fn row(
         &self,
         sql: &'static str,
@@ -158,7 +159,7 @@ impl PgStore {
         }
     }
 
-    /// Runs `sql` (one prepared statement answering one row) once per set of `params`, sent
+    /// Runs `sql` (one statement answering one row) once per set of `params`, sent
     /// together on one connection (one round trip, each its own transaction), within the
     /// store's deadline: each one's answer, in order.
     pub(crate) async fn rows(
@@ -218,7 +219,14 @@ impl PgStore {
                 keep,
             };
             let client = wire.client();
-            let answers = match prepare(client, sql, acts).await {
+            // A call that may take a lease has the statement that gives it back ready too:
+            // a release sent behind a stalled call must be one message, not a prepare the
+            // server would answer first and the release's deadline might never see.
+            let gives_back = match acts {
+                Acts::Takes(_, _, gives_back) => Some(gives_back),
+                _ => None,
+            };
+            let answers = match self.statements.of(client, sql, gives_back).await {
                 Ok(statement) => {
                     let answers =
                         query_each(client, self.sessions, self.timeout, &statement, params).await;
@@ -257,28 +265,6 @@ impl PgStore {
             }
             return Err(self.call_error(answers));
         }
-    }
-}
-
-/// The statement of `sql` on `client`, from its cache. A call that may take a lease also has
-/// the statement that gives it back prepared (in the same round trip): a release sent behind
-/// a stalled call must be one message, not a prepare the server would answer first and the
-/// release's deadline might never see.
-async fn prepare(
-    client: &Object,
-    sql: &str,
-    acts: Acts<'_>,
-) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
-    match acts {
-        Acts::Takes(_, _, gives_back) => {
-            let (statement, gives_back) = tokio::join!(
-                client.prepare_cached(sql),
-                client.prepare_cached(gives_back)
-            );
-            gives_back?;
-            statement
-        }
-        _ => client.prepare_cached(sql).await,
     }
 }
 

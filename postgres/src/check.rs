@@ -67,7 +67,8 @@ impl fmt::Display for PgWarning {
             ),
             PgWarning::NoNotifications => f.write_str(
                 "no release notifications: waiters poll for releases in other processes; \
-                 build the store with PgStore::connect, or add listen(config)",
+                 build the store with PgStore::connect, or add listen(config) (a direct URL, \
+                 not a transaction pooler's)",
             ),
             PgWarning::DefaultIsolation { default } => write!(
                 f,

@@ -43,7 +43,7 @@ impl PgStore {
         let acts = Acts::Takes(secret, lock.ttl, IDEMPOTENCY_RELEASE);
         let row = self.row(IDEMPOTENCY_BEGIN, &params, acts).await?;
         self.sweeper
-            .now_and_then(&self.pool, self.sessions, self.timeout);
+            .now_and_then(&self.pool, self.sessions, &self.statements, self.timeout);
         let outcome: &str = row.try_get("outcome").map_err(backend)?;
         let remaining = || -> Result<Duration> {
             let remaining: Option<i64> = row.try_get("remaining_us").map_err(backend)?;

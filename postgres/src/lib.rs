@@ -81,6 +81,11 @@
 //! `tokio_postgres::Config` with the TLS connector of your choice. `bb8-postgres` would need
 //! the statement cache written here.
 //!
+//! Behind a transaction pooler (PgBouncer with `pool_mode = transaction`), build the store with
+//! [`transaction_pooler(true)`](PgStoreBuilder::transaction_pooler) and listen on a direct URL
+//! ([`PgStore::listen`]): each call is then the unnamed statement with its parameters' types,
+//! in a transaction of its own that sets what the call needs with `SET LOCAL`.
+//!
 //! # Effects in your transaction
 //!
 //! With `IdempotencyLayer` on a `PgStore`, a handler can [`claim`] its idempotency key in the
@@ -107,6 +112,7 @@ mod schema;
 mod session;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
+mod statement;
 mod store;
 mod sweep;
 mod tls;

@@ -46,6 +46,8 @@ pub struct PgStoreBuilder {
     pub(crate) root_certificates: Vec<Vec<u8>>,
     /// Whether TLS goes on with a certificate that does not verify.
     pub(crate) accept_invalid_certificates: bool,
+    /// Whether calls go through a transaction pooler (see `transaction_pooler`).
+    pub(crate) transaction_pooler: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -58,6 +60,7 @@ impl Default for PgStoreBuilder {
             sweep_every: DEFAULT_SWEEP_EVERY,
             root_certificates: Vec::new(),
             accept_invalid_certificates: false,
+            transaction_pooler: false,
         }
     }
 }
@@ -142,6 +145,31 @@ impl PgStoreBuilder {
     /// feature `tls`, where no connection uses TLS, it does nothing.
     pub fn danger_accept_invalid_certificates(mut self, accept: bool) -> Self {
         self.accept_invalid_certificates = accept;
+        self
+    }
+
+    /// Whether the URL of [`connect`](Self::connect) (or the pool of
+    /// [`from_pool`](Self::from_pool)) reaches PostgreSQL through a transaction pooler, such
+    /// as PgBouncer with `pool_mode = transaction` (`false` by default), which gives each
+    /// transaction whichever server connection is free. With `true`:
+    ///
+    /// - each call is sent as the unnamed statement, with its parameters' types, in one
+    ///   message: no prepared statement is left on a server connection for the next call to
+    ///   miss. The store learns each statement's types the first time it sends it, in a
+    ///   transaction of its own;
+    /// - each call runs in a transaction of its own, `BEGIN ISOLATION LEVEL READ COMMITTED`,
+    ///   `SET LOCAL statement_timeout` and `lock_timeout`, the call and `COMMIT` sent together
+    ///   in one round trip, as on a pool of [`from_pool`](Self::from_pool): nothing is set on
+    ///   a session, whose settings would stay on a server connection for other clients;
+    /// - [`connect`](Self::connect) does not listen for releases, since `LISTEN` needs a
+    ///   session of its own: add [`listen`](crate::PgStore::listen) with a direct URL to
+    ///   PostgreSQL, not the pooler's, or waiters poll for releases made by other processes.
+    ///
+    /// The schema's installation works through the pooler too (its lock and DDL are one
+    /// transaction). A pooler in `session` mode, or PgBouncer 1.21 and later with
+    /// `max_prepared_statements` set, needs none of this.
+    pub fn transaction_pooler(mut self, pooler: bool) -> Self {
+        self.transaction_pooler = pooler;
         self
     }
 }

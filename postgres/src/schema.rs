@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use tokio_postgres::IsolationLevel;
+use tokio_postgres::types::Type;
 use tower_lease::{Error, Result};
 
 use crate::naming::Schema;
@@ -138,7 +139,8 @@ async fn install_now(client: &mut Object, schema: Schema) -> std::result::Result
     // lock may wait for another replica's installation.
     tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
         .await?;
-    tx.execute(INSTALL_LOCK, &[&LOCK_CLASS]).await?;
+    tx.query_typed(INSTALL_LOCK, &[(&LOCK_CLASS, Type::INT4)])
+        .await?;
     // Another replica may have installed it while we waited for the lock.
     if up_to_date(schema, installed(&*tx, schema).await?)? {
         return Ok(());
@@ -194,13 +196,14 @@ fn at_this_version(
     Err(why.into())
 }
 
-/// The version installed, 0 for none.
+/// The version installed, 0 for none. Its statements, as the installation's, are sent
+/// unnamed (no statement is prepared), so they run through a transaction pooler too.
 async fn installed(
     client: &impl tokio_postgres::GenericClient,
     schema: Schema,
 ) -> std::result::Result<i32, tokio_postgres::Error> {
     let row = client
-        .query_one(
+        .query_typed_one(
             schema.statement(
                 "SELECT pg_catalog.to_regclass('tower_lease.schema_version') IS NOT NULL",
             ),
@@ -211,7 +214,7 @@ async fn installed(
         return Ok(0);
     }
     let row = client
-        .query_one(
+        .query_typed_one(
             schema.statement(
                 "SELECT coalesce(pg_catalog.max(version), 0) FROM tower_lease.schema_version",
             ),

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{ClientWrapper, Hook, HookError};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Error, Row, Statement};
+use tokio_postgres::{Client, Error, Row};
+
+use crate::statement::Prepared;
 
 /// The sessions' default the calls need, set on each connection of a pool the store makes.
 const SET_READ_COMMITTED: &str = "SET SESSION default_transaction_isolation = 'read committed'";
@@ -144,7 +146,7 @@ pub(crate) async fn query_each(
     client: &Client,
     sessions: Sessions,
     timeout: Duration,
-    statement: &Statement,
+    statement: &Prepared,
     params: &[&[&(dyn ToSql + Sync)]],
 ) -> Answers {
     // A transaction at read committed around one call on a session of unknown defaults, and
@@ -164,7 +166,7 @@ pub(crate) async fn query_each(
             }));
         }
         sent.push(Box::pin(async move {
-            client.query_one(statement, params).await.map(Some)
+            statement.query_one(client, params).await.map(Some)
         }));
         if wrap {
             sent.push(Box::pin(async move {

@@ -14,6 +14,7 @@ use crate::notify::Listening;
 use crate::options::{DEFAULT_APPLICATION_NAME, PgStoreBuilder};
 use crate::schema;
 use crate::session::{self, ServerBound, Sessions};
+use crate::statement::Statements;
 use crate::sweep::Sweeper;
 use crate::tls::{self, Connector};
 
@@ -51,6 +52,8 @@ pub struct PgStore {
     pub(crate) sweeper: Arc<Sweeper>,
     pub(crate) schema: Schema,
     pub(crate) sessions: Sessions,
+    /// Named and cached per connection, or unnamed behind a transaction pooler.
+    pub(crate) statements: Statements,
     /// The server's bound on the statements of a pool the store made, which its hooks read.
     pub(crate) server_bound: Arc<ServerBound>,
     /// What the listener connects with: the builder's CAs (and the URL's, from `connect`).
@@ -113,8 +116,9 @@ impl PgStore {
     /// of [`connect`](Self::connect) they are set on each session as it opens (the
     /// connections opened before a change close at their next checkout, and the last timeout
     /// set on a store or any of its clones holds for the pool), so your queries on
-    /// [`pool`](Self::pool) have them too; on a pool given to [`from_pool`](Self::from_pool)
-    /// they are `SET LOCAL` in each call's transaction and touch nothing else.
+    /// [`pool`](Self::pool) have them too; on a pool given to [`from_pool`](Self::from_pool),
+    /// or behind a [transaction pooler](PgStoreBuilder::transaction_pooler), they are `SET
+    /// LOCAL` in each call's transaction and touch nothing else.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self.server_bound.set(timeout);
@@ -125,7 +129,9 @@ impl PgStore {
     /// the database `config` names (TLS as its `sslmode` says, trusting the platform's roots
     /// and the builder's [`root_certificates`](PgStoreBuilder::root_certificates); named
     /// `tower-lease` unless `config` names it), reconnecting with backoff when it is lost.
-    /// [`connect`](Self::connect) does it already.
+    /// [`connect`](Self::connect) does it already, but not behind a
+    /// [transaction pooler](PgStoreBuilder::transaction_pooler): there `LISTEN` on a direct
+    /// URL to PostgreSQL, since it needs a session of its own.
     pub fn listen(mut self, mut config: tokio_postgres::Config) -> Self {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);
@@ -179,16 +185,21 @@ impl PgStoreBuilder {
             },
         );
         let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
-        let pool = Pool::builder(manager)
-            .max_size(self.max_connections)
-            .post_create(session::session_hook(server_bound.clone()))
-            .post_recycle(session::stale_hook(server_bound.clone()))
-            .build()
-            .map_err(|e| Error::Backend(Box::new(e)))?;
-        let store = self
-            .on_pool(pool, Sessions::ReadCommitted, server_bound, tls)
-            .await?;
-        Ok(store.listen(config))
+        let pooler = self.transaction_pooler;
+        let mut pool = Pool::builder(manager).max_size(self.max_connections);
+        // Behind a transaction pooler a session's settings stay on a server connection: each
+        // call sets its own in its transaction, and the store listens on a direct URL.
+        let sessions = if pooler {
+            Sessions::AnyDefault
+        } else {
+            pool = pool
+                .post_create(session::session_hook(server_bound.clone()))
+                .post_recycle(session::stale_hook(server_bound.clone()));
+            Sessions::ReadCommitted
+        };
+        let pool = pool.build().map_err(|e| Error::Backend(Box::new(e)))?;
+        let store = self.on_pool(pool, sessions, server_bound, tls).await?;
+        Ok(if pooler { store } else { store.listen(config) })
     }
 
     /// A store on `pool`, as [`PgStore::from_pool`] makes it with these options (but the
@@ -224,6 +235,7 @@ impl PgStoreBuilder {
             sweeper: Arc::new(Sweeper::new(self.sweep_every, schema)),
             schema,
             sessions,
+            statements: Statements::new(self.transaction_pooler),
             server_bound,
             tls,
         })
@@ -239,6 +251,7 @@ impl fmt::Debug for PgStore {
             .field("listening", &self.listening.is_some())
             .field("schema", &self.schema.name())
             .field("sessions", &self.sessions)
+            .field("statements", &self.statements)
             .finish_non_exhaustive()
     }
 }

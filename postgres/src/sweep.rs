@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::time::Instant;
+use tokio_postgres::types::Type;
 
 use crate::call::{OnTheWire, checkout};
 use crate::naming::Schema;
 use crate::session::{Sessions, query_each};
+use crate::statement::{Prepared, Statements};
 
 const SWEEP: &str = "SELECT tower_lease.sweep($1) AS most_gone";
 /// Rows of each table one statement deletes at most.
@@ -38,7 +40,13 @@ impl Sweeper {
 
     /// Starts a sweep on its own task unless one started within its cadence; outside a tokio
     /// runtime (never, on a call's path) it does nothing.
-    pub(crate) fn now_and_then(&self, pool: &Pool, sessions: Sessions, timeout: Duration) {
+    pub(crate) fn now_and_then(
+        &self,
+        pool: &Pool,
+        sessions: Sessions,
+        statements: &Statements,
+        timeout: Duration,
+    ) {
         let now = Instant::now();
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -51,10 +59,14 @@ impl Sweeper {
             return;
         };
         let (pool, statement) = (pool.clone(), self.sweep);
+        let unnamed = matches!(statements, Statements::Unnamed(_));
         runtime.spawn(async move {
             for _ in 0..MOST_BATCHES {
-                match tokio::time::timeout(timeout, sweep(&pool, sessions, timeout, statement))
-                    .await
+                match tokio::time::timeout(
+                    timeout,
+                    sweep(&pool, sessions, unnamed, timeout, statement),
+                )
+                .await
                 {
                     Ok(Ok(gone)) if gone >= BATCH => {}
                     Ok(Ok(_)) => break,
@@ -75,16 +87,23 @@ impl Sweeper {
 async fn sweep(
     pool: &Pool,
     sessions: Sessions,
+    unnamed: bool,
     timeout: Duration,
-    statement: &str,
+    statement: &'static str,
 ) -> tower_lease::Result<i32> {
     // Closed, not pooled, if the deadline passes with the sweep on it.
     let mut wire = OnTheWire::plain(checkout(pool).await?);
     let client = wire.client();
-    let statement = client
-        .prepare_cached(statement)
-        .await
-        .map_err(crate::backend::backend)?;
+    let statement = if unnamed {
+        Prepared::Unnamed(statement, std::sync::Arc::from([Type::INT4]))
+    } else {
+        Prepared::Named(
+            client
+                .prepare_cached(statement)
+                .await
+                .map_err(crate::backend::backend)?,
+        )
+    };
     let mut answers = query_each(client, sessions, timeout, &statement, &[&[&BATCH]]).await;
     let client = wire.answered();
     if answers.discard {
