@@ -315,7 +315,7 @@ async fn a_claiming_handler_that_answers_is_replayed_and_a_second_claim_is_refus
     tx.execute("INSERT INTO charges (key) VALUES ('pay-3')", &[])
         .await
         .unwrap();
-    let key = claimed_key("pay-3").await;
+    let key = support::claimed_key(PAYMENTS, "pay-3").await;
     let Err(ClaimError::AlreadyClaimed { claimed_at }) = claim(&tx, &key).await else {
         panic!("a second claim of a claimed key was not refused");
     };
@@ -331,29 +331,4 @@ async fn a_claiming_handler_that_answers_is_replayed_and_a_second_claim_is_refus
     );
     drop(tx);
     assert_eq!(charges(&url, "pay-3").await, 1);
-}
-
-/// The `IdempotencyKey` a request with `key` runs under, as the layer hands it to handlers.
-async fn claimed_key(key: &str) -> IdempotencyKey {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let app = Router::new()
-        .route(
-            "/key",
-            post(move |Extension(key): Extension<IdempotencyKey>| {
-                let tx = tx.clone();
-                async move {
-                    let _ = tx.send(key);
-                    "ok"
-                }
-            }),
-        )
-        .route_layer(IdempotencyLayer::new(Store::memory(), PAYMENTS));
-    let addr = tower_lease_harness::http::serve(app).await;
-    reqwest::Client::new()
-        .post(format!("http://{addr}/key"))
-        .header("idempotency-key", key)
-        .send()
-        .await
-        .unwrap();
-    rx.recv().await.unwrap()
 }

@@ -8,10 +8,8 @@ mod support;
 
 use std::time::{Duration, SystemTime};
 
-use axum::routing::post;
-use axum::{Extension, Router};
 use sqlx::postgres::PgPoolOptions;
-use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, Store};
+use tower_lease::Idempotency;
 use tower_lease_postgres::ClaimError;
 
 const PAYMENTS: Idempotency = Idempotency::new("payments", Duration::from_secs(3600));
@@ -30,7 +28,7 @@ async fn a_claim_commits_with_its_transaction_and_a_second_one_is_refused() {
         .execute(&pool)
         .await
         .unwrap();
-    let key = claimed_key("order-17").await;
+    let key = support::claimed_key(PAYMENTS, "order-17").await;
 
     // Rolled back: nothing claimed, nothing charged.
     let mut tx = pool.begin().await.unwrap();
@@ -70,35 +68,10 @@ async fn a_claim_commits_with_its_transaction_and_a_second_one_is_refused() {
     assert_eq!((charges, receipt), (1, 1), "one charge, the committed one");
 
     // Another key is its own.
-    let other = claimed_key("order-18").await;
+    let other = support::claimed_key(PAYMENTS, "order-18").await;
     let mut tx = pool.begin().await.unwrap();
     tower_lease_postgres::sqlx::claim(&mut tx, &other)
         .await
         .unwrap();
     tx.commit().await.unwrap();
-}
-
-/// The `IdempotencyKey` a request with `key` runs under, as the layer hands it to handlers.
-async fn claimed_key(key: &str) -> IdempotencyKey {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let app = Router::new()
-        .route(
-            "/key",
-            post(move |Extension(key): Extension<IdempotencyKey>| {
-                let tx = tx.clone();
-                async move {
-                    let _ = tx.send(key);
-                    "ok"
-                }
-            }),
-        )
-        .route_layer(IdempotencyLayer::new(Store::memory(), PAYMENTS));
-    let addr = tower_lease_harness::http::serve(app).await;
-    reqwest::Client::new()
-        .post(format!("http://{addr}/key"))
-        .header("idempotency-key", key)
-        .send()
-        .await
-        .unwrap();
-    rx.recv().await.unwrap()
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tower_lease::Store;
+use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, Store};
 use tower_lease_harness::PgServer;
 use tower_lease_postgres::PgStore;
 use tower_lease_testkit::Env;
@@ -102,3 +102,32 @@ pub async fn live_leases(url: &str) -> i64 {
 
 /// A deadline a loaded 2-core machine keeps: the store's timeout and this much more.
 pub const MARGIN: Duration = Duration::from_millis(400);
+
+/// The `IdempotencyKey` a request with `key` runs under, under `idempotency`, as the layer
+/// hands it to handlers.
+pub async fn claimed_key(idempotency: Idempotency, key: &str) -> IdempotencyKey {
+    use axum::routing::post;
+    use axum::{Extension, Router};
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/key",
+            post(move |Extension(key): Extension<IdempotencyKey>| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(key);
+                    "ok"
+                }
+            }),
+        )
+        .route_layer(IdempotencyLayer::new(Store::memory(), idempotency));
+    let addr = tower_lease_harness::http::serve(app).await;
+    reqwest::Client::new()
+        .post(format!("http://{addr}/key"))
+        .header("idempotency-key", key)
+        .send()
+        .await
+        .unwrap();
+    rx.recv().await.unwrap()
+}
