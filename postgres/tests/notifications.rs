@@ -10,11 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lease::backend::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
-};
-use tower_lease::{Lock, Result, Semaphore, Store};
-use tower_lease_postgres::PgStore;
+use tower_lease::backend::BoxFuture;
+use tower_lease::{Lock, Semaphore, Store};
 
 const JOBS: Lock<str> = Lock::new("notified", Duration::from_secs(5));
 const SLOTS: Semaphore<str> = Semaphore::new("notified", 1, Duration::from_secs(5));
@@ -24,37 +21,6 @@ const HOLD: Duration = Duration::from_millis(300);
 /// How long the waiter waits before the release: polling (5 ms, backing off to 100 ms) would
 /// attempt about twenty times in it.
 const WAIT: Duration = Duration::from_millis(1500);
-
-/// A `PgStore` that counts its acquisitions: how often a waiter looked.
-struct Counting {
-    store: PgStore,
-    acquisitions: Arc<AtomicUsize>,
-}
-
-impl Backend for Counting {
-    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
-        self.acquisitions.fetch_add(1, Ordering::SeqCst);
-        self.store.acquire(lease)
-    }
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
-        self.store.extend(lease)
-    }
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        self.store.release(lease)
-    }
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
-        self.store.in_use(lock)
-    }
-    fn notify_to(&self, sink: NotificationSink) -> bool {
-        self.store.notify_to(sink)
-    }
-    fn watch<'a>(&'a self, mode: Mode, ns: &'a str, name: &'a [u8]) -> BoxFuture<'a, Result<()>> {
-        self.store.watch(mode, ns, name)
-    }
-    fn timeout(&self) -> Duration {
-        Backend::timeout(&self.store)
-    }
-}
 
 /// Holds `name` in `holder`, lets `waiter` wait for it for [`WAIT`], releases it: answers how
 /// many times the waiter looked, and how long after the release it got the lock.
@@ -86,7 +52,7 @@ async fn a_release_elsewhere_wakes_the_waiter_here() {
     let server = support::server().await;
     let holder: Store = support::pg_store(&server).await.into();
     let acquisitions = Arc::new(AtomicUsize::new(0));
-    let waiter = Store::from_backend(Counting {
+    let waiter = Store::from_backend(support::Counting {
         store: support::pg_store(&server).await,
         acquisitions: acquisitions.clone(),
     });

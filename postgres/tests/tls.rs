@@ -14,10 +14,7 @@ use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::time::Instant;
-use tower_lease::backend::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
-};
-use tower_lease::{Lock, Result, Store};
+use tower_lease::{Lock, Store};
 use tower_lease_harness::{PgServer, PgSetup};
 use tower_lease_postgres::PgStore;
 
@@ -84,37 +81,6 @@ async fn store(url: &str, ca: &str, name: &str) -> PgStore {
         .unwrap_or_else(|e| panic!("connect over TLS: {}", chain(&e)))
 }
 
-/// A `PgStore` that counts its acquisitions: how often a waiter looked.
-struct Counting {
-    store: PgStore,
-    acquisitions: Arc<AtomicUsize>,
-}
-
-impl Backend for Counting {
-    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
-        self.acquisitions.fetch_add(1, Ordering::SeqCst);
-        self.store.acquire(lease)
-    }
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
-        self.store.extend(lease)
-    }
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
-        self.store.release(lease)
-    }
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
-        self.store.in_use(lock)
-    }
-    fn notify_to(&self, sink: NotificationSink) -> bool {
-        self.store.notify_to(sink)
-    }
-    fn watch<'a>(&'a self, mode: Mode, ns: &'a str, name: &'a [u8]) -> BoxFuture<'a, Result<()>> {
-        self.store.watch(mode, ns, name)
-    }
-    fn timeout(&self) -> Duration {
-        Backend::timeout(&self.store)
-    }
-}
-
 /// The sessions named `name`: how many, how many over TLS, and how many of them listen (their
 /// last statement the listener's `LISTEN` or heartbeat).
 async fn sessions(store: &PgStore, name: &str) -> (i64, i64, i64) {
@@ -140,7 +106,7 @@ async fn a_store_with_the_ca_locks_and_hears_releases_over_tls() {
     let holder: Store = store(&url, &pki.ca, "tls-holder").await.into();
     let acquisitions = Arc::new(AtomicUsize::new(0));
     let waiter_store = store(&url, &pki.ca, "tls-waiter").await;
-    let waiter = Store::from_backend(Counting {
+    let waiter = Store::from_backend(support::Counting {
         store: waiter_store.clone(),
         acquisitions: acquisitions.clone(),
     });

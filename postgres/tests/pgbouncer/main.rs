@@ -20,9 +20,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lease::backend::{
-    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
-};
 use tower_lease::{Lock, Store};
 use tower_lease_harness::{PgBouncer, PgServer};
 use tower_lease_postgres::PgStore;
@@ -150,45 +147,6 @@ async fn with_the_option_replicas_contend_without_error() {
     );
 }
 
-/// A `PgStore` that counts its acquisitions: how often a waiter looked.
-struct Counting {
-    store: PgStore,
-    acquisitions: Arc<AtomicUsize>,
-}
-
-impl Backend for Counting {
-    fn acquire<'a>(
-        &'a self,
-        lease: LeaseRef<'a>,
-    ) -> BoxFuture<'a, tower_lease::Result<Acquisition>> {
-        self.acquisitions.fetch_add(1, Ordering::SeqCst);
-        self.store.acquire(lease)
-    }
-    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<Extended>> {
-        self.store.extend(lease)
-    }
-    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, tower_lease::Result<bool>> {
-        self.store.release(lease)
-    }
-    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, tower_lease::Result<u32>> {
-        self.store.in_use(lock)
-    }
-    fn notify_to(&self, sink: NotificationSink) -> bool {
-        self.store.notify_to(sink)
-    }
-    fn watch<'a>(
-        &'a self,
-        mode: Mode,
-        ns: &'a str,
-        name: &'a [u8],
-    ) -> BoxFuture<'a, tower_lease::Result<()>> {
-        self.store.watch(mode, ns, name)
-    }
-    fn timeout(&self) -> Duration {
-        Backend::timeout(&self.store)
-    }
-}
-
 /// A release through the pooler in one store wakes a waiter in another, whose listener
 /// connects to the server directly: it looks a few times, not every 100 ms of a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +155,7 @@ async fn a_release_through_the_pooler_wakes_a_waiter_listening_directly() {
     let (server, bouncer) = bouncer().await;
     let holder: Store = pooled_store(&bouncer, &server).await.into();
     let looks = Arc::new(AtomicUsize::new(0));
-    let waiter = Store::from_backend(Counting {
+    let waiter = Store::from_backend(support::Counting {
         store: pooled_store(&bouncer, &server).await,
         acquisitions: looks.clone(),
     });

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, Store};
+use tower_lease::backend::{
+    Acquisition, Backend, BoxFuture, Extended, LeaseRef, LockRef, Mode, NotificationSink,
+};
+use tower_lease::{Idempotency, IdempotencyKey, IdempotencyLayer, Result, Store};
 use tower_lease_harness::PgServer;
 use tower_lease_postgres::PgStore;
 use tower_lease_testkit::Env;
@@ -130,4 +133,40 @@ pub async fn claimed_key(idempotency: Idempotency, key: &str) -> IdempotencyKey 
         .await
         .unwrap();
     rx.recv().await.unwrap()
+}
+
+/// A `PgStore` that counts its acquisitions: how often a waiter looked. Everything else, its
+/// notifications and what they announce included, is the store's.
+pub struct Counting {
+    pub store: PgStore,
+    pub acquisitions: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Backend for Counting {
+    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        self.acquisitions
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.acquire(lease)
+    }
+    fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
+        self.store.extend(lease)
+    }
+    fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.store.release(lease)
+    }
+    fn in_use<'a>(&'a self, lock: LockRef<'a>) -> BoxFuture<'a, Result<u32>> {
+        self.store.in_use(lock)
+    }
+    fn notify_to(&self, sink: NotificationSink) -> bool {
+        self.store.notify_to(sink)
+    }
+    fn announces_every_release(&self) -> bool {
+        self.store.announces_every_release()
+    }
+    fn watch<'a>(&'a self, mode: Mode, ns: &'a str, name: &'a [u8]) -> BoxFuture<'a, Result<()>> {
+        self.store.watch(mode, ns, name)
+    }
+    fn timeout(&self) -> Duration {
+        Backend::timeout(&self.store)
+    }
 }
