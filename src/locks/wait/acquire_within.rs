@@ -165,9 +165,10 @@ pub(crate) async fn acquire_within(
             Some(intent) => pause.min(intent.renew_within()),
             None => pause,
         };
-        // Waiting on this process's own lease (no attempt was sent, so none marked the name),
-        // its release wakes the waiter here if the store announces only the releases someone
-        // was refused for.
+        // With notifications, this process's own releases arrive as messages too: waking for
+        // both would send a second attempt per release. Not when waiting on this process's own
+        // lease (no attempt was sent, so none marked the name) on a store that announces only
+        // the releases someone was refused for: there the release here is the only signal.
         let own_release_unannounced = retry_after.is_none() && !store.announces_every_release();
         let by_notification_only = published.is_some() && !own_release_unannounced;
         let published = async {
@@ -178,8 +179,6 @@ pub(crate) async fn acquire_within(
         };
         waited = true;
         tokio::select! {
-            // With notifications, this process's own releases arrive as messages too: waking
-            // for both would send a second attempt per release.
             () = released, if !by_notification_only => {}
             () = published => {}
             // Past the deadline, the loop makes its last attempt.
