@@ -11,41 +11,9 @@ use crate::{bouncer, pooled_store, support};
 /// directly; the intent probe and the data loss on the server directly.
 async fn pooled_env() -> Env {
     let (server, bouncer) = bouncer().await;
-    let url = server.url();
     let store: Store = pooled_store(&bouncer, &server).await.into();
     let elsewhere: Store = pooled_store(&bouncer, &server).await.into();
-    let (probe_url, loss_url) = (url.clone(), url);
-    Env::new(store)
-        .with_elsewhere(elsewhere)
-        .with_intent_probe(move |namespace, name| {
-            let (url, namespace, name) = (probe_url.clone(), namespace.to_owned(), name.to_vec());
-            Box::pin(async move {
-                support::client(&url)
-                    .await
-                    .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM tower_lease.rwlocks WHERE namespace = $1 \
-                         AND name = $2 AND intent_expires > clock_timestamp())",
-                        &[&namespace, &name],
-                    )
-                    .await
-                    .expect("look at the intents")
-                    .get(0)
-            })
-        })
-        .with_data_loss(move || {
-            let url = loss_url.clone();
-            Box::pin(async move {
-                support::client(&url)
-                    .await
-                    .batch_execute(
-                        "TRUNCATE tower_lease.locks, tower_lease.rwlocks, tower_lease.readers, \
-                         tower_lease.permits, tower_lease.idempotency, tower_lease.claims",
-                    )
-                    .await
-                    .expect("truncate");
-            })
-        })
-        .holding((bouncer, server))
+    support::env_on(&server.url(), store, elsewhere).holding((bouncer, server))
 }
 
 macro_rules! through_the_pooler {

@@ -51,11 +51,16 @@ pub async fn client(url: &str) -> tokio_postgres::Client {
 /// make it, a look at the write intents, and `TRUNCATE` of every table as its data loss.
 pub async fn testkit_env() -> Env {
     let server = server().await;
-    let url = server.url();
     let store: Store = pg_store(&server).await.into();
     let elsewhere: Store = pg_store(&server).await.into();
-    let probe_url = url.clone();
-    let loss_url = url.clone();
+    env_on(&server.url(), store, elsewhere).holding(server)
+}
+
+/// The test kit's `Env` of `store` and `elsewhere` (another process's), whose intent probe and
+/// data loss go to the database at `url` directly.
+pub fn env_on(url: &str, store: Store, elsewhere: Store) -> Env {
+    let probe_url = url.to_owned();
+    let loss_url = url.to_owned();
     Env::new(store)
         .with_elsewhere(elsewhere)
         .with_intent_probe(move |namespace, name| {
@@ -83,7 +88,6 @@ pub async fn testkit_env() -> Env {
                     .expect("truncate");
             })
         })
-        .holding(server)
 }
 
 /// How many leases (of every kind) are live in the database behind `url`.
