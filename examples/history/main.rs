@@ -32,7 +32,9 @@
 //! the store's backends terminated (`pg_terminate_backend` of every other backend of the
 //! database, the listening connections' included); and every process of the server paused
 //! (`SIGSTOP` of the postmaster and its children) past the calls' deadline, up to four leases,
-//! then `SIGCONT`. No fault loses data, so no overlap is excused there.
+//! then `SIGCONT`; and the network between the clients and the server, through a proxy as for
+//! one Redis (delayed, blackholed, replies dropped, severed). No fault loses data, so no
+//! overlap is excused there.
 //!
 //! Two histories in every run (`--idempotency` runs only those) pay through
 //! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that
@@ -360,7 +362,7 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let replicated = mode == Mode::Replicated;
     let ttl = if replicated { REPLICATED_TTL } else { TTL };
     let mut store = match mode {
-        Mode::Postgres | Mode::PostgresBroken => LockStore::postgres(),
+        Mode::Postgres | Mode::PostgresBroken => LockStore::postgres(&runtime),
         _ => LockStore::start(replicated, &dir, &runtime),
     };
     let register = server::RedisServer::start();

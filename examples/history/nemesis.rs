@@ -33,8 +33,8 @@ pub enum LockStore {
         last_failover: Option<Instant>,
     },
     /// One PostgreSQL server (the harness's: a cluster of its own, on a free port), which the
-    /// clients reach directly through `PgStore`.
-    Postgres { server: PgServer },
+    /// clients reach through `PgStore` and a proxy.
+    Postgres { server: PgServer, proxy: Proxy },
 }
 
 impl LockStore {
@@ -64,16 +64,16 @@ impl LockStore {
 
     /// PostgreSQL, started on this thread: its processes die with the thread that started
     /// them, and the nemesis restarts it from here too.
-    pub fn postgres() -> Self {
-        LockStore::Postgres {
-            server: PgServer::start(),
-        }
+    pub fn postgres(runtime: &tokio::runtime::Runtime) -> Self {
+        let server = PgServer::start();
+        let proxy = runtime.block_on(Proxy::to_postgres(&server));
+        LockStore::Postgres { server, proxy }
     }
 
     /// How the clients reach it.
     pub fn locks(&self) -> Locks {
         match self {
-            LockStore::Postgres { server } => Locks::Postgres(server.url()),
+            LockStore::Postgres { proxy, .. } => Locks::Postgres(proxy.postgres_url()),
             LockStore::Single { proxy, .. } => Locks::Url(format!("redis://{}/", proxy.addr())),
             LockStore::Replicated { topology, .. } => Locks::Sentinel(topology.sentinel_urls()),
         }
@@ -103,8 +103,8 @@ impl LockStore {
             return Some(fault("pause", at, now_us(), false));
         }
         let port = match self {
-            LockStore::Postgres { server } => {
-                return Some(postgres(choice, rng, server, ttl, runtime, at));
+            LockStore::Postgres { server, proxy } => {
+                return Some(postgres(choice, rng, server, proxy, ttl, runtime, at));
             }
             LockStore::Single { server, .. } => server.port(),
             LockStore::Replicated { topology, .. } => topology.primary.port(),
@@ -137,11 +137,13 @@ impl LockStore {
 /// exits) or after `SIGKILL` of every process (crash recovery from the log); the store's
 /// backends terminated (`pg_terminate_backend`, its listening connection's included); or every
 /// process paused (`SIGSTOP`) past the clients' call timeout and often past their leases, then
-/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on.
+/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on; or
+/// the network between the clients and the server, through the proxy, as for one Redis.
 pub fn postgres(
     choice: u32,
     rng: &mut StdRng,
     server: &mut PgServer,
+    proxy: &Proxy,
     ttl: Duration,
     runtime: &tokio::runtime::Runtime,
     at: u64,
@@ -157,12 +159,13 @@ pub fn postgres(
             server.restart();
             fault("pg_kill", at, now_us(), false)
         }
-        8..=10 => {
+        8 | 9 => {
             let terminated = terminate(server, runtime);
             let mut record = fault("pg_terminate", at, now_us(), false);
             record["terminated"] = terminated.into();
             record
         }
+        10 | 11 => network(rng, proxy, at),
         _ => {
             // Past the clients' call deadline, by up to four leases.
             let pause = call_timeout(ttl) + scaled(ttl, rng.random_range(20..1_250));
@@ -247,38 +250,42 @@ pub fn single(
             server.restart();
             fault("restart_empty", at, now_us(), true)
         }
-        // The network between the clients and the store: slow, silent, one-way, or cut.
-        _ => {
-            let (kind, chosen) = match rng.random_range(0..4) {
-                0 => (
-                    "delay",
-                    Fault::Delay(Duration::from_millis(rng.random_range(20..200))),
-                ),
-                1 => ("blackhole", Fault::Blackhole),
-                2 => ("drop_replies", Fault::DropReplies),
-                _ => ("sever", Fault::Pass),
-            };
-            if chosen == Fault::Pass {
-                proxy.sever();
-            } else {
-                proxy.set(chosen);
-                std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
-                if !matches!(chosen, Fault::Delay(_)) {
-                    // The proxy discards what it blackholes or drops, inside a connection that
-                    // stays open, which TCP never does: a client's later commands would get the
-                    // replies of earlier ones (a history once had a layer take a lease on the
-                    // reply to another name's acquisition). A real network loses bytes only
-                    // with the connection, so the connections that lost some are cut, and any
-                    // opened meanwhile refused, before traffic passes again.
-                    proxy.sever();
-                    proxy.set(Fault::Reset);
-                    proxy.sever();
-                }
-                proxy.set(Fault::Pass);
-            }
-            fault(kind, at, now_us(), false)
-        }
+        // The network between the clients and the store.
+        _ => network(rng, proxy, at),
     }
+}
+
+/// The network between the clients and the store, through the proxy: slow, silent, one-way,
+/// or cut.
+fn network(rng: &mut StdRng, proxy: &Proxy, at: u64) -> Value {
+    let (kind, chosen) = match rng.random_range(0..4) {
+        0 => (
+            "delay",
+            Fault::Delay(Duration::from_millis(rng.random_range(20..200))),
+        ),
+        1 => ("blackhole", Fault::Blackhole),
+        2 => ("drop_replies", Fault::DropReplies),
+        _ => ("sever", Fault::Pass),
+    };
+    if chosen == Fault::Pass {
+        proxy.sever();
+    } else {
+        proxy.set(chosen);
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
+        if !matches!(chosen, Fault::Delay(_)) {
+            // The proxy discards what it blackholes or drops, inside a connection that
+            // stays open, which TCP never does: a client's later commands would get the
+            // replies of earlier ones (a history once had a layer take a lease on the
+            // reply to another name's acquisition). A real network loses bytes only
+            // with the connection, so the connections that lost some are cut, and any
+            // opened meanwhile refused, before traffic passes again.
+            proxy.sever();
+            proxy.set(Fault::Reset);
+            proxy.sever();
+        }
+        proxy.set(Fault::Pass);
+    }
+    fault(kind, at, now_us(), false)
 }
 
 /// A failover: the primary killed (`SIGKILL`) and, once the sentinels promoted the replica,
