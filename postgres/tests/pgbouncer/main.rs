@@ -6,8 +6,8 @@
 //! it, replicas contending for locks, read-write locks and semaphores, with heartbeats, see no
 //! error and exclusion holds, the server connections keep their defaults, a release in one
 //! store wakes a waiter in another (its listener connects directly), replicas connecting at
-//! once install the schema through it, and a part of the conformance suite passes
-//! (`conformance.rs`).
+//! once install the schema through it, an application's transactions claim idempotency keys
+//! through it, and a part of the conformance suite passes (`conformance.rs`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lease::{Lock, Store};
+use tower_lease::{Idempotency, Lock, Store};
 use tower_lease_harness::{PgBouncer, PgServer};
-use tower_lease_postgres::PgStore;
+use tower_lease_postgres::{ClaimError, PgStore, claim};
 
 use contend::{JOBS, Outcome, chain, contend};
 
@@ -260,4 +260,55 @@ async fn cost_of_unnamed_statements() {
         per_pair(spent[0]),
         per_pair(spent[1])
     );
+}
+
+/// `claim` inside an application's transactions through the pooler: more clients than server
+/// connections, so transactions of different clients take turns on each server connection.
+/// Each key's first claim commits, every later one answers `AlreadyClaimed` with the first
+/// one's time, and no call fails for a statement prepared on another server connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_in_transactions_through_the_pooler() {
+    const CLIENTS: usize = 3 * SERVER_CONNECTIONS;
+    const KEYS: usize = 8;
+    let (_server, bouncer) = bouncer().await;
+    let payments = Idempotency::new("bouncer-payments", Duration::from_secs(3600));
+    let mut keys = Vec::new();
+    for at in 0..KEYS {
+        keys.push(support::claimed_key(payments, &format!("pay-{at}")).await);
+    }
+    let keys = Arc::new(keys);
+    let mut tasks = tokio::task::JoinSet::new();
+    for at in 0..CLIENTS {
+        let keys = Arc::clone(&keys);
+        let url = bouncer.url();
+        tasks.spawn(async move {
+            let mut client = support::client(&url).await;
+            let mut claimed = Vec::new();
+            // Every client claims every key, starting from a different one.
+            for turn in 0..KEYS {
+                let key = &keys[(at + turn) % KEYS];
+                let tx = client
+                    .transaction()
+                    .await
+                    .expect("begin through the pooler");
+                match claim(&tx, key).await {
+                    Ok(()) => {
+                        tx.commit().await.expect("commit through the pooler");
+                        claimed.push(key.key().to_owned());
+                    }
+                    Err(ClaimError::AlreadyClaimed { .. }) => {
+                        tx.rollback().await.expect("rollback through the pooler");
+                    }
+                    Err(e) => panic!("claim through the pooler: {e}"),
+                }
+            }
+            claimed
+        });
+    }
+    let mut claimed: Vec<String> = tasks.join_all().await.into_iter().flatten().collect();
+    claimed.sort();
+    let expected: Vec<String> = keys.iter().map(|key| key.key().to_owned()).collect();
+    let mut expected = expected;
+    expected.sort();
+    assert_eq!(claimed, expected, "each key claimed exactly once");
 }
