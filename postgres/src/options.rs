@@ -46,6 +46,8 @@ pub struct PgStoreBuilder {
     pub(crate) root_certificates: Vec<Vec<u8>>,
     /// Whether TLS goes on with a certificate that does not verify.
     pub(crate) accept_invalid_certificates: bool,
+    /// A client certificate with its chain, and its private key, in PEM.
+    pub(crate) client_certificate: Option<(Vec<u8>, Vec<u8>)>,
     /// Whether calls go through a transaction pooler (see `transaction_pooler`).
     pub(crate) transaction_pooler: bool,
 }
@@ -60,6 +62,7 @@ impl Default for PgStoreBuilder {
             sweep_every: DEFAULT_SWEEP_EVERY,
             root_certificates: Vec::new(),
             accept_invalid_certificates: false,
+            client_certificate: None,
             transaction_pooler: false,
         }
     }
@@ -132,6 +135,22 @@ impl PgStoreBuilder {
     /// Without the feature `tls`, a store given CAs refuses to connect.
     pub fn root_certificates(mut self, pem: impl AsRef<[u8]>) -> Self {
         self.root_certificates.push(pem.as_ref().to_vec());
+        self
+    }
+
+    /// Authenticates the store's TLS connections (the pool's and the listener's) with the
+    /// client certificate `cert_pem` (PEM, the certificate first, then any intermediate CAs)
+    /// and its private key `key_pem` (PEM: PKCS#8, PKCS#1 or SEC1), for a server that asks
+    /// for one (`cert` in `pg_hba.conf`, or `clientcert=verify-full`), as `sslcert` and
+    /// `sslkey` in the URL do from files. A store given a certificate both ways, or one that
+    /// does not load, fails [`connect`](Self::connect). Without the feature `tls`, a store
+    /// given one refuses to connect.
+    pub fn client_certificate(
+        mut self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Self {
+        self.client_certificate = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
         self
     }
 

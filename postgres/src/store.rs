@@ -80,7 +80,10 @@ impl PgStore {
     /// Under `prefer` and `require` without CAs, TLS encrypts but does not authenticate the
     /// server (a development server's self-signed certificate is spoken to). A certificate
     /// that does not verify fails `connect` with the reason (`invalid peer certificate:
-    /// UnknownIssuer` in the error's sources).
+    /// UnknownIssuer` in the error's sources). A client certificate, for a server that asks
+    /// for one, is the files `sslcert=<path>&sslkey=<path>` in the URL, or the builder's
+    /// [`client_certificate`](PgStoreBuilder::client_certificate). `sslmode=allow` is read as
+    /// `prefer`.
     pub async fn connect(url: &str) -> Result<PgStore> {
         Self::builder().connect(url).await
     }
@@ -167,10 +170,10 @@ impl PgStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<PgStore> {
         let tls::Target {
             mut config,
-            root_cert,
+            files,
             verify,
         } = tls::parse(url)?;
-        let tls = Connector::new(&self, root_cert.as_deref(), verify)?;
+        let tls = Connector::new(&self, &files, verify)?;
         network::find_dead_sockets(&mut config, url);
         if let Some(name) = &self.application_name {
             config.application_name(name);
@@ -212,7 +215,7 @@ impl PgStoreBuilder {
     /// session's default when it opens, and its calls need no such transaction.
     pub async fn from_pool(self, pool: Pool) -> Result<PgStore> {
         let server_bound = Arc::new(ServerBound::new(DEFAULT_TIMEOUT));
-        let tls = Connector::new(&self, None, false)?;
+        let tls = Connector::new(&self, &tls::TlsFiles::default(), false)?;
         self.on_pool(pool, Sessions::AnyDefault, server_bound, tls)
             .await
     }

@@ -12,64 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::time::Instant;
 use tower_lease::{Lock, Store};
-use tower_lease_harness::{PgServer, PgSetup};
 use tower_lease_postgres::PgStore;
+
+use support::pki::{chain, make_pki, tls_server};
 
 const JOBS: Lock<str> = Lock::new("tls", Duration::from_secs(5));
 /// How long the waiter waits before the release: polling would look about twenty times in it,
 /// listening about twice (its first attempt, one once watching).
 const WAIT: Duration = Duration::from_millis(1500);
-
-/// A CA, and a certificate it signed for `localhost` and 127.0.0.1 with its key, in PEM.
-struct Pki {
-    ca: String,
-    cert: String,
-    key: String,
-}
-
-fn make_pki(name: &str) -> Pki {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, name);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    Pki {
-        ca: ca.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
-
-/// A server with `pki`'s certificate that refuses connections without TLS over TCP.
-fn tls_server(pki: &Pki) -> PgServer {
-    PgServer::start_with(
-        PgSetup::default()
-            .file("server.crt", pki.cert.as_bytes())
-            .file("server.key", pki.key.as_bytes())
-            .setting("ssl", "on")
-            .setting("ssl_cert_file", "server.crt")
-            .setting("ssl_key_file", "server.key")
-            .hba("local all all trust\nhostssl all all 127.0.0.1/32 trust\n"),
-    )
-}
-
-/// `e` and its sources, as one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        line += &format!(": {s}");
-        source = s.source();
-    }
-    line
-}
 
 /// A store of `name` (its sessions' `application_name`) trusting `ca`, over `url`.
 async fn store(url: &str, ca: &str, name: &str) -> PgStore {

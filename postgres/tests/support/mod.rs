@@ -12,6 +12,8 @@ use tower_lease_harness::PgServer;
 use tower_lease_postgres::PgStore;
 use tower_lease_testkit::Env;
 
+pub mod pki;
+
 /// Every table of the schema, for a truncate that loses all the store keeps.
 const TABLES: &str = "tower_lease.locks, tower_lease.rwlocks, tower_lease.readers, \
      tower_lease.permits, tower_lease.idempotency, tower_lease.claims";
