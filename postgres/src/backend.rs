@@ -13,7 +13,6 @@ use tower_lease::{Error, Result};
 
 use crate::PgStore;
 use crate::call::Acts;
-use crate::many::error_words;
 
 const LOCK_ACQUIRE: &str = "SELECT acquired, fence, retry_after_us \
      FROM tower_lease.lock_acquire($1, $2, $3, $4, $5)";
@@ -216,6 +215,18 @@ impl PgStore {
 
 pub(crate) fn backend(e: tokio_postgres::Error) -> Error {
     Error::Backend(Box::new(e))
+}
+
+/// An error and its sources, in words: the server's message is the source of a driver's error.
+pub(crate) fn error_words(e: &Error) -> String {
+    let mut words = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        words.push_str(": ");
+        words.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    words
 }
 
 impl Backend for PgStore {

@@ -26,7 +26,7 @@ pub enum ClaimError {
     },
     /// The statement failed (the transaction is aborted then, as for any failed statement).
     Postgres(tokio_postgres::Error),
-    /// The statement failed, sent by [`sqlx::claim`](crate::sqlx::claim) (the transaction is
+    /// The statement failed, sent by `sqlx::claim` (the transaction is
     /// aborted then, as for any failed statement).
     #[cfg(feature = "sqlx")]
     Sqlx(::sqlx::Error),

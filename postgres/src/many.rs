@@ -7,7 +7,7 @@ use tower_lease::backend::{Extended, LeaseRef};
 use tower_lease::{Error, Result};
 
 use crate::PgStore;
-use crate::backend::{backend, extended, letter, millis};
+use crate::backend::{backend, error_words, extended, letter, millis};
 use crate::call::Acts;
 
 const EXTEND_MANY: &str =
@@ -107,16 +107,4 @@ fn chunk_answers(row: &Row, leases: usize) -> Result<Vec<Extended>> {
         .zip(writer_waiting)
         .map(|(h, w)| extended(h, w))
         .collect())
-}
-
-/// An error and its sources, in words: the server's message is the source of a driver's error.
-pub(crate) fn error_words(e: &Error) -> String {
-    let mut words = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        words.push_str(": ");
-        words.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    words
 }
