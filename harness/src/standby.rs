@@ -36,6 +36,18 @@ impl PgServer {
     /// its name (`ALTER SYSTEM`). The standby does not take the primary's
     /// `synchronous_standby_names`: promoted with it, it would wait for standbys it has not.
     pub fn standby_of(primary: &PgServer, standby_name: &str, replication: Replication) -> Self {
+        Self::standby_through(primary, primary.port(), standby_name, replication)
+    }
+
+    /// A standby of `primary` as [`standby_of`](Self::standby_of) makes it, that streams
+    /// through `127.0.0.1:port` (a [`Proxy`](crate::proxy::Proxy) to the primary, which can
+    /// delay the stream or cut it off), its base backup too.
+    pub fn standby_through(
+        primary: &PgServer,
+        port: u16,
+        standby_name: &str,
+        replication: Replication,
+    ) -> Self {
         let dir = fresh_dir();
         std::fs::create_dir_all(&dir).expect("a folder for the standby");
         own(&dir);
@@ -43,7 +55,7 @@ impl PgServer {
         backup
             .arg("-D")
             .arg(&dir)
-            .args(["-h", "127.0.0.1", "-p", &primary.port().to_string()])
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
             .args(["-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
