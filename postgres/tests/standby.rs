@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_lease::{Lock, Store};
 use tower_lease_harness::{PgServer, Replication};
-use tower_lease_postgres::PgStore;
+use tower_lease_postgres::{PgStore, PgWarning};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// Long, so a lease taken before the failover is still held when the test looks after it.
@@ -191,6 +191,13 @@ async fn check_names_an_asynchronous_standby_and_empty_synchronous_standby_names
     let store = connect(&primary.url()).await;
     assert_eq!(warnings(&store).await, Vec::<String>::new());
     let _standby = PgServer::standby_of(&primary, "async1", Replication::Asynchronous);
+    let named = store.check().await.unwrap();
+    assert!(
+        named.contains(&PgWarning::AsynchronousStandbys {
+            names: vec!["async1".to_owned()]
+        }) && named.contains(&PgWarning::NoSynchronousStandbyNames { standbys: 1 }),
+        "{named:?}"
+    );
     let found = warnings(&store).await;
     assert!(
         any(&found, "async1"),
