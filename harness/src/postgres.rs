@@ -109,6 +109,27 @@ impl PgServer {
         panic!("postgres did not start on any of 10 free ports");
     }
 
+    /// Starts a server on the data folder `dir` on `port` (one a stopped server left, which
+    /// the kernel may take a moment to release), with `settings`.
+    pub(crate) fn launch_on(dir: PathBuf, settings: Vec<(String, String)>, port: u16) -> Self {
+        let mut server = PgServer {
+            child: None,
+            port,
+            dir,
+            paused: false,
+            settings,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server.spawn_and_wait() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
     /// The server's data folder.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir

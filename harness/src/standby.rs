@@ -48,6 +48,34 @@ impl PgServer {
         standby_name: &str,
         replication: Replication,
     ) -> Self {
+        Self::make_standby(primary, port, None, standby_name, replication)
+    }
+
+    /// A standby of `primary` as [`standby_of`](Self::standby_of) makes it, listening on
+    /// `port`: the port of a primary that died, so a URL naming both hosts names the new
+    /// pair after a failover too.
+    pub fn standby_at(
+        primary: &PgServer,
+        port: u16,
+        standby_name: &str,
+        replication: Replication,
+    ) -> Self {
+        Self::make_standby(
+            primary,
+            primary.port(),
+            Some(port),
+            standby_name,
+            replication,
+        )
+    }
+
+    fn make_standby(
+        primary: &PgServer,
+        port: u16,
+        listen: Option<u16>,
+        standby_name: &str,
+        replication: Replication,
+    ) -> Self {
         let dir = fresh_dir();
         std::fs::create_dir_all(&dir).expect("a folder for the standby");
         own(&dir);
@@ -76,7 +104,10 @@ impl PgServer {
             .collect();
         write_owned(&auto, kept.as_bytes());
         let settings = vec![("cluster_name".to_owned(), standby_name.to_owned())];
-        let standby = PgServer::launch(dir, settings);
+        let standby = match listen {
+            Some(port) => PgServer::launch_on(dir, settings, port),
+            None => PgServer::launch(dir, settings),
+        };
         let state = match replication {
             Replication::Synchronous => {
                 primary.psql(&[
