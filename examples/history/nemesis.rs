@@ -14,8 +14,12 @@ use crate::proxy::{Fault, Proxy};
 use crate::record::{fault, now_us};
 use crate::sentinel::{Link, MASTER, Topology, is_primary, role};
 use crate::server::{Endpoint, RedisServer};
-use tower_lease_harness::PgServer;
+use tower_lease_harness::{PgServer, Replication};
 use tower_lease_postgres::tokio_postgres;
+
+/// The standby's name (`application_name`), which the primary's `synchronous_standby_names`
+/// names.
+const STANDBY: &str = "history-standby";
 
 /// Where one history's leases live.
 pub enum LockStore {
@@ -32,9 +36,10 @@ pub enum LockStore {
         /// When the last failover ended.
         last_failover: Option<Instant>,
     },
-    /// One PostgreSQL server (the harness's: a cluster of its own, on a free port), which the
-    /// clients reach directly through `PgStore`.
-    Postgres { server: PgServer },
+    /// A PostgreSQL primary (the harness's: a cluster of its own, on a free port) and its
+    /// synchronous streaming standby, which the clients reach directly through `PgStore` on a
+    /// URL naming both (`target_session_attrs=read-write`): it follows whichever is primary.
+    Postgres { server: PgServer, standby: PgServer },
 }
 
 impl LockStore {
@@ -65,15 +70,20 @@ impl LockStore {
     /// PostgreSQL, started on this thread: its processes die with the thread that started
     /// them, and the nemesis restarts it from here too.
     pub fn postgres() -> Self {
-        LockStore::Postgres {
-            server: PgServer::start(),
-        }
+        let server = PgServer::start();
+        let standby = PgServer::standby_of(&server, STANDBY, Replication::Synchronous);
+        LockStore::Postgres { server, standby }
     }
 
     /// How the clients reach it.
     pub fn locks(&self) -> Locks {
         match self {
-            LockStore::Postgres { server } => Locks::Postgres(server.url()),
+            LockStore::Postgres { server, standby } => Locks::Postgres(format!(
+                "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres\
+                 ?target_session_attrs=read-write",
+                server.port(),
+                standby.port()
+            )),
             LockStore::Single { proxy, .. } => Locks::Url(format!("redis://{}/", proxy.addr())),
             LockStore::Replicated { topology, .. } => Locks::Sentinel(topology.sentinel_urls()),
         }
@@ -103,8 +113,8 @@ impl LockStore {
             return Some(fault("pause", at, now_us(), false));
         }
         let port = match self {
-            LockStore::Postgres { server } => {
-                return Some(postgres(choice, rng, server, ttl, runtime, at));
+            LockStore::Postgres { server, standby } => {
+                return Some(postgres(choice, rng, server, standby, ttl, runtime, at));
             }
             LockStore::Single { server, .. } => server.port(),
             LockStore::Replicated { topology, .. } => topology.primary.port(),
@@ -137,16 +147,33 @@ impl LockStore {
 /// exits) or after `SIGKILL` of every process (crash recovery from the log); the store's
 /// backends terminated (`pg_terminate_backend`, its listening connection's included); or every
 /// process paused (`SIGSTOP`) past the clients' call timeout and often past their leases, then
-/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on.
+/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on. Or a
+/// failover: the primary killed (`SIGKILL` of every process), its synchronous standby
+/// promoted, which has every commit answered, and a new synchronous standby made of the new
+/// primary on the old one's port, so the clients' URL names the pair again; the next fault
+/// comes once it streams.
 pub fn postgres(
     choice: u32,
     rng: &mut StdRng,
     server: &mut PgServer,
+    standby: &mut PgServer,
     ttl: Duration,
     runtime: &tokio::runtime::Runtime,
     at: u64,
 ) -> Value {
     match choice {
+        12 => {
+            let port = server.port();
+            server.stop();
+            standby.promote();
+            let promoted = now_us();
+            std::mem::swap(server, standby);
+            // The dead primary's folder goes before its port is taken again.
+            *standby = PgServer::standby_at(server, port, STANDBY, Replication::Synchronous);
+            let mut record = fault("pg_failover", at, promoted, false);
+            record["standby_back"] = now_us().into();
+            record
+        }
         4 | 5 => {
             fast_shutdown(server);
             server.restart();

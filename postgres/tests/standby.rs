@@ -319,10 +319,13 @@ async fn loss_window(replication: Replication, lag: Duration) -> Lost {
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // The stream cut first, as when the primary's host dies with it: what the proxy delayed
+    // never arrives (killed first, the primary's socket would close in order, and the proxy
+    // would hand the standby the rest of the stream).
     let killed = Instant::now();
-    primary.stop();
-    proxy.sever();
     proxy.set(tower_lease_harness::proxy::Fault::Blackhole);
+    proxy.sever();
+    primary.stop();
     stop.store(true, Ordering::SeqCst);
     for worker in workers {
         worker.await.unwrap();
