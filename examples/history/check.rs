@@ -221,7 +221,7 @@ pub fn check(history: &[Value]) -> Verdict {
 }
 
 /// The faults after which the store is written to through a new primary.
-const FAILOVERS: [&str; 2] = ["kill_primary", "sentinel_failover"];
+const FAILOVERS: [&str; 3] = ["kill_primary", "sentinel_failover", "pg_failover"];
 
 /// For each failover, in the history's order, its kind and the longest stretch in µs without a
 /// successful exclusive acquisition (a lock's or a writer's), from the fault's start until the

@@ -26,15 +26,18 @@
 //! One history in every run (the last lock history; `--postgres` runs only it) keeps the same
 //! clients' leases in PostgreSQL instead, through `tower-lease-postgres`'s `PgStore` (each
 //! process its own, with the calls' timeout of the Redis histories), on the harness's
-//! `PgServer` (a cluster of its own on a free port); the register stays in Redis. Its nemesis,
-//! besides pausing clients as above: PostgreSQL restarted after a fast shutdown (`SIGINT`) or
-//! after `SIGKILL` of every process (crash recovery), both keeping the data, which is durable;
-//! the store's backends terminated (`pg_terminate_backend` of every other backend of the
-//! database, the listening connections' included); and every process of the server paused
-//! (`SIGSTOP` of the postmaster and its children) past the calls' deadline, up to four leases,
-//! then `SIGCONT`; and the network between the clients and the server, through a proxy as for
-//! one Redis (delayed, blackholed, replies dropped, severed). No fault loses data, so no
-//! overlap is excused there.
+//! `PgServer` (a cluster of its own on a free port) and its synchronous streaming standby,
+//! each behind a proxy, on a URL naming both with `target_session_attrs=read-write`; the
+//! register stays in Redis. Its
+//! nemesis, besides pausing clients as above: PostgreSQL restarted after a fast shutdown
+//! (`SIGINT`) or after `SIGKILL` of every process (crash recovery), both keeping the data,
+//! which is durable; the store's backends terminated (`pg_terminate_backend` of every other
+//! backend of the database, the listening connections' included); every process of the
+//! server paused (`SIGSTOP` of the postmaster and its children) past the calls' deadline, up
+//! to four leases, then `SIGCONT`; the network between the clients and the servers, through
+//! the proxies as for one Redis (delayed, blackholed, replies dropped, severed); and a failover: the primary killed (`SIGKILL`), the
+//! standby promoted, a new standby of it made on the old primary's port. No fault loses data
+//! (the standby is synchronous), so no overlap is excused there.
 //!
 //! Two histories in every run (`--idempotency` runs only those) pay through
 //! `IdempotencyLayer` instead, on app replicas that are frozen and killed, with clients that

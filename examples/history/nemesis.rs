@@ -14,8 +14,12 @@ use crate::proxy::{Fault, Proxy};
 use crate::record::{fault, now_us};
 use crate::sentinel::{Link, MASTER, Topology, is_primary, role};
 use crate::server::{Endpoint, RedisServer};
-use tower_lease_harness::PgServer;
+use tower_lease_harness::{PgServer, Replication};
 use tower_lease_postgres::tokio_postgres;
+
+/// The standby's name (`application_name`), which the primary's `synchronous_standby_names`
+/// names.
+const STANDBY: &str = "history-standby";
 
 /// Where one history's leases live.
 pub enum LockStore {
@@ -32,9 +36,15 @@ pub enum LockStore {
         /// When the last failover ended.
         last_failover: Option<Instant>,
     },
-    /// One PostgreSQL server (the harness's: a cluster of its own, on a free port), which the
-    /// clients reach through `PgStore` and a proxy.
-    Postgres { server: PgServer, proxy: Proxy },
+    /// A PostgreSQL primary (the harness's: a cluster of its own, on a free port) and its
+    /// synchronous streaming standby, which the clients reach through `PgStore` and a proxy
+    /// to each port, on a URL naming both proxies (`target_session_attrs=read-write`): it
+    /// follows whichever is primary.
+    Postgres {
+        server: PgServer,
+        standby: PgServer,
+        proxies: [Proxy; 2],
+    },
 }
 
 impl LockStore {
@@ -66,14 +76,24 @@ impl LockStore {
     /// them, and the nemesis restarts it from here too.
     pub fn postgres(runtime: &tokio::runtime::Runtime) -> Self {
         let server = PgServer::start();
-        let proxy = runtime.block_on(Proxy::to_postgres(&server));
-        LockStore::Postgres { server, proxy }
+        let standby = PgServer::standby_of(&server, STANDBY, Replication::Synchronous);
+        // A failover swaps the two servers' roles, never their ports: a proxy a port.
+        let proxies = [&server, &standby].map(|to| runtime.block_on(Proxy::to_postgres(to)));
+        LockStore::Postgres {
+            server,
+            standby,
+            proxies,
+        }
     }
 
     /// How the clients reach it.
     pub fn locks(&self) -> Locks {
         match self {
-            LockStore::Postgres { proxy, .. } => Locks::Postgres(proxy.postgres_url()),
+            LockStore::Postgres { proxies, .. } => Locks::Postgres(format!(
+                "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+                proxies[0].addr(),
+                proxies[1].addr()
+            )),
             LockStore::Single { proxy, .. } => Locks::Url(format!("redis://{}/", proxy.addr())),
             LockStore::Replicated { topology, .. } => Locks::Sentinel(topology.sentinel_urls()),
         }
@@ -103,8 +123,17 @@ impl LockStore {
             return Some(fault("pause", at, now_us(), false));
         }
         let port = match self {
-            LockStore::Postgres { server, proxy } => {
-                return Some(postgres(choice, rng, server, proxy, ttl, runtime, at));
+            LockStore::Postgres {
+                server,
+                standby,
+                proxies,
+            } => {
+                let pair = Pair {
+                    server,
+                    standby,
+                    proxies,
+                };
+                return Some(postgres(choice, rng, pair, ttl, runtime, at));
             }
             LockStore::Single { server, .. } => server.port(),
             LockStore::Replicated { topology, .. } => topology.primary.port(),
@@ -137,18 +166,38 @@ impl LockStore {
 /// exits) or after `SIGKILL` of every process (crash recovery from the log); the store's
 /// backends terminated (`pg_terminate_backend`, its listening connection's included); or every
 /// process paused (`SIGSTOP`) past the clients' call timeout and often past their leases, then
-/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on; or
-/// the network between the clients and the server, through the proxy, as for one Redis.
+/// resumed: the statements sent meanwhile run then, on the server's clock, which ran on. Or
+/// the network between the clients and the servers, through the proxies, as for one Redis. Or
+/// a failover: the primary killed (`SIGKILL` of every process), its synchronous standby
+/// promoted, which has every commit answered, and a new synchronous standby made of the new
+/// primary on the old one's port, so the clients' URL names the pair again; the next fault
+/// comes once it streams.
 pub fn postgres(
     choice: u32,
     rng: &mut StdRng,
-    server: &mut PgServer,
-    proxy: &Proxy,
+    pair: Pair<'_>,
     ttl: Duration,
     runtime: &tokio::runtime::Runtime,
     at: u64,
 ) -> Value {
+    let Pair {
+        server,
+        standby,
+        proxies,
+    } = pair;
     match choice {
+        12 => {
+            let port = server.port();
+            server.stop();
+            standby.promote();
+            let promoted = now_us();
+            std::mem::swap(server, standby);
+            // The dead primary's folder goes before its port is taken again.
+            *standby = PgServer::standby_at(server, port, STANDBY, Replication::Synchronous);
+            let mut record = fault("pg_failover", at, promoted, false);
+            record["standby_back"] = now_us().into();
+            record
+        }
         4 | 5 => {
             fast_shutdown(server);
             server.restart();
@@ -165,7 +214,7 @@ pub fn postgres(
             record["terminated"] = terminated.into();
             record
         }
-        10 | 11 => network(rng, proxy, at),
+        10 => network(rng, &[&proxies[0], &proxies[1]], at),
         _ => {
             // Past the clients' call deadline, by up to four leases.
             let pause = call_timeout(ttl) + scaled(ttl, rng.random_range(20..1_250));
@@ -175,6 +224,13 @@ pub fn postgres(
             fault("pg_pause", at, now_us(), false)
         }
     }
+}
+
+/// The PostgreSQL servers of a history, and the proxies the clients reach them through.
+pub struct Pair<'a> {
+    server: &'a mut PgServer,
+    standby: &'a mut PgServer,
+    proxies: &'a [Proxy; 2],
 }
 
 /// Asks the postmaster for a fast shutdown and waits (at most 30 s) until it exited; the
@@ -251,13 +307,13 @@ pub fn single(
             fault("restart_empty", at, now_us(), true)
         }
         // The network between the clients and the store.
-        _ => network(rng, proxy, at),
+        _ => network(rng, &[proxy], at),
     }
 }
 
-/// The network between the clients and the store, through the proxy: slow, silent, one-way,
-/// or cut.
-fn network(rng: &mut StdRng, proxy: &Proxy, at: u64) -> Value {
+/// The network between the clients and the store, through every one of `proxies` alike:
+/// slow, silent, one-way, or cut.
+fn network(rng: &mut StdRng, proxies: &[&Proxy], at: u64) -> Value {
     let (kind, chosen) = match rng.random_range(0..4) {
         0 => (
             "delay",
@@ -267,23 +323,26 @@ fn network(rng: &mut StdRng, proxy: &Proxy, at: u64) -> Value {
         2 => ("drop_replies", Fault::DropReplies),
         _ => ("sever", Fault::Pass),
     };
+    let each = |act: &dyn Fn(&Proxy)| proxies.iter().for_each(|proxy| act(proxy));
     if chosen == Fault::Pass {
-        proxy.sever();
+        each(&|proxy| proxy.sever());
     } else {
-        proxy.set(chosen);
+        each(&|proxy| proxy.set(chosen));
         std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
         if !matches!(chosen, Fault::Delay(_)) {
-            // The proxy discards what it blackholes or drops, inside a connection that
-            // stays open, which TCP never does: a client's later commands would get the
-            // replies of earlier ones (a history once had a layer take a lease on the
-            // reply to another name's acquisition). A real network loses bytes only
-            // with the connection, so the connections that lost some are cut, and any
-            // opened meanwhile refused, before traffic passes again.
-            proxy.sever();
-            proxy.set(Fault::Reset);
-            proxy.sever();
+            // The proxy discards what it blackholes or drops, inside a connection that stays
+            // open, which TCP never does: a client's later commands would get the replies of
+            // earlier ones (a history once had a layer take a lease on the reply to another
+            // name's acquisition). A real network loses bytes only with the connection, so
+            // the connections that lost some are cut, and any opened meanwhile refused,
+            // before traffic passes again.
+            each(&|proxy| {
+                proxy.sever();
+                proxy.set(Fault::Reset);
+                proxy.sever();
+            });
         }
-        proxy.set(Fault::Pass);
+        each(&|proxy| proxy.set(Fault::Pass));
     }
     fault(kind, at, now_us(), false)
 }

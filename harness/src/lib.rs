@@ -12,6 +12,8 @@
 //!   time, and where their Redis is (feature `redis`);
 //! - [`postgres`](mod@postgres): real PostgreSQL servers, for `tower-lease-postgres` (feature
 //!   `postgres`);
+//! - [`standby`]: streaming standbys of such a server, synchronous or not, and their
+//!   promotion (feature `postgres`);
 //! - [`pgbouncer`](mod@pgbouncer): Debian's `pgbouncer` in transaction pooling mode in front
 //!   of such a server (feature `postgres`);
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
@@ -41,6 +43,8 @@ pub mod proxy;
 pub mod sentinel;
 #[cfg(feature = "redis")]
 pub mod server;
+#[cfg(feature = "postgres")]
+pub mod standby;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -57,6 +61,8 @@ pub use pgbouncer::PgBouncer;
 pub use postgres::{PgServer, PgSetup};
 #[cfg(feature = "redis")]
 pub use server::{Endpoint, RedisServer};
+#[cfg(feature = "postgres")]
+pub use standby::Replication;
 
 /// Polling until an attempt answers `Some`, on tokio's clock (so under `tokio::time::pause`
 /// too): the test kit's, shared with the conformance suite.

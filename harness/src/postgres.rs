@@ -72,11 +72,8 @@ impl PgServer {
     /// Starts a server as [`start`](Self::start) does, with `setup`'s settings, files and
     /// `pg_hba.conf` (kept on [`restart`](Self::restart)).
     pub fn start_with(setup: PgSetup) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let template = template();
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tower-lease-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = fresh_dir();
         copy_dir(&template, &dir);
         let PgSetup {
             settings,
@@ -89,6 +86,12 @@ impl PgServer {
         for (name, contents) in files {
             write_owned(&dir.join(name), &contents);
         }
+        Self::launch(dir, settings)
+    }
+
+    /// Starts a server on the data folder `dir` (the server's user's) on a free port, with
+    /// `settings`, and waits until it accepts connections.
+    pub(crate) fn launch(dir: PathBuf, settings: Vec<(String, String)>) -> Self {
         let mut server = PgServer {
             child: None,
             port: 0,
@@ -104,6 +107,32 @@ impl PgServer {
             }
         }
         panic!("postgres did not start on any of 10 free ports");
+    }
+
+    /// Starts a server on the data folder `dir` on `port` (one a stopped server left, which
+    /// the kernel may take a moment to release), with `settings`.
+    pub(crate) fn launch_on(dir: PathBuf, settings: Vec<(String, String)>, port: u16) -> Self {
+        let mut server = PgServer {
+            child: None,
+            port,
+            dir,
+            paused: false,
+            settings,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server.spawn_and_wait() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// The server's data folder.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// `postgres://postgres@127.0.0.1:port/postgres`.
@@ -226,6 +255,15 @@ impl Drop for PgServer {
     }
 }
 
+/// A data folder of this process's that nothing uses yet, in the temporary folder.
+pub(crate) fn fresh_dir() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tower-lease-pg-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
 /// A port that was free a moment ago on 127.0.0.1.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
@@ -302,7 +340,7 @@ fn bin_dir() -> Option<PathBuf> {
     versions.pop().map(|(_, bin)| bin)
 }
 
-fn binary(name: &str) -> PathBuf {
+pub(crate) fn binary(name: &str) -> PathBuf {
     match bin_dir() {
         Some(dir) => dir.join(name),
         None => name.into(),
@@ -374,7 +412,7 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// Writes `contents` to `path`, mode 0600, owned by the server's user.
-fn write_owned(path: &Path, contents: &[u8]) {
+pub(crate) fn write_owned(path: &Path, contents: &[u8]) {
     std::fs::write(path, contents)
         .unwrap_or_else(|e| panic!("could not write {}: {e}", path.display()));
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))

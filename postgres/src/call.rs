@@ -247,7 +247,11 @@ impl PgStore {
                             close(client);
                             continue;
                         }
-                        _ => {}
+                        Some(_) => {
+                            close(client);
+                            return Ok(rows);
+                        }
+                        None => {}
                     }
                     if discard {
                         // Its transaction's state is unknown: never back into the pool.
@@ -257,11 +261,13 @@ impl PgStore {
                 }
                 Err(e) => e,
             };
-            if tries < most_tries && lost(&answers, &client) {
+            if lost(&answers, &client) {
                 // Never back into the pool: the next try takes another connection.
                 close(client);
-                tracing::debug!(error = %answers, "connection lost; sending the call again");
-                continue;
+                if tries < most_tries {
+                    tracing::debug!(error = %answers, "connection lost; sending the call again");
+                    continue;
+                }
             }
             return Err(self.call_error(answers));
         }
@@ -274,8 +280,11 @@ pub(crate) async fn checkout(pool: &Pool) -> Result<Object> {
 }
 
 /// Whether `error` says the connection is gone (closed, its backend terminated or the server
-/// shutting down), rather than that the statement failed: then it is sent again, which every
-/// function is safe to be.
+/// shutting down) or useless (its server takes no writes: a standby, or a primary demoted
+/// with its sessions kept, "cannot execute … in a read-only transaction"), rather than that
+/// the statement failed: then the connection is closed, never pooled again, and the call sent
+/// again on another, which every function is safe to be. Under
+/// `target_session_attrs=read-write` the pool opens that one on the server that takes writes.
 fn lost(error: &tokio_postgres::Error, client: &Object) -> bool {
     if error.is_closed() || client.is_closed() {
         return true;
@@ -288,6 +297,7 @@ fn lost(error: &tokio_postgres::Error, client: &Object) -> bool {
                 | &SqlState::CANNOT_CONNECT_NOW
                 | &SqlState::CONNECTION_FAILURE
                 | &SqlState::CONNECTION_EXCEPTION
+                | &SqlState::READ_ONLY_SQL_TRANSACTION
         )
     )
 }

@@ -9,8 +9,18 @@ use crate::PgStore;
 use crate::backend::backend;
 use crate::call::Acts;
 
+/// The server's settings, and the physical standbys streaming from it (a logical
+/// subscriber's walsender is connected to a database: no failover target). A base backup's
+/// walsender is no standby yet.
 const SETUP: &str = "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
-     current_setting('default_transaction_isolation')";
+     current_setting('default_transaction_isolation'), \
+     current_setting('synchronous_standby_names'), \
+     count(r.pid), count(r.pid) FILTER (WHERE r.sync_state IS NULL), \
+     coalesce(array_agg(coalesce(r.application_name, '')) \
+         FILTER (WHERE r.sync_state IN ('async', 'potential')), '{}') \
+     FROM (SELECT pid, application_name, sync_state FROM pg_stat_replication \
+         WHERE coalesce(state, '') <> 'backup' AND pid IN \
+             (SELECT pid FROM pg_stat_activity WHERE coalesce(datid, 0) = 0)) r";
 
 /// Something about a store's database that can break the locks' guarantees, or slow them,
 /// found by [`PgStore::check`]. Prints as a message a user can act on.
@@ -24,6 +34,35 @@ pub enum PgWarning {
     /// the last acquisitions it answered, and a lock answered as taken can be taken again
     /// after the restart. Fences still only grow (they follow the clock).
     AsynchronousCommit,
+    /// Standbys stream from the server whose `sync_state` is `async` or `potential`: the
+    /// server's commits do not wait for them, so a failover to one of them loses the
+    /// acquisitions it had not received yet, and a lock answered as taken can be taken a
+    /// second time. Fences still grow while the servers' clocks agree (they follow the clock).
+    AsynchronousStandbys {
+        /// Their `application_name`s.
+        names: Vec<String>,
+    },
+    /// Standbys stream from the server but `synchronous_standby_names` is empty: every one
+    /// is asynchronous, and a failover loses the last acquisitions answered.
+    NoSynchronousStandbyNames {
+        /// How many standbys stream from the server.
+        standbys: usize,
+    },
+    /// `synchronous_commit` is `local` or `off` for the store's sessions while standbys
+    /// stream from the server: even with `synchronous_standby_names` set, a commit answers
+    /// before any standby has it, and a failover loses the last acquisitions answered.
+    CommitWaitsForNoStandby {
+        /// The sessions' `synchronous_commit`.
+        synchronous_commit: String,
+    },
+    /// Standbys stream from the server, but the store's user may not see whether they are
+    /// synchronous: `pg_stat_replication` shows their state only to superusers and members
+    /// of `pg_monitor` (to others, its rows' columns are empty, and with no standby it has
+    /// no rows at all, for any user).
+    HiddenStandbys {
+        /// How many standbys stream from the server.
+        standbys: usize,
+    },
     /// The pool has fewer connections than the calls [expected at
     /// once](PgStore::expect_concurrency): calls wait for a connection, and past the store's
     /// timeout fail.
@@ -57,7 +96,39 @@ impl fmt::Display for PgWarning {
             PgWarning::AsynchronousCommit => f.write_str(
                 "synchronous_commit is off: a server crash loses the last acquisitions it \
                  answered, and a held lock can be taken again after the restart; set \
-                 synchronous_commit to on (or local) for the store's user",
+                 synchronous_commit to on for the store's user (with a synchronous standby, \
+                 on, remote_write or remote_apply: local waits for no standby)",
+            ),
+            PgWarning::AsynchronousStandbys { names } => write!(
+                f,
+                "the standbys {} are asynchronous (sync_state async or potential): a failover \
+                 to one loses the acquisitions it had not received, and a held lock can be \
+                 taken a second time; fail over only to a synchronous standby, or name them \
+                 in synchronous_standby_names (with synchronous_commit on or remote_apply)",
+                quoted(names)
+            ),
+            PgWarning::NoSynchronousStandbyNames { standbys } => write!(
+                f,
+                "{standbys} standby(s) stream from the server but synchronous_standby_names \
+                 is empty: every standby is asynchronous, and a failover loses the last \
+                 acquisitions answered (a held lock can be taken a second time); set \
+                 synchronous_standby_names (e.g. 'FIRST 1 (standby1, standby2)') with \
+                 synchronous_commit on or remote_apply"
+            ),
+            PgWarning::CommitWaitsForNoStandby { synchronous_commit } => write!(
+                f,
+                "synchronous_commit is {synchronous_commit} while standbys stream from the \
+                 server: a commit answers before any standby has it, and a failover loses \
+                 the last acquisitions answered; set synchronous_commit to on, remote_write \
+                 or remote_apply for the store's user (ALTER ROLE … SET synchronous_commit)"
+            ),
+            PgWarning::HiddenStandbys { standbys } => write!(
+                f,
+                "{standbys} standby(s) stream from the server, but the store's user cannot \
+                 see whether they are synchronous (pg_stat_replication shows it to \
+                 superusers and pg_monitor only): GRANT pg_monitor to the store's user, or \
+                 check that pg_stat_replication.sync_state is sync for every standby a \
+                 failover may promote"
             ),
             PgWarning::SmallPool { pool, expected } => write!(
                 f,
@@ -82,7 +153,10 @@ impl fmt::Display for PgWarning {
 
 impl PgStore {
     /// Checks the database and the store's setup for what can break the locks' guarantees,
-    /// or slow them: a read-only standby, `synchronous_commit = off`, a pool smaller than the
+    /// or slow them: a read-only standby, `synchronous_commit = off`, standbys a failover
+    /// to which loses acquisitions (asynchronous or potential ones, an empty
+    /// `synchronous_standby_names`, `synchronous_commit = local`; their state needs
+    /// `pg_monitor` to see), a pool smaller than the
     /// [expected concurrency](Self::expect_concurrency), no release notifications; and notes
     /// sessions whose default isolation is not read committed. Call it
     /// once at startup and report what it finds; it logs nothing itself.
@@ -91,12 +165,35 @@ impl PgStore {
         let standby: bool = row.try_get(0).map_err(backend)?;
         let commit: String = row.try_get(1).map_err(backend)?;
         let isolation: String = row.try_get(2).map_err(backend)?;
+        let sync_names: String = row.try_get(3).map_err(backend)?;
+        let standbys: i64 = row.try_get(4).map_err(backend)?;
+        let hidden: i64 = row.try_get(5).map_err(backend)?;
+        let asynchronous: Vec<String> = row.try_get(6).map_err(backend)?;
+        let standbys = usize::try_from(standbys).unwrap_or(0);
         let mut found = Vec::new();
         if standby {
             found.push(PgWarning::Standby);
         }
         if commit == "off" {
             found.push(PgWarning::AsynchronousCommit);
+        }
+        if standbys > 0 {
+            if matches!(commit.as_str(), "off" | "local") {
+                found.push(PgWarning::CommitWaitsForNoStandby {
+                    synchronous_commit: commit,
+                });
+            }
+            if sync_names.trim().is_empty() {
+                found.push(PgWarning::NoSynchronousStandbyNames { standbys });
+            }
+            if hidden > 0 {
+                found.push(PgWarning::HiddenStandbys { standbys });
+            }
+            if !asynchronous.is_empty() {
+                found.push(PgWarning::AsynchronousStandbys {
+                    names: asynchronous,
+                });
+            }
         }
         let pool = self.pool.status().max_size;
         if let Some(expected) = self.concurrency.filter(|&expected| expected > pool) {
@@ -112,4 +209,10 @@ impl PgStore {
         }
         Ok(found)
     }
+}
+
+/// `names` as `"a", "b"`.
+fn quoted(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
+    quoted.join(", ")
 }

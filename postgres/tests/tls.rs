@@ -40,7 +40,7 @@ async fn sessions(store: &PgStore, name: &str) -> (i64, i64, i64) {
     let row = client
         .query_one(
             "SELECT count(*), count(*) FILTER (WHERE s.ssl), \
-             count(*) FILTER (WHERE a.query LIKE 'LISTEN%' OR a.query = 'SELECT 1') \
+             count(*) FILTER (WHERE a.query LIKE 'LISTEN%' OR a.query = 'SHOW transaction_read_only') \
              FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
              WHERE a.application_name = $1",
             &[&name],

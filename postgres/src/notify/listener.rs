@@ -22,7 +22,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, Notification};
+use tokio_postgres::config::TargetSessionAttrs;
+use tokio_postgres::{AsyncMessage, Client, Notification, SimpleQueryMessage};
 use tower_lease::backend::NotificationSink;
 
 use super::State;
@@ -41,8 +42,8 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 /// While the listener is down, how often the waiters look again: the slowest poll of a waiter
 /// without notifications.
 const NUDGE: Duration = Duration::from_millis(100);
-/// The heartbeat: what the server answers at once.
-const HEARTBEAT_QUERY: &str = "SELECT 1";
+/// The heartbeat: what the server answers at once, and whether it still takes writes.
+const HEARTBEAT_QUERY: &str = "SHOW transaction_read_only";
 
 pub(super) async fn listen(
     config: tokio_postgres::Config,
@@ -51,6 +52,7 @@ pub(super) async fn listen(
     sink: NotificationSink,
     state: watch::Sender<State>,
 ) {
+    let read_write = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
     let mut pause = Duration::ZERO;
     while !sink.is_closed() {
         let down = *state.borrow() == State::Down;
@@ -83,7 +85,7 @@ pub(super) async fn listen(
         state.send_replace(State::Listening);
         // Every release from now on is heard; one made before, while nobody listened, was not.
         sink.missed();
-        let Some(lost) = session.hear(&sink).await else {
+        let Some(lost) = session.hear(&sink, read_write).await else {
             // The store is gone.
             return;
         };
@@ -151,8 +153,11 @@ impl Session {
     }
 
     /// Hands each notification to the sink and sends the heartbeat, until the connection is
-    /// lost (`Some`, why) or the store is gone (`None`).
-    async fn hear(self, sink: &NotificationSink) -> Option<String> {
+    /// lost (`Some`, why) or the store is gone (`None`). Under `read_write`
+    /// (`target_session_attrs=read-write`) a server that turned read-only counts as lost: the
+    /// releases are made, and notified, on the primary the pool follows, so the listener
+    /// connects again, to the server that takes writes.
+    async fn hear(self, sink: &NotificationSink, read_write: bool) -> Option<String> {
         let Session {
             client,
             mut heard,
@@ -164,9 +169,12 @@ impl Session {
                 if sink.is_closed() {
                     return None;
                 }
-                let beat = client.batch_execute(HEARTBEAT_QUERY);
+                let beat = client.simple_query(HEARTBEAT_QUERY);
                 match tokio::time::timeout(ANSWER_WITHIN, beat).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(answer)) if read_write && read_only(&answer) => {
+                        return Some("the server no longer takes writes".to_owned());
+                    }
+                    Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Some(format!("the heartbeat failed: {e}")),
                     Err(_) => {
                         return Some(format!("no heartbeat answered within {ANSWER_WITHIN:?}"));
@@ -193,4 +201,12 @@ impl Session {
         drop((client, reader));
         lost
     }
+}
+
+/// Whether the heartbeat's answer says the session is read-only (`on`).
+fn read_only(answer: &[SimpleQueryMessage]) -> bool {
+    answer.iter().any(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0) == Some("on"),
+        _ => false,
+    })
 }
