@@ -39,7 +39,11 @@ async fn uncontended_cycles_of_every_kind_publish_nothing() {
             let token = lock.try_lock(&store, name).await.unwrap().unwrap();
             assert!(token.release().await.unwrap());
             // A bounded wait's first attempt, which gets in: nobody waits either.
-            let token = lock.try_lock_for(&store, name, wait).await.unwrap().unwrap();
+            let token = lock
+                .try_lock_for(&store, name, wait)
+                .await
+                .unwrap()
+                .unwrap();
             assert!(token.release().await.unwrap());
         }
         for fairness in [
@@ -246,4 +250,130 @@ async fn a_release_inside_a_refused_attempt_leaves_the_waiter_the_name() {
     // Whatever the release published (nothing once releases publish only for a mark), the
     // waiter did not need it.
     let _ = heard(&mut pubsub, Duration::from_millis(1)).await;
+}
+
+/// `usec_per_call` of `command` from a [`commandstats`] text.
+fn usec_per_call(stats: &str, command: &str) -> f64 {
+    stats
+        .lines()
+        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|line| {
+            line.split("usec_per_call=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// The server's share of an uncontended unfenced `Lock` cycle, today's against the release
+/// before waiters marked their locks (its script, or `DELIFEQ` pipelined with `PUBLISH`, sent
+/// here by hand): commands, `usec_per_call` and publishes per cycle. A measurement, not a
+/// check: `cargo nextest run --all-features --test store -E 'test(measure_lock_cycle)'
+/// --run-ignored only --no-capture` (with `TOWER_LEASE_SERVER` for Valkey).
+#[tokio::test]
+#[ignore = "a measurement"]
+async fn measure_lock_cycle() {
+    const OLD_RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+        redis.call('DEL', KEYS[1]) redis.call('PUBLISH', ARGV[2], '') return 1 end return 0";
+    const N: usize = 20_000;
+    let server = RedisServer::start();
+    let mut raw = server.connection().await;
+    let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let native = !redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("DELIFEQ")
+        .query_async::<Vec<redis::Value>>(&mut raw)
+        .await
+        .unwrap()
+        .contains(&redis::Value::Nil);
+    let lock: Lock<str> = Lock::new("measure", TTL);
+    let reset = |mut raw: redis::aio::MultiplexedConnection| async move {
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    };
+    let report = |what: &str, stats: &str| {
+        let mut line = format!("{what}:");
+        for command in ["set", "evalsha", "get", "del", "delifeq", "publish"] {
+            let n = calls(stats, command);
+            if n > 0 {
+                line += &format!(
+                    " {command} {:.2}/cycle {:.2} µs",
+                    n as f64 / N as f64,
+                    usec_per_call(stats, command)
+                );
+            }
+        }
+        println!("{line}");
+    };
+    // Today's cycle, through the store.
+    reset(raw.clone()).await;
+    let started = std::time::Instant::now();
+    for _ in 0..N {
+        let token = lock.try_lock(&store, "a").await.unwrap().unwrap();
+        assert!(token.release().await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    report(
+        &format!(
+            "now ({:.1} µs/cycle client)",
+            elapsed.as_micros() as f64 / N as f64
+        ),
+        &commandstats(&raw).await,
+    );
+    // The cycle before: `SET NX PX`, then the old release (a script, or the native delete and a
+    // `PUBLISH` in one pipeline).
+    let key = KeyLayout::default().key(KeyRole::Lock, "measure", b"a");
+    let script = redis::Script::new(OLD_RELEASE);
+    reset(raw.clone()).await;
+    let started = std::time::Instant::now();
+    for _ in 0..N {
+        let secret = Secret::random();
+        let secret = secret.as_bytes().as_slice();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(secret)
+            .arg("NX")
+            .arg("PX")
+            .arg(2_000)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(set.is_some());
+        if native {
+            let (deleted, _): (i64, i64) = redis::pipe()
+                .cmd("DELIFEQ")
+                .arg(&key)
+                .arg(secret)
+                .cmd("PUBLISH")
+                .arg(&key)
+                .arg("")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            assert_eq!(deleted, 1);
+        } else {
+            let deleted: i64 = script
+                .key(&key)
+                .arg(secret)
+                .arg(&key)
+                .invoke_async(&mut raw)
+                .await
+                .unwrap();
+            assert_eq!(deleted, 1);
+        }
+    }
+    let elapsed = started.elapsed();
+    report(
+        &format!(
+            "before, by hand ({:.1} µs/cycle client)",
+            elapsed.as_micros() as f64 / N as f64
+        ),
+        &commandstats(&raw).await,
+    );
 }
