@@ -407,7 +407,15 @@ async fn three_replicas_with_100_waiters_each_lose_no_update_and_make_no_herd() 
     let releases = tally.total_ok() as u64;
     let attempts = calls(&after, "pttl") - calls(&before, "pttl") + releases;
     let safety = 3 * (tally.took.as_secs() + 1);
-    eprintln!("waiters: {attempts} acquisition attempts for {releases} releases");
+    let delta = |command: &str| calls(&after, command) - calls(&before, command);
+    eprintln!(
+        "waiters: {attempts} acquisition attempts for {releases} releases (SET {}, PTTL {}, \
+         EVALSHA {}, PUBLISH {})",
+        delta("set"),
+        delta("pttl"),
+        delta("evalsha"),
+        delta("publish")
+    );
     assert!(
         attempts <= 3 * (releases + 1) + safety,
         "{attempts} acquisition attempts besides the counters' for {releases} releases"
