@@ -301,7 +301,7 @@ where
                     self.contended
                         .refused(lock.namespace, lock.name, retry_after)
                 }
-                _ => self.contended.acquired(lock.namespace, lock.name),
+                Acquisition::Acquired { .. } => self.contended.acquired(lock.namespace, lock.name),
             }
         }
         match wait {
