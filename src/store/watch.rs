@@ -34,6 +34,13 @@ impl Watch {
         self.first
     }
 
+    /// Counts every release delivered so far as heard: called just before an attempt, which
+    /// sees what those releases freed (each was delivered after it happened, and so before the
+    /// attempt is sent), so they wake nobody after it.
+    pub(crate) fn heard(&mut self) {
+        self.releases.mark_unchanged();
+    }
+
     /// Resolves at the next release delivered for the lock (one delivered since the last one
     /// this resolved for, or since the watch began, counts at once), or when the backend may
     /// have missed some. Every watcher of the lock in this process hears each release.

@@ -7,13 +7,16 @@ use proptest::prelude::*;
 use tower_lease::MAX_NAME_LEN;
 use tower_lease::store::{KeyLayout, KeyRole};
 
-const ROLES: [KeyRole; 6] = [
+const ROLES: [KeyRole; 9] = [
     KeyRole::Lock,
     KeyRole::LockFence,
     KeyRole::Writer,
     KeyRole::Readers,
     KeyRole::WriteIntent,
     KeyRole::RwLockFence,
+    KeyRole::RwLockWaited,
+    KeyRole::Permits,
+    KeyRole::PermitsWaited,
 ];
 
 /// The parts a key was built from, read back from the key alone. That such a function exists
@@ -39,10 +42,16 @@ fn decode(key: &[u8]) -> Option<(String, KeyRole, String, Vec<u8>)> {
                 (KeyRole::Readers, name)
             } else if let Some(name) = rest.strip_suffix(b"}:wi") {
                 (KeyRole::WriteIntent, name)
+            } else if let Some(name) = rest.strip_suffix(b"}:waited") {
+                (KeyRole::RwLockWaited, name)
             } else {
                 (KeyRole::RwLockFence, rest.strip_suffix(b"}:fence")?)
             }
         }
+        "sem" => match rest {
+            [name @ .., b'}'] => (KeyRole::Permits, name),
+            _ => (KeyRole::PermitsWaited, rest.strip_suffix(b"}:waited")?),
+        },
         _ => return None,
     };
     Some((prefix.to_owned(), role, namespace.to_owned(), name.to_vec()))

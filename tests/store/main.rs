@@ -10,6 +10,7 @@ mod definitions;
 mod extend_many;
 mod keys;
 mod native;
+mod publishes;
 #[cfg(feature = "cluster")]
 mod sharded;
 mod wait;

@@ -1,5 +1,5 @@
 //! Native compare-and-set: on a server with `DELIFEQ` (Valkey 9) or `DELEX` (Redis 8.4) an
-//! unfenced `Lock` runs no script for acquire, extend and release (read off `INFO
+//! unfenced `Lock` runs no script for acquire, extend and release of a held lease nobody waits for (read off `INFO
 //! commandstats`); on one without (Redis 7.0) it runs its scripts as before; with `SET … IFEQ`
 //! alone only its extends are native.
 //!
@@ -107,8 +107,11 @@ async fn an_unfenced_lock_runs_no_script_where_the_server_has_native_compare_and
     let ran = scripts(&after) - scripts(&before);
     let deletes = calls(&after, "delifeq") + calls(&after, "delex");
     if native {
+        // Only for the stranger's extend and release: a key that no longer holds the bare
+        // secret goes to its script, which tells a lease gone from one a waiter marked. Each
+        // script's first call on the server is an `EVALSHA` answered `NOSCRIPT`, then `EVAL`.
         assert_eq!(
-            ran, 0,
+            ran, 4,
             "scripts ran on a server with native compare-and-set"
         );
         // 20 cycles and the batch's: 22 releases, one more refused.
@@ -140,8 +143,9 @@ async fn with_set_ifeq_alone_extends_are_native_and_releases_scripted() {
     let before = commandstats(&raw).await;
     cycles(&store, 20).await;
     let after = commandstats(&raw).await;
-    // 22 releases and a refused one, each its script first; no extend.
-    assert_eq!(calls(&after, "evalsha") - calls(&before, "evalsha"), 23);
+    // 22 releases and a refused one, each its script first; and the stranger's extend in the
+    // batch, whose `SET … IFEQ` found the key changed (its script tells gone from marked).
+    assert_eq!(calls(&after, "evalsha") - calls(&before, "evalsha"), 24);
     // 22 acquisitions, 20 single extends and the batch's 3.
     assert_eq!(calls(&after, "set") - calls(&before, "set"), 45);
 }

@@ -101,10 +101,15 @@ pub(crate) async fn acquire_within(
     }
     loop {
         let released = turn.released();
-        let mut published = watch.as_mut().map(|watch| watch.released());
-        let now = Instant::now();
         // The lock is this process's, taken by the waiter before: wait for its release.
-        let retry_after = if std::mem::take(&mut held_here) && now < deadline {
+        let waits_here = std::mem::take(&mut held_here) && Instant::now() < deadline;
+        if let (false, Some(watch)) = (waits_here, &mut watch) {
+            // Woken by this process's release, a waiter may hear it published too: the attempt
+            // it sends now sees it, so it sends no second one for it.
+            watch.heard();
+        }
+        let mut published = watch.as_mut().map(|watch| watch.released());
+        let retry_after = if waits_here {
             None
         } else {
             // The last attempt, at the deadline, is not noted as a waiting reader's.
@@ -169,6 +174,9 @@ pub(crate) async fn acquire_within(
         // both would send a second attempt per release. Not when waiting on this process's own
         // lease (no attempt was sent, so none marked the name) on a store that announces only
         // the releases someone was refused for: there the release here is the only signal.
+        // And the other way round: there the release here wakes it, and the same release heard
+        // as a message (published for waiters elsewhere) must not wake it a second time; the
+        // attempt that follows counts what was delivered by then as heard (`Watch::heard`).
         let own_release_unannounced = retry_after.is_none() && !store.announces_every_release();
         let by_notification_only = published.is_some() && !own_release_unannounced;
         let published = async {
@@ -180,7 +188,7 @@ pub(crate) async fn acquire_within(
         waited = true;
         tokio::select! {
             () = released, if !by_notification_only => {}
-            () = published => {}
+            () = published, if !own_release_unannounced => {}
             // Past the deadline, the loop makes its last attempt.
             () = sleep_until(deadline.min(now + pause)) => {}
         }

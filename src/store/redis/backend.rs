@@ -45,6 +45,14 @@ where
         self.timeout
     }
 
+    /// A release publishes only when a waiter's refused attempt marked its lock (see
+    /// `lock/acquire.lua`), as the Postgres store notifies only a marked name: the waiters that
+    /// marked it hear it, and a waiter queued behind a lease of this process, which sends no
+    /// attempt, wakes on this process's release instead.
+    fn announces_every_release(&self) -> bool {
+        false
+    }
+
     fn notify_to(&self, sink: NotificationSink) -> bool {
         self.notifier
             .as_ref()
@@ -89,6 +97,19 @@ where
             lock, mode, secret, ..
         } = lease;
         let wait = self.replicas;
+        if mode == Mode::Exclusive && !lock.fenced && lease.waiting {
+            // A waiter's refusal marks the lock in the script that refuses it: the script at
+            // once for a name refused lately, else after a `SET NX` found it taken.
+            if wait.is_none() && !self.contended.is_contended(lock.namespace, lock.name) {
+                return self.bounded(async move {
+                    match self.set_nx_only(lock, secret).await? {
+                        true => Ok(Acquisition::Acquired { fence: None }),
+                        false => self.acquire_script(lease).await,
+                    }
+                });
+            }
+            return self.bounded(self.acquire_script(lease));
+        }
         if mode == Mode::Exclusive && !lock.fenced {
             if let Some(replicas) = wait {
                 return self.bounded(self.set_nx_replicated(lock, secret, replicas));
@@ -99,64 +120,7 @@ where
             }
             return self.bounded(self.set_nx(lock, secret));
         }
-        self.bounded(async move {
-            const RW: &[KeyRole] = &[
-                KeyRole::Writer,
-                KeyRole::Readers,
-                KeyRole::WriteIntent,
-                KeyRole::WaitingReaders,
-                KeyRole::ReadPhase,
-            ];
-            let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
-                Mode::Exclusive => (
-                    &ACQUIRE,
-                    &[KeyRole::Lock],
-                    Some(KeyRole::LockFence),
-                    LastArg::Ttl,
-                ),
-                Mode::Permit => (
-                    &PERMIT_ACQUIRE,
-                    &[KeyRole::Permits],
-                    None,
-                    LastArg::TtlAnd(lock.permits.into()),
-                ),
-                Mode::Read => {
-                    let phase = lock.read_phase().unwrap_or_default().as_millis() as u64;
-                    let last = LastArg::TtlAndTwo(phase, lease.waiting.into());
-                    (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
-                }
-                Mode::Write => {
-                    let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
-                    let phase_fair = match (lock.read_phase(), lease.waiting) {
-                        (None, _) => 0,
-                        (Some(_), false) => 1,
-                        (Some(_), true) => 2,
-                    };
-                    let last = LastArg::TtlAndTwo(intent, phase_fair);
-                    (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
-                }
-                // Reservations are taken by `idempotency_begin` only.
-                Mode::Reservation => return Err(unsupported()),
-            };
-            let secret = Some(secret);
-            let call = Call {
-                script,
-                lock,
-                roles,
-                fence,
-                secret,
-                last,
-            };
-            let (reply, waited) = self.run_waiting(call, wait).await?;
-            let acquisition = acquisition(reply, lock)?;
-            match wait {
-                None => Ok(acquisition),
-                Some(replicas) => {
-                    self.unless_replicated(lease, acquisition, waited, replicas)
-                        .await
-                }
-            }
-        })
+        self.bounded(self.acquire_script(lease))
     }
 
     fn idempotency_begin<'a>(
@@ -207,7 +171,8 @@ where
                 lock, mode, secret, ..
             } = lease;
             let channel = notify::channel(&self.layout, mode, lock.namespace, lock.name);
-            let (roles, last) = ([KeyRole::WriteIntent], LastArg::Channel(&channel));
+            let roles = [KeyRole::WriteIntent, KeyRole::RwLockWaited];
+            let last = LastArg::Channel(&channel);
             let reply = self
                 .run(&WITHDRAW_INTENT, lock, &roles, None, Some(secret), last)
                 .await?;
@@ -267,6 +232,87 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// Acquires `lease` with its script: every lock but an unfenced `Lock` outside a bounded
+    /// wait. A refused attempt of a bounded wait ([`LeaseRef::waiting`]) marks what refused it,
+    /// so that the release it waits for publishes (see `lock/acquire.lua`).
+    pub(in crate::store::redis) async fn acquire_script(
+        &self,
+        lease: LeaseRef<'_>,
+    ) -> Result<Acquisition> {
+        const RW: &[KeyRole] = &[
+            KeyRole::Writer,
+            KeyRole::Readers,
+            KeyRole::WriteIntent,
+            KeyRole::WaitingReaders,
+            KeyRole::ReadPhase,
+            KeyRole::RwLockWaited,
+        ];
+        let LeaseRef {
+            lock, mode, secret, ..
+        } = lease;
+        let wait = self.replicas;
+        let mark = if lease.waiting { self.mark_ms() } else { 0 };
+        let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
+            Mode::Exclusive => (
+                &ACQUIRE,
+                &[KeyRole::Lock],
+                Some(KeyRole::LockFence),
+                LastArg::TtlAnd(lease.waiting.into()),
+            ),
+            Mode::Permit => (
+                &PERMIT_ACQUIRE,
+                &[KeyRole::Permits, KeyRole::PermitsWaited],
+                None,
+                LastArg::TtlAndTwo(lock.permits.into(), mark),
+            ),
+            Mode::Read => {
+                let phase = lock.read_phase().unwrap_or_default().as_millis() as u64;
+                let last = LastArg::TtlAndTwo(phase, mark);
+                (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
+            }
+            Mode::Write => {
+                let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
+                let phase_fair = match (lock.read_phase(), lease.waiting) {
+                    (None, _) => 0,
+                    (Some(_), false) => 1,
+                    (Some(_), true) => 2,
+                };
+                let last = LastArg::TtlAndThree(intent, phase_fair, mark);
+                (&WRITE_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
+            }
+            // Reservations are taken by `idempotency_begin` only.
+            Mode::Reservation => return Err(unsupported()),
+        };
+        let secret = Some(secret);
+        let call = Call {
+            script,
+            lock,
+            roles,
+            fence,
+            secret,
+            last,
+        };
+        let (reply, waited) = self.run_waiting(call, wait).await?;
+        let acquisition = acquisition(reply, lock)?;
+        if mode == Mode::Exclusive && !lock.fenced {
+            // The unfenced `SET NX` path's hint, kept by its waiters' attempts too.
+            match acquisition {
+                Acquisition::Busy { retry_after } => {
+                    self.contended
+                        .refused(lock.namespace, lock.name, retry_after)
+                }
+                Acquisition::Acquired { .. } => self.contended.acquired(lock.namespace, lock.name),
+            }
+        }
+        match wait {
+            None => Ok(acquisition),
+            Some(replicas) => {
+                self.unless_replicated(lease, acquisition, waited, replicas)
+                    .await
+            }
+        }
+    }
+
     /// Extends `lease` with its script: every lease on a server without native
     /// compare-and-set, and readers and permits everywhere.
     pub(in crate::store::redis) async fn extend_script(
@@ -309,7 +355,12 @@ where
             _ => notify::channel(self.layout(), lease.mode, lock.namespace, lock.name),
         };
         if let (Mode::Write, Some(phase)) = (lease.mode, lock.read_phase()) {
-            let roles = [KeyRole::Writer, KeyRole::WaitingReaders, KeyRole::ReadPhase];
+            let roles = [
+                KeyRole::Writer,
+                KeyRole::WaitingReaders,
+                KeyRole::ReadPhase,
+                KeyRole::RwLockWaited,
+            ];
             let last = LastArg::ChannelAnd(&channel, phase.as_millis() as u64);
             let reply = self.run(&WRITE_RELEASE, lock, &roles, None, secret, last);
             return answered_one(reply.await?);
@@ -317,8 +368,15 @@ where
         let last = match lease.mode {
             Mode::Read | Mode::Permit if live => LastArg::Live,
             Mode::Read | Mode::Permit => LastArg::None,
+            // Nobody marks a reservation: its waiters hear every release.
+            Mode::Reservation => LastArg::ChannelAnd(&channel, 1),
             _ => LastArg::Channel(&channel),
         };
-        answered_one(self.run(script, lock, &[role], None, secret, last).await?)
+        let roles: &[KeyRole] = match lease.mode {
+            Mode::Read => &[KeyRole::Readers, KeyRole::RwLockWaited],
+            Mode::Permit => &[KeyRole::Permits, KeyRole::PermitsWaited],
+            _ => &[role],
+        };
+        answered_one(self.run(script, lock, roles, None, secret, last).await?)
     }
 }

@@ -47,17 +47,21 @@ where
         }
         let mut no_script = Vec::new();
         let mut full = Vec::new();
+        let native = self.native.get().extends();
         let mut answers: Vec<Result<Extended>> = Vec::with_capacity(leases.len());
         for (i, reply) in replies.drain(..).enumerate() {
             if matches!(&reply, redis::Value::ServerError(e) if e.kind() == Some(NO_SCRIPT)) {
                 no_script.push(i);
             }
-            if out_of_memory(&reply) && native_mode(leases[i].mode) {
+            // A full server refuses `SET … IFEQ` but not the script's `PEXPIRE`; and one that
+            // found the key changed (a waiter's mark, or the lease gone) leaves the script to
+            // tell which.
+            let changed = native && reply == redis::Value::Nil;
+            if (out_of_memory(&reply) || changed) && native_mode(leases[i].mode) {
                 full.push(i);
             }
             answers.push(answer(reply, short));
         }
-        // A full server refuses `SET … IFEQ` but not the script's `PEXPIRE`.
         for i in full {
             answers[i] = self.extend_script(leases[i]).await;
         }

@@ -77,7 +77,9 @@ impl KeyLayout {
             KeyRole::WaitingReaders => (b":rwlock:{", b":wr"),
             KeyRole::ReadPhase => (b":rwlock:{", b":rp"),
             KeyRole::RwLockFence => (b":rwlock:{", b":fence"),
+            KeyRole::RwLockWaited => (b":rwlock:{", b":waited"),
             KeyRole::Permits => (b":sem:{", b""),
+            KeyRole::PermitsWaited => (b":sem:{", b":waited"),
             KeyRole::Idempotency => (b":idem:{", b""),
             KeyRole::IdempotencyFence => (b":idem:{", b":fence"),
             KeyRole::IdempotencyUnknown => (b":idem:{", b":unknown"),
@@ -126,7 +128,8 @@ impl ToRedisArgs for Key<'_> {
 /// Which of a name's keys [`KeyLayout::key`] builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeyRole {
-    /// The holder's key of a [`Lock`](crate::Lock).
+    /// The holder's key of a [`Lock`](crate::Lock): the holder's secret (16 bytes), followed
+    /// by `!` once a waiting attempt was refused by it, so that its release publishes.
     Lock,
     /// The fence counter of a [`Lock`](crate::Lock).
     LockFence,
@@ -149,9 +152,18 @@ pub enum KeyRole {
     ReadPhase,
     /// The fence counter of an [`RwLock`](crate::RwLock).
     RwLockFence,
+    /// The waited mark of an [`RwLock`](crate::RwLock): set (`PX` a few seconds) by a waiting
+    /// writer refused by readers or an intent, or a waiting reader refused by an intent, so
+    /// that the release they wait for publishes; releases publish nothing while no mark lives.
+    /// (A waiter refused by a writer marks the writer's key instead: its value is then the
+    /// holder's secret and `!`.)
+    RwLockWaited,
     /// The permits of a [`Semaphore`](crate::Semaphore): a sorted set of permit secrets scored
     /// by lease end (server ms).
     Permits,
+    /// The waited mark of a [`Semaphore`](crate::Semaphore): set (`PX` a few seconds) by a
+    /// waiting attempt refused for want of a permit, so that releases publish while it lives.
+    PermitsWaited,
     /// An idempotency key: while its first request runs, the reservation (the holder's
     /// secret, `PX ttl`); once that completed, its record (the request fingerprint, 16 bytes,
     /// the completing reservation's secret, 16 bytes, then the stored response, `PX` the

@@ -299,6 +299,16 @@ fn busy_for(pttl: i64, lock: LockRef<'_>) -> Duration {
     }
 }
 
+impl<C> RedisStore<C> {
+    /// How long a waiter's mark of a lock lives (`:waited`, see `KeyRole::RwLockWaited`): past
+    /// the waiter's next attempt, which renews it while it is refused. A watched waiter tries
+    /// again within 1 s of its last refusal, and each call reaches the server within the
+    /// store's timeout; a mark that outlives its waiter costs only a few publishes nobody hears.
+    pub(in crate::store::redis) fn mark_ms(&self) -> u64 {
+        2_000 + 2 * self.timeout.as_millis() as u64
+    }
+}
+
 fn answered_one(reply: redis::Value) -> Result<bool> {
     let n: i64 =
         redis::from_redis_value(reply).map_err(|e| Error::UnexpectedReply(e.to_string()))?;

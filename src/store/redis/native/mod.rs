@@ -4,11 +4,13 @@
 //! - extend: `SET key secret IFEQ secret PX ttl` (Valkey 8.1+, Redis 8.4+), which sets nothing
 //!   when the key is gone or holds another secret, so it never re-acquires;
 //! - release: `DELIFEQ key secret` (Valkey 9.0+) or `DELEX key IFEQ secret` (Redis 8.4+),
-//!   pipelined with the `PUBLISH` (or `SPUBLISH`) that wakes waiters elsewhere.
+//!   alone.
 //!
-//! The release publishes whether or not the delete found the lease: a conditional `PUBLISH`
-//! would need a second round trip or a script, and a release that finds its lease gone is rare
-//! (the lease was lost) and wakes waiters only to try a name that is then free or held anew.
+//! A waiter refused by a lease marks its key (the secret and `!`, see `lock/acquire.lua`), so
+//! that its release publishes: the native commands compare the unmarked secret, so they act
+//! only while nobody waits. One that finds the key changed (marked, or the lease gone) hands
+//! the call to its script, which tells the two apart and publishes for a mark: with nobody
+//! waiting a release is the bare delete, and a marked one costs a second round trip.
 //!
 //! The server is asked once: at connect by `connect`, `from_client`, `connect_cluster` and
 //! `connect_sentinel`, and on the first extend or release of a store made with `new`:
@@ -116,6 +118,10 @@ where
             None => None,
         };
         let extended = set_ifeq_extended(replies.pop().unwrap_or(redis::Value::Nil))?;
+        if extended == Extended::Gone {
+            // Gone, or marked by a waiter: the script tells which.
+            return Ok(None);
+        }
         if let (Some(replicas), Some(waited)) = (self.replicas, waited) {
             // A lease found gone wrote nothing to wait for.
             if extended != Extended::Gone {
@@ -140,8 +146,9 @@ where
         set
     }
 
-    /// Releases `lease` with `DELIFEQ` or `DELEX … IFEQ`, then publishes on its channel, in
-    /// one pipeline; `None` when the server has neither, for the script to do it.
+    /// Releases `lease` with `DELIFEQ` or `DELEX … IFEQ`; `None` when the server has neither,
+    /// or the key no longer holds the bare secret (a waiter marked it, or the lease is gone),
+    /// for the script to do it.
     pub(in crate::store::redis) async fn release_native(
         &self,
         lease: LeaseRef<'_>,
@@ -158,14 +165,15 @@ where
             _ => delete.arg("DELIFEQ").arg(key),
         };
         delete.arg(secret.as_slice());
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(delete).add_command(self.publish(lease));
+        let mut pipe = redis::Pipeline::with_capacity(1);
+        pipe.add_command(delete);
         let Some(replies) = self.send_native(&pipe).await? else {
             return Ok(None);
         };
         let deleted = replies.into_iter().next().unwrap_or(redis::Value::Nil);
         match deleted.extract_error().map_err(Error::Redis)? {
-            redis::Value::Int(n) => Ok(Some(n == 1)),
+            redis::Value::Int(1) => Ok(Some(true)),
+            redis::Value::Int(_) => Ok(None),
             other => Err(Error::UnexpectedReply(format!(
                 "a delete answered {other:?}"
             ))),

@@ -145,15 +145,20 @@ pub(in crate::store::redis) struct Call<'a> {
 #[derive(Clone, Copy)]
 pub(in crate::store::redis) enum LastArg<'a> {
     Ttl,
-    /// The TTL, then one number more: how long a write intent lasts (0 for none) for a write
-    /// acquisition, the most permits live at once for a permit's.
+    /// The TTL, then one number more: `1` for an exclusive acquisition of a bounded wait (its
+    /// refusal marks the lock), else `0`.
     TtlAnd(u64),
     /// The TTL, then two numbers more: a read acquisition's read phase in ms (0 for none) and
-    /// `1` for an attempt of a bounded wait (else `0`); a write acquisition's intent in ms and
-    /// `0` unless the lock is phase-fair, `2` for its attempt of a bounded wait, else `1`.
+    /// how long a waiter's mark lasts in ms for an attempt of a bounded wait (else `0`); a
+    /// permit's most permits live at once and the same mark's length.
     TtlAndTwo(u64, u64),
+    /// The TTL, then three numbers more: a write acquisition's intent in ms, its phase-fair
+    /// flag (as for [`TtlAndTwo`](Self::TtlAndTwo)), and how long a waiter's mark lasts in ms
+    /// (`0` when the attempt is not one of a bounded wait).
+    TtlAndThree(u64, u64, u64),
     Channel(&'a [u8]),
-    /// The channel, then one number: a phase-fair write release's read phase in ms.
+    /// The channel, then one number: a phase-fair write release's read phase in ms, or `1` for
+    /// a reservation's release, which publishes unmarked.
     ChannelAnd(&'a [u8], u64),
     /// `1`: a reader's or a permit's release whose holder confirmed it live until after now.
     Live,
@@ -227,6 +232,10 @@ where
                 LastArg::TtlAndTwo(first, second) => {
                     let ttl = lock.ttl.as_millis() as u64;
                     command.arg(ttl).arg(first).arg(second);
+                }
+                LastArg::TtlAndThree(first, second, third) => {
+                    let ttl = lock.ttl.as_millis() as u64;
+                    command.arg(ttl).arg(first).arg(second).arg(third);
                 }
                 LastArg::Channel(channel) => {
                     command.arg(channel);

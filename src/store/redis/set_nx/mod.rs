@@ -71,6 +71,27 @@ where
         }
     }
 
+    /// A waiter's first `SET NX PX`, alone: `true` when it took the key. A refusal goes on to
+    /// `acquire.lua`, which looks again and marks the lock in one step, so that the holder's
+    /// release publishes (`RedisStore::acquire_script`); a release between the two leaves the
+    /// key free for the script.
+    pub(in crate::store::redis) async fn set_nx_only(
+        &self,
+        lock: LockRef<'_>,
+        secret: &Secret,
+    ) -> Result<bool> {
+        let command = self.set_nx_command(lock, secret);
+        let started = self.started();
+        let mut conn = self.conn.clone();
+        let mut reply = conn.req_packed_command(&command).await;
+        if self.retry(&reply, &mut conn, started)? {
+            // A first `SET` whose reply was lost may have taken the key: refused now, the
+            // script then finds our own secret and answers acquired.
+            reply = conn.req_packed_command(&command).await;
+        }
+        set_nx_acquired(self.reply(reply)?)
+    }
+
     /// The retry of a `SET NX PX` whose connection was lost: the `SET` again, the key's value
     /// and its `PTTL`, in one pipeline. The `GET` tells a key our first `SET` took (its reply
     /// lost) from one someone else holds; `SET … NX GET` would say it in one command, but only
@@ -140,7 +161,8 @@ where
         let mut acquired = set_nx_acquired(next()?)?;
         if let Some(secret) = retried {
             // Our own secret in place: the first `SET` took the key, and only its reply was lost.
-            let ours = matches!(next()?, redis::Value::BulkString(held) if held == secret.as_bytes().as_slice());
+            // Marked or not: a waiter refused by it may have added its `!` since.
+            let ours = matches!(next()?, redis::Value::BulkString(held) if held.strip_suffix(b"!").unwrap_or(&held) == secret.as_bytes().as_slice());
             acquired |= ours;
         }
         if acquired {

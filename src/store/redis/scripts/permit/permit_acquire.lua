@@ -1,7 +1,8 @@
 -- Acquire one permit of a `Semaphore`. Permits live in a sorted set scored by lease end (server
 -- ms).
--- KEYS[1] permit set
--- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] the most permits live at once
+-- KEYS[1] permit set, KEYS[2] the semaphore's waited mark
+-- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] the most permits live at once, ARGV[4] how long a
+-- waiter's mark lasts in ms (0 when the attempt is not one of a bounded wait)
 -- Returns one integer (see acquire.lua): 0 when acquired, -3 - the ms until the earliest live
 -- permit ends when all are taken.
 --
@@ -18,6 +19,12 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
     -- (With room left, the ZADD below takes it again, unchanged but for its lease end.)
     if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
       return 0
+    end
+    -- A waiter refused marks the semaphore, so that releases publish (permit_release.lua)
+    -- until the mark ends: it outlives the waiter's wait until its next attempt, which marks
+    -- again if refused again.
+    if ARGV[4] ~= '0' then
+      redis.call('SET', KEYS[2], '', 'PX', ARGV[4])
     end
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     -- No member at all only with a limit of 0, which the callers never send.

@@ -1,7 +1,8 @@
 -- Release one permit of a `Semaphore`: only a live one counts (an ended permit is gone, and the
 -- answer is 0 as if it had been dropped). Every release frees a slot, so each one publishes on
--- the semaphore's channel, which is the set's own key, waking a waiter in another process.
--- KEYS[1] permit set; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
+-- the semaphore's channel, which is the set's own key, waking a waiter in another process, while
+-- a refused waiter's mark lives (permit_acquire.lua); nobody would hear it otherwise.
+-- KEYS[1] permit set, KEYS[2] the waited mark; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
 -- permit live until after now (`Backend::release_live`): then the server's clock is not asked,
 -- and a member still in the set counts as live. Returns 1 when released, 0 when the permit was
 -- gone.
@@ -21,5 +22,7 @@ else
     return 0
   end
 end
-redis.call('PUBLISH', KEYS[1], '')
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('PUBLISH', KEYS[1], '')
+end
 return 1

@@ -1,9 +1,9 @@
 -- Shared acquire for `RwLock`. Readers live in a sorted set scored by lease end (server ms).
 -- KEYS[1] writer key, KEYS[2] reader set, KEYS[3] write intent, KEYS[4] waiting readers, KEYS[5]
--- read phase, KEYS[6] fence counter (only when fenced)
+-- read phase, KEYS[6] the lock's waited mark, KEYS[7] fence counter (only when fenced)
 -- ARGV[1] secret, ARGV[2] TTL in ms, ARGV[3] how long a read phase lasts in ms (0: the lock is not
--- phase-fair), ARGV[4] `1` when the attempt is one of a bounded wait (it comes back with the same
--- secret)
+-- phase-fair), ARGV[4] how long a waiter's mark lasts in ms when the attempt is one of a bounded
+-- wait (it comes back with the same secret), else `0`
 -- Returns one integer (see acquire.lua): when acquired, the current write generation (0 when
 -- unfenced, never written, or not acquired at all for an hour); when refused, -3 - the ms until
 -- the writer's lease ends, or until the intent ends while a writer waits for the readers to leave.
@@ -12,6 +12,12 @@
 -- readers (a sorted set of secrets scored by the note's end: the refusal's wait plus two read
 -- phases); a writer's release (write_release.lua) makes them the read phase, whose readers enter
 -- despite a newer intent, each leaving the phase (and the waiting readers) as it enters.
+--
+-- A waiting reader refused marks what refused it, so that its end publishes: the writer's key
+-- (its secret and `!`, as acquire.lua marks a lock; the writer's release publishes for it), or
+-- for an intent the lock's waited mark (the intent's withdrawal publishes while it lives, and a
+-- writer that acquires while it lives takes its key marked). Releases nobody waits for publish
+-- nothing.
 --
 -- Every call costs the server's CPU, and this script runs once per read, so the common path (no
 -- writer, no intent, nobody waiting) makes four: TIME, one EXISTS for every blocker, ZADD,
@@ -45,7 +51,21 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0 then
     end
   end
   if blocked then
-    if phase > 0 and ARGV[4] == '1' then
+    if ARGV[4] ~= '0' then
+      if writer ~= -2 then
+        local held = redis.call('GET', KEYS[1])
+        if writer > 0 and held and #held == 16 then
+          if redis.REDIS_VERSION_NUM then
+            redis.call('SET', KEYS[1], held .. '!', 'KEEPTTL')
+          else
+            redis.call('SET', KEYS[1], held .. '!', 'PX', writer + 1)
+          end
+        end
+      else
+        redis.call('SET', KEYS[6], '', 'PX', ARGV[4])
+      end
+    end
+    if phase > 0 and ARGV[4] ~= '0' then
       -- Noted as waiting until its next attempt, and two read phases more.
       local ends = now + math.max(blocked, 0) + 2 * phase
       redis.call('ZADD', KEYS[4], ends, ARGV[1])
@@ -55,7 +75,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0 then
     end
     return -3 - blocked
   end
-  if phase > 0 and ARGV[4] == '1' then
+  if phase > 0 and ARGV[4] ~= '0' then
     -- In: it waits no more (and, entering without an intent, leaves its phase).
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('ZREM', KEYS[5], ARGV[1])
@@ -78,12 +98,12 @@ end
 -- The write generation, whose counter a reader keeps alive: it expires an hour after the
 -- lock's last acquisition, read or write (or one TTL, if longer), so a name in use keeps its
 -- generation, and one nobody uses leaves no key behind.
-if not KEYS[6] then
+if not KEYS[7] then
   return 0
 end
-local fence = redis.call('GET', KEYS[6])
+local fence = redis.call('GET', KEYS[7])
 if not fence then
   return 0
 end
-redis.call('PEXPIRE', KEYS[6], math.max(3600000, tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[7], math.max(3600000, tonumber(ARGV[2])))
 return tonumber(fence)

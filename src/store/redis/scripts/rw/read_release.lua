@@ -1,14 +1,15 @@
 -- Release one reader lease: only a live one counts (an ended reader's lease is gone, and the
 -- answer is 0 as if it had been dropped). The last live reader's release publishes on the
 -- lock's channel, the reader set's key without its `:r`, waking a writer waiting in another
--- process.
--- KEYS[1] reader set; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
+-- process, while a refused writer's mark lives (write_acquire.lua); nobody would hear it
+-- otherwise.
+-- KEYS[1] reader set, KEYS[2] the lock's waited mark; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
 -- lease live until after now (`Backend::release_live`): then the server's clock is not asked,
 -- and a member still in the set counts as live. Returns 1 when released, 0 when the lease was
 -- gone.
 --
 -- The live path is the common one and makes three calls when the set goes with its last
--- member (ZREM, EXISTS, PUBLISH), against five for the checked one.
+-- member and nobody waits (ZREM, EXISTS, EXISTS), against five for the checked one.
 local now
 if ARGV[2] then
   if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
@@ -37,5 +38,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   redis.call('DEL', KEYS[1])
 end
-redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), '')
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), '')
+end
 return 1

@@ -2,13 +2,17 @@
 -- only the holder's own secret deletes the key. The readers that waited for the write, and are
 -- still waiting, become the read phase: they come in before the next writer, for at most the
 -- phase's length. The release publishes on the lock's channel, waking them (and writers) in
--- other processes.
--- KEYS[1] writer key, KEYS[2] waiting readers, KEYS[3] read phase; ARGV[1] secret, ARGV[2]
+-- other processes, when someone waits: a read phase begins, a waiter marked the key (its secret
+-- and `!`, see read_acquire.lua) or the lock's waited mark lives.
+-- KEYS[1] writer key, KEYS[2] waiting readers, KEYS[3] read phase, KEYS[4] the lock's waited
+-- mark; ARGV[1] secret, ARGV[2]
 -- channel, ARGV[3] how long a read phase lasts in ms. Returns 1 when released, 0 when the lease
 -- was gone.
 --
--- Without waiting readers, four calls: GET, DEL, EXISTS, PUBLISH.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- Without waiting readers, four calls: GET, DEL, EXISTS, EXISTS.
+local held = redis.call('GET', KEYS[1])
+local waited = held == ARGV[1] .. '!'
+if held ~= ARGV[1] and not waited then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -20,7 +24,10 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('RENAME', KEYS[2], KEYS[3])
     redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    waited = true
   end
 end
-redis.call('PUBLISH', ARGV[2], '')
+if waited or redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('PUBLISH', ARGV[2], '')
+end
 return 1
