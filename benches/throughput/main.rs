@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use variants::{
-    CONCURRENCY, MINIMUM, NATIVE_MINIMUM, REFUSED_HAND, REFUSED_LOCK, RSLOCK, TTL, variants,
+    CONCURRENCY, LOCK_REDIS, MINIMUM, MINIMUM_MULTIPLEXED, NATIVE_MINIMUM, REFUSED_HAND,
+    REFUSED_LOCK, RSLOCK, TTL, variants,
 };
 
 use tower_lease_harness::Endpoint;
@@ -121,10 +122,6 @@ async fn bench(redis: &Redis, settings: Settings) {
     // Every cycle each variant ran, warm-up included: for instruction counts per cycle from
     // two callgrind runs of different lengths.
     let mut total_ops = vec![0u64; variants.len()];
-    // Warm up: connections, loaded scripts, allocator pools.
-    for (v, (_, op)) in variants.iter().enumerate() {
-        total_ops[v] += bench::run(op, 8, Duration::from_millis(100)).await.ops;
-    }
     // BENCH_TASKS=64 runs only that concurrency.
     let concurrency: Vec<usize> = match std::env::var("BENCH_TASKS") {
         Ok(tasks) => tasks
@@ -134,6 +131,14 @@ async fn bench(redis: &Redis, settings: Settings) {
             .collect(),
         Err(_) => CONCURRENCY.to_vec(),
     };
+    // Warm up with one whole round at every concurrency, not counted: connections, loaded
+    // scripts, allocator pools, the runtime's worker threads and the store's timer tasks are
+    // then in the state the counted rounds find them in, whichever variant runs first.
+    for &tasks in &concurrency {
+        for (v, (_, op)) in variants.iter().enumerate() {
+            total_ops[v] += bench::run(op, tasks, settings.round).await.ops;
+        }
+    }
     let mut results: HashMap<(usize, usize), Row> = HashMap::new();
     for &tasks in &concurrency {
         for round in 0..settings.rounds {
@@ -264,15 +269,40 @@ async fn bench(redis: &Redis, settings: Settings) {
     }
 
     println!("\ntargets:");
-    let lock = "tower-lease Lock (Redis)";
+    let lock = LOCK_REDIS;
     let vs_min = paired(64, lock, MINIMUM, rates);
     let cpu = paired(64, lock, MINIMUM, client_cpu);
     let latency = paired(1, lock, MINIMUM, p50s);
-    target(
-        "Lock cycle at 64 tasks ≥ 0.95× the minimum",
-        vs_min,
-        vs_min >= 0.95,
+    let native = index(NATIVE_MINIMUM).is_some();
+    if native {
+        // With native compare-and-set the store sends no script: it is held to the native
+        // pair, and the Lua minimum is only shown.
+        goal(
+            "Lock cycle at 64 tasks ≥ 1.0× the native minimum (SET NX PX + DELIFEQ)",
+            lock,
+            NATIVE_MINIMUM,
+            1.0,
+        );
+        println!("  (and {vs_min:.3}× the Lua minimum)");
+    } else {
+        goal(
+            "Lock cycle at 64 tasks ≥ 1.0× the minimum (SET NX PX + EVALSHA)",
+            lock,
+            MINIMUM,
+            1.0,
+        );
+    }
+    let multiplexed = paired(
+        64,
+        "tower-lease Lock (Redis, MultiplexedConnection)",
+        MINIMUM_MULTIPLEXED,
+        rates,
     );
+    if !multiplexed.is_nan() {
+        println!(
+            "  (on one MultiplexedConnection, RedisStore::new beside the minimum: {multiplexed:.3})"
+        );
+    }
     target(
         "Lock client CPU per cycle at 64 tasks ≤ 1.1× the minimum's",
         cpu,
@@ -312,26 +342,18 @@ async fn bench(redis: &Redis, settings: Settings) {
             "  (the same on memory with requests as axum's router hands them, extensions already held: {routed:.3})"
         );
     }
-    let vs_native = paired(64, lock, NATIVE_MINIMUM, rates);
-    if !vs_native.is_nan() {
-        goal(
-            "Lock cycle at 64 tasks ≥ 1.0× the minimum (native compare-and-set)",
-            lock,
-            MINIMUM,
-            1.0,
-        );
-        println!("  (and {vs_native:.3}× the native minimum, SET NX PX + DELIFEQ)");
-    }
+    // The other kinds against the same minimum as `Lock` (the native pair where there is one).
+    let floor = if native { NATIVE_MINIMUM } else { MINIMUM };
     for cycle in [
         "RwLock read (Redis)",
         "RwLock write (Redis)",
         "Semaphore permit (Redis)",
     ] {
         goal(
-            &format!("{cycle} at 64 tasks ≥ 0.7× the minimum"),
+            &format!("{cycle} at 64 tasks ≥ 0.8× the Lock minimum"),
             cycle,
-            MINIMUM,
-            0.7,
+            floor,
+            0.8,
         );
     }
     let refused = paired(64, REFUSED_LOCK, REFUSED_HAND, rates);
