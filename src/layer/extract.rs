@@ -293,6 +293,25 @@ mod tests {
     }
 
     #[test]
+    fn a_lent_segment_is_the_name_extract_makes() {
+        // What the layers take (`with_name`, lent from the path when nothing is to decode)
+        // must be what `extract` answers, decoded or not, present or not.
+        for uri in [
+            "/i/42",
+            "/i/a%2Fb",
+            "/i/%FF",
+            "/i/",
+            "/i//x",
+            "/i",
+            "/i/42?q=%20",
+        ] {
+            let request = req(uri);
+            let lent = path_segment(1).with_name(&request, <[u8]>::to_vec);
+            assert_eq!(lent, path_segment(1).extract(&request), "{uri}");
+        }
+    }
+
+    #[test]
     fn several_segments_make_one_name_that_tells_them_apart() {
         let name = |uri: &str| path_segments([0, 2]).extract(&req(uri));
         assert_eq!(name("/a/x/b"), Some(b"a/b".to_vec()));
