@@ -6,6 +6,12 @@
 //! BENCH_ROUNDS=15 BENCH_ROUND_MS=1000 cargo bench --all-features --bench throughput
 //! ```
 //!
+//! `Lock` is measured on the store an application builds, `RedisStore::connect` (a
+//! `ConnectionManager`, release notifications), and held to the minimum on a
+//! `ConnectionManager` set up alike; the pair on one `MultiplexedConnection` (`RedisStore::new`)
+//! is shown beside it. A whole round at each concurrency warms every variant up first, and is
+//! not counted.
+//!
 //! Options (environment): `BENCH_ROUNDS`, `BENCH_ROUND_MS`, `BENCH_ONLY=a,b` (variants whose
 //! names hold one of these), `BENCH_TASKS=64` (one concurrency only), `BENCH_CURRENT_THREAD=1`
 //! (a current-thread runtime), `BENCH_DIAG=1` (allocation counts, diagnostic variants, and the
@@ -23,7 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use variants::{
-    CONCURRENCY, MINIMUM, NATIVE_MINIMUM, REFUSED_HAND, REFUSED_LOCK, RSLOCK, TTL, variants,
+    CONCURRENCY, LOCK_REDIS, MINIMUM, MINIMUM_MULTIPLEXED, NATIVE_MINIMUM, REFUSED_HAND,
+    REFUSED_LOCK, RSLOCK, TTL, variants,
 };
 
 use tower_lease_harness::Endpoint;
@@ -64,7 +71,9 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 fn main() {
-    let settings = Settings::from_env(15, 150);
+    // Rounds of 150 ms left the ratios within rounds spread from 0.5 to 1.6 on a loaded
+    // 2-core machine, and their median anywhere in it; 400 ms rounds hold still enough.
+    let settings = Settings::from_env(15, 400);
     COUNTING.store(std::env::var_os("BENCH_DIAG").is_some(), Ordering::Relaxed);
     let redis = Redis::start();
     // BENCH_CURRENT_THREAD=1: one thread for the client, for steadier instruction counts.
@@ -121,10 +130,6 @@ async fn bench(redis: &Redis, settings: Settings) {
     // Every cycle each variant ran, warm-up included: for instruction counts per cycle from
     // two callgrind runs of different lengths.
     let mut total_ops = vec![0u64; variants.len()];
-    // Warm up: connections, loaded scripts, allocator pools.
-    for (v, (_, op)) in variants.iter().enumerate() {
-        total_ops[v] += bench::run(op, 8, Duration::from_millis(100)).await.ops;
-    }
     // BENCH_TASKS=64 runs only that concurrency.
     let concurrency: Vec<usize> = match std::env::var("BENCH_TASKS") {
         Ok(tasks) => tasks
@@ -134,6 +139,14 @@ async fn bench(redis: &Redis, settings: Settings) {
             .collect(),
         Err(_) => CONCURRENCY.to_vec(),
     };
+    // Warm up with one whole round at every concurrency, not counted: connections, loaded
+    // scripts, allocator pools, the runtime's worker threads and the store's timer tasks are
+    // then in the state the counted rounds find them in, whichever variant runs first.
+    for &tasks in &concurrency {
+        for (v, (_, op)) in variants.iter().enumerate() {
+            total_ops[v] += bench::run(op, tasks, settings.round).await.ops;
+        }
+    }
     let mut results: HashMap<(usize, usize), Row> = HashMap::new();
     for &tasks in &concurrency {
         for round in 0..settings.rounds {
@@ -264,15 +277,42 @@ async fn bench(redis: &Redis, settings: Settings) {
     }
 
     println!("\ntargets:");
-    let lock = "tower-lease Lock (Redis)";
+    let lock = LOCK_REDIS;
     let vs_min = paired(64, lock, MINIMUM, rates);
-    let cpu = paired(64, lock, MINIMUM, client_cpu);
-    let latency = paired(1, lock, MINIMUM, p50s);
-    target(
-        "Lock cycle at 64 tasks ≥ 0.95× the minimum",
-        vs_min,
-        vs_min >= 0.95,
+    let native = index(NATIVE_MINIMUM).is_some();
+    // What `Lock` is held to: the native pair where the server has it, the Lua one otherwise.
+    let floor = if native { NATIVE_MINIMUM } else { MINIMUM };
+    let cpu = paired(64, lock, floor, client_cpu);
+    let latency = paired(1, lock, floor, p50s);
+    if native {
+        // With native compare-and-set the store sends no script: it is held to the native
+        // pair, and the Lua minimum is only shown.
+        goal(
+            "Lock cycle at 64 tasks ≥ 1.0× the native minimum (SET NX PX + DELIFEQ)",
+            lock,
+            NATIVE_MINIMUM,
+            1.0,
+        );
+        println!("  (and {vs_min:.3}× the Lua minimum)");
+    } else {
+        goal(
+            "Lock cycle at 64 tasks ≥ 1.0× the minimum (SET NX PX + EVALSHA)",
+            lock,
+            MINIMUM,
+            1.0,
+        );
+    }
+    let multiplexed = paired(
+        64,
+        "tower-lease Lock (Redis, MultiplexedConnection)",
+        MINIMUM_MULTIPLEXED,
+        rates,
     );
+    if !multiplexed.is_nan() {
+        println!(
+            "  (on one MultiplexedConnection, RedisStore::new beside the Lua minimum: {multiplexed:.3})"
+        );
+    }
     target(
         "Lock client CPU per cycle at 64 tasks ≤ 1.1× the minimum's",
         cpu,
@@ -312,26 +352,17 @@ async fn bench(redis: &Redis, settings: Settings) {
             "  (the same on memory with requests as axum's router hands them, extensions already held: {routed:.3})"
         );
     }
-    let vs_native = paired(64, lock, NATIVE_MINIMUM, rates);
-    if !vs_native.is_nan() {
-        goal(
-            "Lock cycle at 64 tasks ≥ 1.0× the minimum (native compare-and-set)",
-            lock,
-            MINIMUM,
-            1.0,
-        );
-        println!("  (and {vs_native:.3}× the native minimum, SET NX PX + DELIFEQ)");
-    }
+    // The other kinds against the same minimum as `Lock`.
     for cycle in [
         "RwLock read (Redis)",
         "RwLock write (Redis)",
         "Semaphore permit (Redis)",
     ] {
         goal(
-            &format!("{cycle} at 64 tasks ≥ 0.7× the minimum"),
+            &format!("{cycle} at 64 tasks ≥ 0.8× the Lock minimum"),
             cycle,
-            MINIMUM,
-            0.7,
+            floor,
+            0.8,
         );
     }
     let refused = paired(64, REFUSED_LOCK, REFUSED_HAND, rates);

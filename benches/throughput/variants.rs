@@ -30,9 +30,15 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
     )
 });
 
+/// The minimum, on a `ConnectionManager` set up as `RedisStore::connect` sets up its own.
 pub(crate) const MINIMUM: &str = "hand-written SET NX PX + EVALSHA";
+/// The same on one `MultiplexedConnection`, beside the store made with `RedisStore::new`.
+pub(crate) const MINIMUM_MULTIPLEXED: &str =
+    "hand-written SET NX PX + EVALSHA (MultiplexedConnection)";
 /// The minimum on a server with native compare-and-delete (Valkey 9): no script at all.
 pub(crate) const NATIVE_MINIMUM: &str = "hand-written SET NX PX + DELIFEQ";
+/// The `Lock` the goals hold to the minimum: on a store made by `RedisStore::connect`.
+pub(crate) const LOCK_REDIS: &str = "tower-lease Lock (Redis)";
 pub(crate) const RSLOCK: &str = "rslock";
 pub(crate) const REFUSED_HAND: &str = "refused: hand-written SET NX PX";
 pub(crate) const REFUSED_LOCK: &str = "refused: Lock try_lock (Redis)";
@@ -93,64 +99,22 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
     let conn = redis.connection().await;
     let mut list: Vec<(&'static str, Op)> = Vec::new();
 
-    let keys = names("tlbench:hand:");
-    let hand = conn.clone();
+    // The store a user builds (`RedisStore::connect`) sends over a `ConnectionManager`, so the
+    // minimum it is held to runs over one too, set up alike; the pair on one
+    // `MultiplexedConnection` follows as rows of their own.
+    let manager = managed_connection(redis).await;
     list.push((
         MINIMUM,
-        op(move |task, _| {
-            let (mut conn, keys) = (hand.clone(), keys.clone());
-            async move {
-                let key = keys[task].as_str();
-                let token: [u8; 16] = rand::random();
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(key)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("SET NX PX");
-                assert!(set.is_some(), "the hand-written lock was held");
-                let deleted: i64 = COMPARE_AND_DELETE
-                    .key(key)
-                    .arg(&token[..])
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("EVALSHA");
-                assert_eq!(deleted, 1, "the hand-written release found no lease");
-            }
-        }),
+        minimum(manager.clone(), "tlbench:hand:", Release::Script),
     ));
-
+    list.push((
+        MINIMUM_MULTIPLEXED,
+        minimum(conn.clone(), "tlbench:handm:", Release::Script),
+    ));
     if has_delifeq(&conn).await {
-        let (hand, keys) = (conn.clone(), names("tlbench:native:"));
         list.push((
             NATIVE_MINIMUM,
-            op(move |task, _| {
-                let (mut conn, keys) = (hand.clone(), keys.clone());
-                async move {
-                    let key = keys[task].as_str();
-                    let token: [u8; 16] = rand::random();
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(key)
-                        .arg(&token[..])
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("SET NX PX");
-                    assert!(set.is_some(), "the hand-written lock was held");
-                    let deleted: i64 = redis::cmd("DELIFEQ")
-                        .arg(key)
-                        .arg(&token[..])
-                        .query_async(&mut conn)
-                        .await
-                        .expect("DELIFEQ");
-                    assert_eq!(deleted, 1, "the hand-written release found no lease");
-                }
-            }),
+            minimum(manager.clone(), "tlbench:native:", Release::Native),
         ));
     }
 
@@ -211,17 +175,19 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         }),
     ));
 
-    // What most applications hand the store: a ConnectionManager (it reconnects by itself).
-    let manager = redis::aio::ConnectionManager::new(redis.client())
+    // The store on one `MultiplexedConnection` (`RedisStore::new`): its timeout kept by the
+    // connection's own response timeout, no release notifications.
+    list.push((
+        "tower-lease Lock (Redis, MultiplexedConnection)",
+        lock_cycle(redis_store(conn.clone())),
+    ));
+    // What a user builds: `RedisStore::connect` (a `ConnectionManager`, release notifications,
+    // the native compare-and-set probe).
+    let connected: Store = tower_lease::RedisStore::connect(&redis.url())
         .await
-        .unwrap();
-    let managed = tower_lease::RedisStore::new(manager)
+        .expect("RedisStore::connect")
         .prefix("tlbench")
         .into();
-    list.push((
-        "tower-lease Lock (Redis, ConnectionManager)",
-        lock_cycle(managed),
-    ));
 
     let stores = [
         (
@@ -229,7 +195,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
             "RwLock read (Redis)",
             "RwLock write (Redis)",
             "Semaphore permit (Redis)",
-            redis_store(conn.clone()),
+            connected.clone(),
         ),
         (
             "tower-lease Lock (memory)",
@@ -279,7 +245,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         (
             "LockLayer request (Redis)",
             "bare request + Lock cycle (Redis)",
-            redis_store(conn.clone()),
+            connected.clone(),
         ),
         (
             "LockLayer request (memory)",
@@ -307,7 +273,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
         (
             "LockLayer request to a waiting handler (Redis)",
             "bare request to a waiting handler + Lock cycle (Redis)",
-            redis_store(conn.clone()),
+            connected.clone(),
         ),
         (
             "LockLayer request to a waiting handler (memory)",
@@ -431,6 +397,67 @@ where
             assert!(token.release().await.unwrap());
         }
     })
+}
+
+/// How the minimum releases: the compare-and-delete script, or `DELIFEQ` (Valkey 9).
+#[derive(Clone, Copy)]
+enum Release {
+    Script,
+    Native,
+}
+
+/// The hand-written lock/release cycle, `SET NX PX` and a compare-and-delete, on `conn`.
+fn minimum<C>(conn: C, prefix: &str, release: Release) -> Op
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let keys = names(prefix);
+    op(move |task, _| {
+        let (mut conn, keys) = (conn.clone(), keys.clone());
+        async move {
+            let key = keys[task].as_str();
+            let token: [u8; 16] = rand::random();
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(&token[..])
+                .arg("NX")
+                .arg("PX")
+                .arg(TTL.as_millis() as u64)
+                .query_async(&mut conn)
+                .await
+                .expect("SET NX PX");
+            assert!(set.is_some(), "the hand-written lock was held");
+            let deleted: i64 = match release {
+                Release::Script => COMPARE_AND_DELETE
+                    .key(key)
+                    .arg(&token[..])
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("EVALSHA"),
+                Release::Native => redis::cmd("DELIFEQ")
+                    .arg(key)
+                    .arg(&token[..])
+                    .query_async(&mut conn)
+                    .await
+                    .expect("DELIFEQ"),
+            };
+            assert_eq!(deleted, 1, "the hand-written release found no lease");
+        }
+    })
+}
+
+/// A `ConnectionManager` with the settings `RedisStore::connect` gives its own: reconnect
+/// backoff 10–100 ms, two retries, response and connection timeouts of 1 s.
+async fn managed_connection(redis: &Redis) -> redis::aio::ConnectionManager {
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100))
+        .set_number_of_retries(2)
+        .set_response_timeout(Some(Duration::from_secs(1)))
+        .set_connection_timeout(Some(Duration::from_secs(1)));
+    redis::aio::ConnectionManager::new_with_config(redis.client(), config)
+        .await
+        .expect("a ConnectionManager")
 }
 
 /// Whether the server has `DELIFEQ` (Valkey 9.0+).

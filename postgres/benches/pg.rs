@@ -24,7 +24,9 @@
 //! 2. HTTP: one axum app (`POST /jobs/{name}`, a random name per request) behind a hand-written
 //!    `from_fn` middleware on the minimum (`409` when held, the release after the handler),
 //!    behind `LockLayer` on `PgStore`, and behind the same `from_fn` middleware around
-//!    `Lock::attempt` on `PgStore` (the layer's cost apart from the cycle's); 16 keep-alive
+//!    `Lock::attempt` on `PgStore` (the layer's cost apart from the cycle's), and behind
+//!    `IdempotencyLayer` on `PgStore` with a fresh `Idempotency-Key` per request (its first
+//!    request: look-up and reservation, the handler, the stored record); 16 keep-alive
 //!    connections each.
 //!
 //! Every variant runs once per round, in an order that rotates from round to round; ratios are
@@ -47,7 +49,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::StatusCode;
-use tower_lease::{Lock, LockLayer, RwLock, Store, extract};
+use tower_lease::{Idempotency, IdempotencyLayer, Lock, LockLayer, RwLock, Store, extract};
 use tower_lease_harness::PgServer;
 use tower_lease_harness::bench::{self, Op, Settings, median, op, quantile_us};
 use tower_lease_harness::http::{Sender, connect, serve};
@@ -61,6 +63,7 @@ const TTL_MS: i64 = 10_000;
 const LOCK: Lock<str> = Lock::new("bench", TTL);
 const JOBS: Lock<str> = Lock::new("jobs", TTL);
 const DOCS: RwLock<str> = RwLock::new("bench-docs", TTL);
+const ORDERS: Idempotency = Idempotency::new("bench-orders", Duration::from_secs(120));
 const CONCURRENCY: [usize; 2] = [1, 16];
 /// HTTP connections per app: as many as each pool has connections.
 const CONNECTIONS: usize = 16;
@@ -88,10 +91,12 @@ const PG_LOCK: &str = "PgStore: Lock try_lock + release";
 const FUNCTIONS: &str = "diagnostic: PgStore's functions, called by hand";
 const QUIET: &str = "diagnostic: the same, release without NOTIFY";
 const PG_READ: &str = "diagnostic: PgStore: RwLock try_read + release (a lone read)";
+const PG_FIRST: &str = "diagnostic: IdempotencyLayer first request, oneshot, no HTTP";
 
 const HAND_HTTP: &str = "from_fn lock by hand on the minimum";
 const LAYER_HTTP: &str = "LockLayer on PgStore";
 const LOCK_FN_HTTP: &str = "diagnostic: from_fn around Lock::attempt on PgStore";
+const FIRST_HTTP: &str = "IdempotencyLayer on PgStore, first request";
 
 fn main() {
     let settings = Settings::from_env(15, 300);
@@ -234,6 +239,27 @@ fn store_read_cycle(store: Store) -> Op {
     })
 }
 
+/// One request with a fresh `Idempotency-Key` through `IdempotencyLayer`, sent with `oneshot`
+/// and its body read: the statements of a first request, in section 3.
+fn first_request(store: Store) -> Op {
+    use tower::ServiceExt;
+    let app = app().route_layer(IdempotencyLayer::new(store, ORDERS));
+    op(move |_, _| {
+        let app = app.clone();
+        async move {
+            let req = http::Request::post("/jobs/o")
+                .header("idempotency-key", format!("{:x}", rand::random::<u128>()))
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = app.oneshot(req).await.expect("infallible");
+            assert_eq!(res.status(), StatusCode::OK, "a first request failed");
+            axum::body::to_bytes(res.into_body(), usize::MAX)
+                .await
+                .expect("the body");
+        }
+    })
+}
+
 /// CPU time (user + system) of the postmaster and every process it started.
 fn server_cpu(postmaster: u32) -> Duration {
     let mut total = bench::cpu_time_of(postmaster).unwrap_or_default();
@@ -303,16 +329,28 @@ struct Counts {
     conflict: AtomicU64,
 }
 
-/// Drives `senders` for `length` with a random name per request; answers the requests.
-async fn drive(senders: &mut Vec<Sender>, host: &str, length: Duration, counts: &Counts) -> u64 {
+/// Drives `senders` for `length` with a random name per request, and with `keyed` a fresh
+/// `Idempotency-Key` too; answers the requests.
+async fn drive(
+    senders: &mut Vec<Sender>,
+    host: &str,
+    length: Duration,
+    counts: &Counts,
+    keyed: bool,
+) -> u64 {
     let host = host.to_owned();
     let request = move |_| {
-        http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
-            .header(http::header::HOST, &host)
-            .body(Default::default())
-            .unwrap()
+        let mut req = http::Request::post(format!("/jobs/{:x}", rand::random::<u64>()))
+            .header(http::header::HOST, &host);
+        if keyed {
+            req = req.header("idempotency-key", format!("{:x}", rand::random::<u128>()));
+        }
+        req.body(Default::default()).unwrap()
     };
-    let check = |_, head: &http::response::Parts| match head.status {
+    let check = move |_, head: &http::response::Parts| match head.status {
+        StatusCode::OK if keyed && head.headers.contains_key("idempotent-replayed") => {
+            panic!("a fresh key was replayed")
+        }
         StatusCode::OK => {}
         // Two random names of 64 bits that meet: possible, not expected.
         StatusCode::CONFLICT => {}
@@ -461,6 +499,7 @@ async fn bench(server: &PgServer, settings: Settings) {
         (PG_LOCK, store_cycle(store.clone())),
         (FUNCTIONS, hand_cycle(functions, "fn-")),
         (PG_READ, store_read_cycle(store.clone())),
+        (PG_FIRST, first_request(store.clone())),
     ];
     if make_quiet_release(&admin).await {
         let quiet = Hand {
@@ -519,6 +558,10 @@ async fn bench(server: &PgServer, settings: Settings) {
                 lock_middleware,
             )),
         ),
+        (
+            FIRST_HTTP,
+            app().route_layer(IdempotencyLayer::new(store.clone(), ORDERS)),
+        ),
     ];
     let mut targets = Vec::new();
     for (name, app) in apps {
@@ -534,17 +577,25 @@ async fn bench(server: &PgServer, settings: Settings) {
             counts,
         ));
     }
-    for (_, host, senders, counts) in &mut targets {
-        drive(senders, host, Duration::from_millis(300), counts).await;
+    let keyed = |name: &str| name == FIRST_HTTP;
+    for (name, host, senders, counts) in &mut targets {
+        drive(
+            senders,
+            host,
+            Duration::from_millis(300),
+            counts,
+            keyed(name),
+        )
+        .await;
     }
     let mut http_rows: Vec<Row> = targets.iter().map(|_| Row::default()).collect();
     for round in 0..settings.rounds {
         for k in 0..targets.len() {
             let v = (k + round) % targets.len();
-            let (_, host, senders, counts) = &mut targets[v];
+            let (name, host, senders, counts) = &mut targets[v];
             let (client, server, start) =
                 (bench::cpu_time(), server_cpu(postmaster), Instant::now());
-            let requests = drive(senders, host, settings.round, counts).await;
+            let requests = drive(senders, host, settings.round, counts, keyed(name)).await;
             let elapsed = start.elapsed();
             http_rows[v].push(
                 requests,
@@ -639,6 +690,23 @@ async fn bench(server: &PgServer, settings: Settings) {
         "  (LockLayer × from_fn around Lock::attempt, both on PgStore: {})",
         ratio_cell(&within(&http_rows[1].rates, &http_rows[2].rates))
     );
+    let first = within(&http_rows[3].rates, &http_rows[1].rates);
+    if !bench::goal(
+        "IdempotencyLayer first request ≥ 0.9× LockLayer, both on PgStore",
+        &first,
+        0.9,
+    ) {
+        met.push(false);
+        let (first, layer) = (&http_rows[3], &http_rows[1]);
+        println!(
+            "  where the time goes: server CPU {:.1} µs per request against {:.1}, client CPU \
+             {:.1} µs against {:.1}",
+            spread(&first.server_cpu).0,
+            spread(&layer.server_cpu).0,
+            spread(&first.client_cpu).0,
+            spread(&layer.client_cpu).0,
+        );
+    }
     // What the diagnostic variants split: the server's share (PgStore's functions by hand ×
     // the minimum) and the client's (PgStore × its functions by hand), within each round.
     println!("\nsplit (medians of the ratios within rounds):");

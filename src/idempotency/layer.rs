@@ -51,7 +51,9 @@ impl<B> ExtractName<B> for Unscoped {
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer<E = Unscoped> {
-    config: Config,
+    // Shared: `Layer::layer` (which axum calls per request for an app not yet given its state)
+    // clones an `Arc`, not the whole configuration.
+    config: Arc<Config>,
     scope: E,
 }
 
@@ -76,7 +78,7 @@ impl IdempotencyLayer {
             replays: Arc::default(),
         };
         Self {
-            config,
+            config: Arc::new(config),
             scope: Unscoped,
         }
     }
@@ -86,7 +88,7 @@ impl<E> IdempotencyLayer<E> {
     /// Answers `400 Bad Request` (`urn:tower-lease:idempotency-key-missing`) to a request
     /// without an `Idempotency-Key`, instead of running it as usual.
     pub fn require_key(mut self) -> Self {
-        self.config.require_key = true;
+        Arc::make_mut(&mut self.config).require_key = true;
         self
     }
 
@@ -109,7 +111,7 @@ impl<E> IdempotencyLayer<E> {
     /// let layer = IdempotencyLayer::new(Store::memory(), ORDERS).fingerprint(Fingerprint::Json);
     /// ```
     pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
-        self.config.fingerprint = fingerprint;
+        Arc::make_mut(&mut self.config).fingerprint = fingerprint;
         self
     }
 
@@ -132,21 +134,21 @@ impl<E> IdempotencyLayer<E> {
     /// least every second; on other stores it looks again every 10 ms at first, then every
     /// 100 ms ([module docs](crate::idempotency#waiting)).
     pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.max_wait = wait;
+        Arc::make_mut(&mut self.config).max_wait = wait;
         self
     }
 
     /// The most request body bytes read for the fingerprint (default 1 MiB): a longer body
     /// gets `413 Payload Too Large` before anything is reserved.
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.config.max_body = bytes;
+        Arc::make_mut(&mut self.config).max_body = bytes;
         self
     }
 
     /// How long the request body may take to arrive (default 10 s): a slower one gets
     /// `408 Request Timeout` before anything is reserved.
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = timeout;
+        Arc::make_mut(&mut self.config).body_timeout = timeout;
         self
     }
 
@@ -155,7 +157,7 @@ impl<E> IdempotencyLayer<E> {
     /// and leaves a marker: its retries get `410 Gone`
     /// (`urn:tower-lease:idempotency-not-stored`), never a second run.
     pub fn max_response(mut self, bytes: usize) -> Self {
-        self.config.max_response = bytes;
+        Arc::make_mut(&mut self.config).max_response = bytes;
         self
     }
 
@@ -167,14 +169,14 @@ impl<E> IdempotencyLayer<E> {
     /// with `Retry-After`, and the layer goes on trying in the background while it lives (at
     /// most for the retention): once stored, retries replay the response.
     pub fn complete_within(mut self, within: Duration) -> Self {
-        self.config.complete_within = within;
+        Arc::make_mut(&mut self.config).complete_within = within;
         self
     }
 
     /// Renders the layer's refusals (`400`, `409`, `410`, `422`, `413`, `408`, `503`) with
     /// `hook`, as [`LockLayer::on_rejection`](crate::LockLayer::on_rejection) does.
     pub fn on_rejection<M: 'static>(mut self, hook: impl OnRejection<M>) -> Self {
-        self.config.renderer = Renderer::new(hook);
+        Arc::make_mut(&mut self.config).renderer = Renderer::new(hook);
         self
     }
 }
@@ -183,7 +185,7 @@ impl<S, E: Clone> Layer<S> for IdempotencyLayer<E> {
     type Service = IdempotencyService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, Arc::new(self.config.clone()), self.scope.clone())
+        IdempotencyService::new(inner, self.config.clone(), self.scope.clone())
     }
 }
 

@@ -52,6 +52,14 @@ pub trait ExtractName<B> {
 
     /// The lock name for `req`, or `None` to leave it unlocked.
     fn extract(&self, req: &Request<B>) -> Option<Self::Name>;
+
+    /// The bytes of [`extract`](Self::extract)'s name handed to `f`, or `None` to leave the
+    /// request unlocked: what the layers call, as they keep a copy of their own. An extractor
+    /// that can lend the bytes from the request itself (as [`path_segment`] does for a segment
+    /// with nothing to decode) overrides it, so no owned name is made only to be copied.
+    fn with_name<T>(&self, req: &Request<B>, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        self.extract(req).map(|name| f(&name.lock_name()))
+    }
 }
 
 impl<B, F, N> ExtractName<B> for F
@@ -87,17 +95,32 @@ impl<B> ExtractName<B> for PathSegment {
     type Name = Vec<u8>;
 
     fn extract(&self, req: &Request<B>) -> Option<Vec<u8>> {
-        let path = req.uri().path();
-        let segment = path
-            .strip_prefix('/')
-            .unwrap_or(path)
-            .split('/')
-            .nth(self.index)?;
+        let segment = self.segment(req)?;
         if !segment.contains('%') {
             // Nothing to decode, as in most paths: one copy instead of decoding byte by byte.
             return Some(segment.as_bytes().to_vec());
         }
         Some(percent_decode_str(segment).collect())
+    }
+
+    fn with_name<T>(&self, req: &Request<B>, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let segment = self.segment(req)?;
+        if !segment.contains('%') {
+            // Lent from the path as it is: no `Vec` for the layer to copy and drop.
+            return Some(f(segment.as_bytes()));
+        }
+        Some(f(&percent_decode_str(segment).collect::<Vec<u8>>()))
+    }
+}
+
+impl PathSegment {
+    /// The segment as it stands in the path, not yet decoded.
+    fn segment<'r, B>(&self, req: &'r Request<B>) -> Option<&'r str> {
+        let path = req.uri().path();
+        path.strip_prefix('/')
+            .unwrap_or(path)
+            .split('/')
+            .nth(self.index)
     }
 }
 
@@ -267,6 +290,25 @@ mod tests {
         assert_eq!(seg("/i/%00%7B%7D"), b"\0{}");
         assert_eq!(seg("/i/%FF%FE"), [0xff, 0xfe]);
         assert_eq!(seg("/i/caf%C3%A9"), "café".as_bytes());
+    }
+
+    #[test]
+    fn a_lent_segment_is_the_name_extract_makes() {
+        // What the layers take (`with_name`, lent from the path when nothing is to decode)
+        // must be what `extract` answers, decoded or not, present or not.
+        for uri in [
+            "/i/42",
+            "/i/a%2Fb",
+            "/i/%FF",
+            "/i/",
+            "/i//x",
+            "/i",
+            "/i/42?q=%20",
+        ] {
+            let request = req(uri);
+            let lent = path_segment(1).with_name(&request, <[u8]>::to_vec);
+            assert_eq!(lent, path_segment(1).extract(&request), "{uri}");
+        }
     }
 
     #[test]

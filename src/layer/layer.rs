@@ -38,7 +38,7 @@ use crate::{Lock, RwLock, Store};
 /// takes the lock; its type then says so in `P` ([`Buffered`] instead of [`Streamed`]).
 #[derive(Clone)]
 pub struct LockLayer<E, P = Streamed> {
-    pub(super) config: Config,
+    pub(super) config: Arc<Config>,
     extractor: E,
     body: PhantomData<fn() -> P>,
 }
@@ -57,7 +57,7 @@ impl<E> LockLayer<E> {
     /// `const`, as above, needs nothing.
     pub fn new<N: ?Sized>(store: Store, lock: Lock<N>, extractor: E) -> Self {
         Self {
-            config: Config::new(store, lock.definition()),
+            config: Arc::new(Config::new(store, lock.definition())),
             extractor,
             body: PhantomData,
         }
@@ -74,7 +74,7 @@ impl<E> LockLayer<E> {
     /// For large uploads, stream them before locking, or bound the hold with
     /// [`max_hold`](Self::max_hold) and tower-http's body timeout instead.
     pub fn buffer_body(mut self, max_bytes: usize) -> LockLayer<E, Buffered> {
-        self.config.body_limit = max_bytes;
+        Arc::make_mut(&mut self.config).body_limit = max_bytes;
         LockLayer {
             config: self.config,
             extractor: self.extractor,
@@ -108,7 +108,7 @@ impl<E> LockLayer<E> {
 /// ```
 #[derive(Clone)]
 pub struct RwLockLayer<E, R = SafeMethods, P = Streamed> {
-    pub(super) config: Config,
+    pub(super) config: Arc<Config>,
     extractor: E,
     read_when: R,
     body: PhantomData<fn() -> P>,
@@ -124,7 +124,7 @@ impl<E> RwLockLayer<E> {
         let linger = Linger::DEFAULT;
         config.share_reads(ReadSharing::Coalesced { linger });
         Self {
-            config,
+            config: Arc::new(config),
             extractor,
             read_when: SafeMethods,
             body: PhantomData,
@@ -174,7 +174,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
             },
             (true, coalesced) => coalesced,
         };
-        self.config.share_reads(sharing);
+        Arc::make_mut(&mut self.config).share_reads(sharing);
         self
     }
 
@@ -202,14 +202,14 @@ impl<E, R, P> RwLockLayer<E, R, P> {
     /// ends the linger at once too.
     pub fn linger_reads(mut self, linger: Duration) -> Self {
         let linger = Linger(linger);
-        self.config.share_reads(ReadSharing::Coalesced { linger });
+        Arc::make_mut(&mut self.config).share_reads(ReadSharing::Coalesced { linger });
         self
     }
 
     /// Reads the whole request body before taking the lock; see
     /// [`LockLayer::buffer_body`].
     pub fn buffer_body(mut self, max_bytes: usize) -> RwLockLayer<E, R, Buffered> {
-        self.config.body_limit = max_bytes;
+        Arc::make_mut(&mut self.config).body_limit = max_bytes;
         RwLockLayer {
             config: self.config,
             extractor: self.extractor,
@@ -224,7 +224,7 @@ impl<E, P> LockLayer<E, P> {
     where
         E: Clone,
     {
-        let config = Arc::new(self.config.clone());
+        let config = self.config.clone();
         LeaseService::new(inner, config, self.extractor.clone(), Access::Exclusive)
     }
 }
@@ -235,7 +235,7 @@ impl<E, R, P> RwLockLayer<E, R, P> {
         E: Clone,
         R: Clone,
     {
-        let config = Arc::new(self.config.clone());
+        let config = self.config.clone();
         let access = Access::ReadWrite(self.read_when.clone());
         LeaseService::new(inner, config, self.extractor.clone(), access)
     }
@@ -253,7 +253,7 @@ impl<S, E: Clone> Layer<S> for LockLayer<E, Buffered> {
     type Service = BufferBody<LeaseService<S, E>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
+        BufferBody::new(self.service(inner), self.config.clone())
     }
 }
 
@@ -269,7 +269,7 @@ impl<S, E: Clone, R: Clone> Layer<S> for RwLockLayer<E, R, Buffered> {
     type Service = BufferBody<LeaseService<S, E, R>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
+        BufferBody::new(self.service(inner), self.config.clone())
     }
 }
 

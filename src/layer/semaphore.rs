@@ -49,7 +49,7 @@ use crate::{Semaphore, Store};
 /// with different limits each get in while fewer than their own limit are running.
 #[derive(Clone)]
 pub struct SemaphoreLayer<E, K = SemaphorePermits, P = Streamed> {
-    pub(super) config: Config,
+    pub(super) config: Arc<Config>,
     extractor: E,
     permits: K,
     body: PhantomData<fn() -> P>,
@@ -64,7 +64,7 @@ impl<E> SemaphoreLayer<E> {
     pub fn new<N: ?Sized>(store: Store, semaphore: Semaphore<N>, extractor: E) -> Self {
         let config = Config::new(store, semaphore.definition());
         Self {
-            config,
+            config: Arc::new(config),
             extractor,
             permits: SemaphorePermits,
             body: PhantomData,
@@ -93,14 +93,15 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
     ///
     /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
     pub fn full_status(mut self, status: StatusCode) -> Self {
-        self.config.taken_status = super::options::config::taken_status("full_status", status);
+        Arc::make_mut(&mut self.config).taken_status =
+            super::options::config::taken_status("full_status", status);
         self
     }
 
     /// Reads the whole request body before taking a permit; see
     /// [`LockLayer::buffer_body`](crate::LockLayer::buffer_body).
     pub fn buffer_body(mut self, max_bytes: usize) -> SemaphoreLayer<E, K, Buffered> {
-        self.config.body_limit = max_bytes;
+        Arc::make_mut(&mut self.config).body_limit = max_bytes;
         SemaphoreLayer {
             config: self.config,
             extractor: self.extractor,
@@ -114,7 +115,7 @@ impl<E, K, P> SemaphoreLayer<E, K, P> {
         E: Clone,
         K: Clone,
     {
-        let config = Arc::new(self.config.clone());
+        let config = self.config.clone();
         let access = Access::Permits(self.permits.clone());
         LeaseService::new(inner, config, self.extractor.clone(), access)
     }
@@ -132,7 +133,7 @@ impl<S, E: Clone, K: Clone> Layer<S> for SemaphoreLayer<E, K, Buffered> {
     type Service = BufferBody<LeaseService<S, E, SafeMethods, K>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BufferBody::new(self.service(inner), Arc::new(self.config.clone()))
+        BufferBody::new(self.service(inner), self.config.clone())
     }
 }
 

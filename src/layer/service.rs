@@ -22,7 +22,6 @@ use super::options::config::Config;
 use super::per_request::{PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::request_body::timeout_body::TimeoutBody;
 use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
-use crate::LockName;
 use crate::backend::Mode;
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
@@ -100,7 +99,8 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let namespace = self.config.definition.namespace;
-        let Some(name) = self.extractor.extract(&req) else {
+        // Owned, as the request moves on with the future: in place when short (no allocation).
+        let Some(name) = self.extractor.with_name(&req, OwnedName::new) else {
             if self.config.require_name {
                 let mode = self.access.mode(&req);
                 let span = request_span(namespace, mode);
@@ -114,8 +114,6 @@ where
         };
         let mode = self.access.mode(&req);
         let span = request_span(namespace, mode);
-        // Owned, as the request moves on with the future: in place when short (no allocation).
-        let name = OwnedName::new(&name.lock_name());
         if let Some(defect) = NameDefect::of(name.as_bytes(), self.config.binary_names) {
             span.in_scope(|| tracing::debug!(?defect, "invalid lock name, request refused"));
             telemetry::refused(namespace, mode, telemetry::AcquireOutcome::InvalidName);

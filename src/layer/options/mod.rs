@@ -23,7 +23,7 @@ macro_rules! options {
             /// Use it only where running a request twice at once is an inconvenience, not a
             /// corruption.
             pub fn fail_open(mut self) -> Self {
-                self.config.fail_open = true;
+                std::sync::Arc::make_mut(&mut self.config).fail_open = true;
                 self
             }
 
@@ -40,7 +40,7 @@ macro_rules! options {
                      the TTL ({:?})",
                     self.config.definition.ttl
                 );
-                self.config.beat.set_every(every);
+                std::sync::Arc::make_mut(&mut self.config).beat.set_every(every);
                 self
             }
 
@@ -48,7 +48,7 @@ macro_rules! options {
             /// keep the lock forever: the lease then runs out at most one TTL later and counts
             /// as lost (see [`on_lease_lost`](Self::on_lease_lost)). No limit by default.
             pub fn max_hold(mut self, max_hold: Duration) -> Self {
-                self.config.beat.set_max_hold(max_hold);
+                std::sync::Arc::make_mut(&mut self.config).beat.set_max_hold(max_hold);
                 self
             }
 
@@ -56,7 +56,7 @@ macro_rules! options {
             /// [`LeaseLost::Abort`] (the default) drops the inner future and answers `503`;
             /// [`LeaseLost::Continue`] only flags the [`Lease`](crate::Lease).
             pub fn on_lease_lost(mut self, policy: LeaseLost) -> Self {
-                self.config.on_lease_lost = policy;
+                std::sync::Arc::make_mut(&mut self.config).on_lease_lost = policy;
                 self
             }
 
@@ -67,7 +67,7 @@ macro_rules! options {
             /// The heartbeat keeps the lease alive while the client reads slowly, or not at
             /// all; combine with [`max_hold`](Self::max_hold) to bound that.
             pub fn hold_through_body(mut self) -> Self {
-                self.config.hold_through_body = true;
+                std::sync::Arc::make_mut(&mut self.config).hold_through_body = true;
                 self
             }
 
@@ -80,7 +80,7 @@ macro_rules! options {
             /// bug or a probe; control bytes make keys unreadable in `redis-cli`, and a `}`
             /// shortens the cluster hash tag, so crafted names could pile onto one slot.
             pub fn binary_names(mut self) -> Self {
-                self.config.binary_names = true;
+                std::sync::Arc::make_mut(&mut self.config).binary_names = true;
                 self
             }
 
@@ -93,7 +93,7 @@ macro_rules! options {
             /// `500 Missing request extension`. Handlers that also serve unlocked requests take
             /// `Option<Extension<Lease>>` instead.
             pub fn require_name(mut self) -> Self {
-                self.config.require_name = true;
+                std::sync::Arc::make_mut(&mut self.config).require_name = true;
                 self
             }
 
@@ -104,7 +104,7 @@ macro_rules! options {
             /// [`Rejection`](crate::rejection::Rejection), whose
             /// [`problem_response`](crate::rejection::Rejection::problem_response) is the default.
             pub fn on_rejection<M: 'static>(mut self, hook: impl OnRejection<M>) -> Self {
-                self.config.renderer = Renderer::new(hook);
+                std::sync::Arc::make_mut(&mut self.config).renderer = Renderer::new(hook);
                 self
             }
 
@@ -116,14 +116,14 @@ macro_rules! options {
             /// queue first come, first served, and only the first asks the store. A client that
             /// goes away while waiting leaves nothing behind.
             pub fn max_wait(mut self, wait: Duration) -> Self {
-                self.config.max_wait = wait;
+                std::sync::Arc::make_mut(&mut self.config).max_wait = wait;
                 self
             }
 
             /// The most requests of this layer that wait at once (1024 by default); a request
             /// beyond it is answered at once, as without [`max_wait`](Self::max_wait).
             pub fn max_waiters(mut self, max_waiters: usize) -> Self {
-                self.config.max_waiters = max_waiters;
+                std::sync::Arc::make_mut(&mut self.config).max_waiters = max_waiters;
                 self
             }
 
@@ -139,7 +139,7 @@ macro_rules! options {
             /// the lock is taken, or the answer is `408` without locking. `Duration::MAX`
             /// turns the timeout off.
             pub fn body_timeout(mut self, timeout: Duration) -> Self {
-                self.config.body_timeout = super::options::timing::Limit::new(timeout);
+                std::sync::Arc::make_mut(&mut self.config).body_timeout = super::options::timing::Limit::new(timeout);
                 self
             }
 
@@ -151,7 +151,7 @@ macro_rules! options {
             /// response for the store's whole timeout; the lease's TTL frees the lock if the
             /// release never lands.
             pub fn max_release_wait(mut self, wait: Duration) -> Self {
-                self.config.max_release_wait = super::options::timing::Limit::new(wait);
+                std::sync::Arc::make_mut(&mut self.config).max_release_wait = super::options::timing::Limit::new(wait);
                 self
             }
         }
@@ -176,7 +176,7 @@ macro_rules! busy_status {
             ///
             /// If `status` is neither a client error (4xx) nor `503 Service Unavailable`.
             pub fn busy_status(mut self, status: StatusCode) -> Self {
-                self.config.taken_status = super::options::config::taken_status("busy_status", status);
+                std::sync::Arc::make_mut(&mut self.config).taken_status = super::options::config::taken_status("busy_status", status);
                 self
             }
         }
