@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_lease::{RedisStore, RwLock, Semaphore, Store};
 
 use tower_lease_harness::RedisServer;
-use tower_lease_harness::server::{calls, commandstats};
+use tower_lease_harness::server::{Endpoint, calls, commandstats};
 
 const TTL: Duration = Duration::from_millis(2_000);
 const CYCLES: u64 = 10;
