@@ -27,7 +27,11 @@ async fn an_uncontended_read_cycle_asks_one_exists_per_script() {
     let exists = calls(&after, "exists") - calls(&before, "exists");
     // The acquire's check for blockers, and the release's one check for readers left and a
     // waiter's mark together.
-    assert_eq!(exists, 2 * CYCLES, "{exists} EXISTS in {CYCLES} read cycles");
+    assert_eq!(
+        exists,
+        2 * CYCLES,
+        "{exists} EXISTS in {CYCLES} read cycles"
+    );
 }
 
 #[tokio::test]
@@ -43,6 +47,9 @@ async fn a_refused_permit_sweeps_nothing_when_nothing_ended() {
     }
     let after = commandstats(&raw).await;
     let swept = calls(&after, "zremrangebyscore") - calls(&before, "zremrangebyscore");
-    assert_eq!(swept, 0, "{swept} sweeps in {CYCLES} refusals with nothing ended");
+    assert_eq!(
+        swept, 0,
+        "{swept} sweeps in {CYCLES} refusals with nothing ended"
+    );
     assert!(held.release().await.unwrap());
 }
