@@ -11,6 +11,7 @@ mod extend_many;
 mod keys;
 mod native;
 mod publishes;
+mod script_calls;
 #[cfg(feature = "cluster")]
 mod sharded;
 mod wait;

@@ -6,15 +6,27 @@
 -- Returns one integer (see acquire.lua): 0 when acquired, -3 - the ms until the earliest live
 -- permit ends when all are taken.
 --
--- Ended permits are dropped only when the set looks full: while it has room counting them, it
--- has room without them, so the common path makes four calls (TIME, ZCARD, ZADD, PEXPIREAT).
+-- Ended permits are dropped only when the set looks full and its earliest lease end has passed:
+-- while it has room counting them, it has room without them, so the common path makes four
+-- calls (TIME, ZCARD, ZADD, PEXPIREAT), and a refusal four or five (TIME, ZCARD, ZRANGE,
+-- ZSCORE, and SET for a waiter) where it made six or seven with a sweep every time.
 -- No helper functions: a script's body runs whole on every call.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[3])
 if redis.call('ZCARD', KEYS[1]) >= limit then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-  if redis.call('ZCARD', KEYS[1]) >= limit then
+  -- The earliest lease end says whether any permit ended: a full set of live permits (the
+  -- refusal of every contended attempt) is answered without a sweep, and with the wait.
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local full = true
+  if first[2] and tonumber(first[2]) < now then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+    full = redis.call('ZCARD', KEYS[1]) >= limit
+    if full then
+      first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    end
+  end
+  if full then
     -- A retry of an acquisition whose reply was lost finds our own permit in place: acquired.
     -- (With room left, the ZADD below takes it again, unchanged but for its lease end.)
     if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -26,7 +38,6 @@ if redis.call('ZCARD', KEYS[1]) >= limit then
     if ARGV[4] ~= '0' then
       redis.call('SET', KEYS[2], '', 'PX', ARGV[4])
     end
-    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     -- No member at all only with a limit of 0, which the callers never send.
     return -3 - (first[2] and math.max(tonumber(first[2]) - now, 0) or 0)
   end
