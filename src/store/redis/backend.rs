@@ -1,12 +1,14 @@
 //! [`Backend`] for [`RedisStore`]: which script or command each call sends, and how its answer
 //! reads; the scripts' extend and release of a held lease.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use super::connection::check;
 use super::extend_many::{extend_keys, extended};
+use super::keys::ON_STACK;
 use super::native::cas::{Cas, native_mode};
 use super::scripts::{
     ACQUIRE, Call, Holder, LastArg, Lua, PERMIT_ACQUIRE, PERMITS_IN_USE, READ_ACQUIRE,
@@ -349,11 +351,16 @@ where
     ) -> Result<bool> {
         let (script, role) = holder_script(lease.mode, Holder::Release);
         let (lock, secret) = (lease.lock, Some(lease.secret));
-        // A reader's or a permit's script names its channel from its key.
-        let channel = match lease.mode {
-            Mode::Read | Mode::Permit => Vec::new(),
-            _ => notify::channel(self.layout(), lease.mode, lock.namespace, lock.name),
+        // A reader's or a permit's script names its channel from its key. Joined on the stack,
+        // as a key is: a release is half of every cycle, and a `Vec` here was its one
+        // allocation of tower-lease's own.
+        let mut buf = [0; ON_STACK];
+        let joined = match lease.mode {
+            Mode::Read | Mode::Permit => Cow::Borrowed(&[][..]),
+            _ => notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name)
+                .join_in(&mut buf),
         };
+        let channel: &[u8] = &joined;
         if let (Mode::Write, Some(phase)) = (lease.mode, lock.read_phase()) {
             let roles = [
                 KeyRole::Writer,
@@ -361,7 +368,7 @@ where
                 KeyRole::ReadPhase,
                 KeyRole::RwLockWaited,
             ];
-            let last = LastArg::ChannelAnd(&channel, phase.as_millis() as u64);
+            let last = LastArg::ChannelAnd(channel, phase.as_millis() as u64);
             let reply = self.run(&WRITE_RELEASE, lock, &roles, None, secret, last);
             return answered_one(reply.await?);
         }
@@ -369,8 +376,8 @@ where
             Mode::Read | Mode::Permit if live => LastArg::Live,
             Mode::Read | Mode::Permit => LastArg::None,
             // Nobody marks a reservation: its waiters hear every release.
-            Mode::Reservation => LastArg::ChannelAnd(&channel, 1),
-            _ => LastArg::Channel(&channel),
+            Mode::Reservation => LastArg::ChannelAnd(channel, 1),
+            _ => LastArg::Channel(channel),
         };
         let roles: &[KeyRole] = match lease.mode {
             Mode::Read => &[KeyRole::Readers, KeyRole::RwLockWaited],

@@ -1,5 +1,6 @@
 //! The key layout of a [`RedisStore`](super::RedisStore): which Redis keys hold a name's leases.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use redis::{RedisWrite, ToRedisArgs};
@@ -101,9 +102,27 @@ impl KeyLayout {
 #[derive(Clone, Copy)]
 pub(super) struct Key<'a>(pub(super) [&'a [u8]; 7]);
 
+/// The room [`Key::join_in`] joins a key in without allocating.
+pub(super) const ON_STACK: usize = 256;
+
 impl Key<'_> {
     pub(super) fn len(&self) -> usize {
         self.0.iter().map(|part| part.len()).sum()
+    }
+
+    /// The key joined in `buf`, or in a `Vec` of its own when it does not fit: for a key or a
+    /// channel needed whole on a hot path, where a `Vec` would be an allocation per call.
+    pub(super) fn join_in<'b>(&self, buf: &'b mut [u8; ON_STACK]) -> Cow<'b, [u8]> {
+        let len = self.len();
+        if len > buf.len() {
+            return Cow::Owned(self.0.concat());
+        }
+        let mut at = 0;
+        for part in self.0 {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Cow::Borrowed(&buf[..len])
     }
 }
 
@@ -111,17 +130,7 @@ impl ToRedisArgs for Key<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         // Joined on the stack and handed over whole: writing the pieces one by one through
         // `writer_for_next_arg` costs twice as much.
-        let mut buf = [0; 256];
-        let len = self.len();
-        if len > buf.len() {
-            return out.write_arg(&self.0.concat());
-        }
-        let mut at = 0;
-        for part in self.0 {
-            buf[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        out.write_arg(&buf[..len]);
+        out.write_arg(&self.join_in(&mut [0; ON_STACK]));
     }
 }
 
@@ -175,4 +184,23 @@ pub enum KeyRole {
     /// `PX` the retention from its reservation on: a key found free while it lives had a
     /// holder that died, and its outcome is unknown.
     IdempotencyUnknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Joined on the stack or in a `Vec`, a key is the one `KeyLayout::key` builds.
+    #[test]
+    fn join_in_is_the_whole_key_on_the_stack_or_not() {
+        let layout = KeyLayout::new("p");
+        let long = vec![b'x'; ON_STACK];
+        for name in [&b"42"[..], &long] {
+            let key = Key(layout.parts(KeyRole::Lock, "invoice", name));
+            let mut buf = [0; ON_STACK];
+            let joined = key.join_in(&mut buf);
+            assert_eq!(&*joined, layout.key(KeyRole::Lock, "invoice", name));
+            assert_eq!(matches!(joined, Cow::Borrowed(_)), name.len() < 100);
+        }
+    }
 }

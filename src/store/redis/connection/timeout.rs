@@ -4,7 +4,9 @@
 
 use std::any::Any;
 use std::future::Future;
-use std::time::Instant;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
@@ -41,10 +43,12 @@ where
     ) -> BoxFuture<'a, Result<T>> {
         match self.bound {
             Bound::Connection => Box::pin(call),
-            Bound::Own => Box::pin(async move {
-                let call = coarse_timer::Timeout::new(&self.timer, call);
-                call.await
-                    .unwrap_or_else(|| Err(Error::Timeout(self.timeout)))
+            // A future of its own rather than an `async` block around the `Timeout`: the call
+            // is then moved once on its way into the box, not twice, and polled through one
+            // state machine fewer.
+            Bound::Own => Box::pin(OwnBounded {
+                call: coarse_timer::Timeout::new(&self.timer, call),
+                timeout: self.timeout,
             }),
         }
     }
@@ -107,6 +111,28 @@ where
             }
             _ => Ok(false),
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call bounded by the store's own timer: its reply, or [`Error::Timeout`] once the
+    /// timer says its time is up.
+    struct OwnBounded<'a, F> {
+        #[pin]
+        call: coarse_timer::Timeout<'a, F>,
+        timeout: Duration,
+    }
+}
+
+impl<T, F: Future<Output = Result<T>>> Future for OwnBounded<'_, F> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let timeout = *this.timeout;
+        this.call
+            .poll(cx)
+            .map(|reply| reply.unwrap_or(Err(Error::Timeout(timeout))))
     }
 }
 
