@@ -14,42 +14,18 @@
 //! (at most 2,000): run two `n` under callgrind and divide the difference in instructions by the
 //! difference in cycles. Without `REDIS_URL` it starts a `redis-server` of its own.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, Store};
 use tower_lease_harness::bench::Redis;
 use tower_lease_harness::server::Endpoint;
 
-/// Counts every allocation and reallocation; forwards everything to the system allocator.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller upholds `alloc`'s contract, which is `System.alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 const TTL: Duration = Duration::from_secs(10);
 const LOCK: Lock<str> = Lock::new("bench", TTL);
@@ -129,7 +105,7 @@ async fn bench(redis: &Redis) {
         for _ in 0..runs.min(2_000) {
             minimum(&mut manager).await;
         }
-        let (allocations, started) = (ALLOCATIONS.load(Ordering::Relaxed), Instant::now());
+        let (allocations, started) = (counting::allocations(), Instant::now());
         for _ in 0..runs {
             minimum(&mut manager).await;
         }
@@ -139,7 +115,7 @@ async fn bench(redis: &Redis) {
         for _ in 0..runs.min(2_000) {
             lock(&store).await;
         }
-        let (allocations, started) = (ALLOCATIONS.load(Ordering::Relaxed), Instant::now());
+        let (allocations, started) = (counting::allocations(), Instant::now());
         for _ in 0..runs {
             lock(&store).await;
         }
@@ -149,7 +125,7 @@ async fn bench(redis: &Redis) {
 
 fn report(name: &str, allocations: u64, started: Instant, runs: u64) {
     let elapsed = started.elapsed();
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
+    let allocations = counting::allocations() - allocations;
     println!(
         "| {name} | {:.2} | {:.2} |",
         allocations as f64 / runs as f64,

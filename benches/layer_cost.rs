@@ -22,9 +22,7 @@
 //! only its allocations per request: run two `n` under callgrind and divide the difference in
 //! instructions by the difference in requests.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -37,33 +35,11 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_lease::{Lock, LockLayer, RwLock, RwLockLayer, Store, extract};
 
-/// Counts every allocation and reallocation; forwards everything to the system allocator.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller upholds `alloc`'s contract, which is `System.alloc`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 const TTL: Duration = Duration::from_secs(30);
 /// Long, so that the share outlives a run under callgrind: the requests never wait, so the
@@ -188,12 +164,12 @@ async fn bench() {
         for _ in 0..runs.min(10_000) {
             send(&app, method, path).await;
         }
-        let (allocations, started) = (ALLOCATIONS.load(Ordering::Relaxed), Instant::now());
+        let (allocations, started) = (counting::allocations(), Instant::now());
         for _ in 0..runs {
             send(&app, method, path).await;
         }
         let elapsed = started.elapsed();
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
+        let allocations = counting::allocations() - allocations;
         println!(
             "| {name} | {:.2} | {:.0} |",
             allocations as f64 / runs as f64,

@@ -18,34 +18,6 @@ const SLOTS: Semaphore<str> = Semaphore::new("notified", 1, Duration::from_secs(
 /// How long each of two waiters holds what it got: a waiter that heard no release would look
 /// again only after a second (its fallback poll), well past it.
 const HOLD: Duration = Duration::from_millis(300);
-/// How long the waiter waits before the release: polling (5 ms, backing off to 100 ms) would
-/// attempt about twenty times in it.
-const WAIT: Duration = Duration::from_millis(1500);
-
-/// Holds `name` in `holder`, lets `waiter` wait for it for [`WAIT`], releases it: answers how
-/// many times the waiter looked, and how long after the release it got the lock.
-async fn wait_for_release(
-    holder: &Store,
-    waiter: &Store,
-    looks: &AtomicUsize,
-    name: &str,
-) -> (usize, Duration) {
-    let held = JOBS.try_lock(holder, name).await.unwrap().expect("free");
-    let before = looks.load(Ordering::SeqCst);
-    let waiting = {
-        let (waiter, name) = (waiter.clone(), name.to_owned());
-        tokio::spawn(async move {
-            let token = JOBS.try_lock_for(&waiter, &name, WAIT * 3).await.unwrap();
-            (Instant::now(), token.expect("acquired once released"))
-        })
-    };
-    tokio::time::sleep(WAIT).await;
-    let released = Instant::now();
-    assert!(held.release().await.unwrap());
-    let (got, token) = waiting.await.unwrap();
-    assert!(token.release().await.unwrap());
-    (looks.load(Ordering::SeqCst) - before, got - released)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_elsewhere_wakes_the_waiter_here() {
@@ -57,7 +29,8 @@ async fn a_release_elsewhere_wakes_the_waiter_here() {
         acquisitions: acquisitions.clone(),
     });
 
-    let (looks, after) = wait_for_release(&holder, &waiter, &acquisitions, "a").await;
+    let (looks, after) =
+        support::wait_for_release(&JOBS, &holder, &waiter, &acquisitions, "a").await;
     // The first attempt, a look once watching, the woken one; a fallback look a second.
     assert!(looks <= 5, "the waiter polled: {looks} attempts");
     assert!(
@@ -79,7 +52,8 @@ async fn a_release_elsewhere_wakes_the_waiter_here() {
         .get(0);
     assert!(killed >= 2);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (looks, after) = wait_for_release(&holder, &waiter, &acquisitions, "b").await;
+    let (looks, after) =
+        support::wait_for_release(&JOBS, &holder, &waiter, &acquisitions, "b").await;
     assert!(
         looks <= 5,
         "the waiter polled after the reconnect: {looks} attempts"

@@ -97,32 +97,6 @@ async fn a_synchronous_standby_takes_over_with_the_leases_and_growing_fences() {
     assert!(JOBS.try_lock(&other, "held").await.unwrap().is_some());
 }
 
-/// Holds `name` in `holder`, lets `waiter` wait for it for 1.5 s, releases it: how many times
-/// the waiter looked, and how long after the release it got the lock.
-async fn wait_for_release(
-    holder: &Store,
-    waiter: &Store,
-    looks: &AtomicUsize,
-    name: &str,
-) -> (usize, Duration) {
-    const WAIT: Duration = Duration::from_millis(1500);
-    let held = JOBS.try_lock(holder, name).await.unwrap().expect("free");
-    let before = looks.load(Ordering::SeqCst);
-    let waiting = {
-        let (waiter, name) = (waiter.clone(), name.to_owned());
-        tokio::spawn(async move {
-            let token = JOBS.try_lock_for(&waiter, &name, WAIT * 3).await.unwrap();
-            (Instant::now(), token.expect("acquired once released"))
-        })
-    };
-    tokio::time::sleep(WAIT).await;
-    let released = Instant::now();
-    assert!(held.release().await.unwrap());
-    let (got, token) = waiting.await.unwrap();
-    assert!(token.release().await.unwrap());
-    (looks.load(Ordering::SeqCst) - before, got - released)
-}
-
 /// A switchover whose old primary keeps its sessions: it turns read-only
 /// (`default_transaction_read_only`, as a demoted primary behind a proxy answers), the standby
 /// is promoted. The pooled connections to the old primary answer "cannot execute … in a
@@ -145,7 +119,8 @@ async fn a_read_only_old_primary_s_connections_are_dropped_pool_and_listener() {
         async move { cycle(&store, &[name]).await }
     }))
     .await;
-    let (_, after) = wait_for_release(&store, &waiter, &looks, "heard-before").await;
+    let (_, after) =
+        support::wait_for_release(&JOBS, &store, &waiter, &looks, "heard-before").await;
     assert!(after < Duration::from_millis(300), "woken {after:?} after");
 
     primary.psql(&[
@@ -167,7 +142,7 @@ async fn a_read_only_old_primary_s_connections_are_dropped_pool_and_listener() {
     // waiter at once, not at its fallback poll a second later.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for name in ["heard-1", "heard-2"] {
-        let (looks, after) = wait_for_release(&store, &waiter, &looks, name).await;
+        let (looks, after) = support::wait_for_release(&JOBS, &store, &waiter, &looks, name).await;
         assert!(
             after < Duration::from_millis(300),
             "{name}: woken {after:?} after the release ({looks} looks)"

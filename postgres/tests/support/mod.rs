@@ -176,3 +176,36 @@ impl Backend for Counting {
         Backend::timeout(&self.store)
     }
 }
+
+/// Holds `name` of `lock` in `holder`, lets `waiter` wait for it for 1.5 s (polling, 5 ms
+/// backing off to 100 ms, would attempt about twenty times in it), releases it: answers how
+/// many times the waiter looked (`looks` counts its attempts), and how long after the release
+/// it got the lock.
+pub async fn wait_for_release(
+    lock: &tower_lease::Lock<str>,
+    holder: &Store,
+    waiter: &Store,
+    looks: &std::sync::atomic::AtomicUsize,
+    name: &str,
+) -> (usize, Duration) {
+    use std::sync::atomic::Ordering;
+    const WAIT: Duration = Duration::from_millis(1500);
+    let held = lock.try_lock(holder, name).await.unwrap().expect("free");
+    let before = looks.load(Ordering::SeqCst);
+    let waiting = {
+        let (lock, waiter, name) = (*lock, waiter.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let token = lock.try_lock_for(&waiter, &name, WAIT * 3).await.unwrap();
+            (
+                tokio::time::Instant::now(),
+                token.expect("acquired once released"),
+            )
+        })
+    };
+    tokio::time::sleep(WAIT).await;
+    let released = tokio::time::Instant::now();
+    assert!(held.release().await.unwrap());
+    let (got, token) = waiting.await.unwrap();
+    assert!(token.release().await.unwrap());
+    (looks.load(Ordering::SeqCst) - before, got - released)
+}
