@@ -16,6 +16,7 @@
 //!   promotion (feature `postgres`);
 //! - [`pgbouncer`](mod@pgbouncer): Debian's `pgbouncer` in transaction pooling mode in front
 //!   of such a server (feature `postgres`);
+//! - [`port`]: loopback ports for those servers, outside the range the kernel hands out;
 //! - [`hooked`]: a store whose acquisitions pass through a test's hook (to count, time or
 //!   change them);
 //! - below: drop flags, and the witnesses of how many are inside at once: [`Holders`] of a lock,
@@ -35,6 +36,7 @@ pub mod hooked;
 pub mod http;
 #[cfg(feature = "postgres")]
 pub mod pgbouncer;
+pub mod port;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "redis", feature = "postgres"))]

@@ -264,13 +264,7 @@ pub(crate) fn fresh_dir() -> PathBuf {
     dir
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a probe socket on 127.0.0.1")
-}
+pub(crate) use crate::port::free_port;
 
 /// Sends `signal` to the postmaster `pid` and to every process it started. Each backend is a
 /// session of its own (PostgreSQL calls `setsid` in every child), so they are found by their

@@ -8,7 +8,9 @@
 //! test leaves nothing behind), and is killed when its handle drops.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
+
+pub use crate::port::free_port;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -162,7 +164,8 @@ impl RedisServer {
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
             }
-            if ping(self.port) {
+            // Another process's server on this port answers PING too: only ours will do.
+            if ping(self.port) && process_id(self.port) == Some(child.id()) {
                 self.child = Some(child);
                 return true;
             }
@@ -280,14 +283,6 @@ pub async fn config_set(conn: &mut impl redis::aio::ConnectionLike, name: &str, 
         .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a: SocketAddr| a.port())
-        .expect("bind a probe socket on 127.0.0.1")
-}
-
 /// Whether something on `port` answers `PING` with `+PONG`.
 pub fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
@@ -299,6 +294,29 @@ pub fn ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     matches!(stream.read_exact(&mut reply), Ok(())) && &reply == b"+PONG\r\n"
+}
+
+/// The `process_id` that the server on `port` gives in `INFO server`.
+pub fn process_id(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&reply);
+        if let Some(line) = text.split("\r\n").find(|l| l.starts_with("process_id:"))
+            && text.contains(&format!("{line}\r\n"))
+        {
+            return line["process_id:".len()..].parse().ok();
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 /// Asks the kernel to kill `command`'s process when the test process dies, so servers never

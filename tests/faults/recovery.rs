@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, RedisStore, Store};
 
+use tower_lease_harness::port::is_ephemeral;
+use tower_lease_harness::server::{ping, server_binary};
 use tower_lease_harness::{Endpoint, RedisServer};
 
 const JOBS: Lock<str> = Lock::new("jobs", Duration::from_secs(5));
@@ -48,4 +50,34 @@ async fn a_connected_store_answers_within_a_second_of_redis_coming_back() {
             "down {down:?}: answered again only {took:?} after the restart"
         );
     }
+}
+
+/// What the test above relies on: a server stopped for seconds gets its own port back. The
+/// port is never one the kernel hands out by itself (to another test's server, or as a
+/// connection's source port), and a restart that finds another process's server answering on
+/// it fails instead of handing the test a stranger.
+#[test]
+fn a_restarted_server_is_the_one_the_test_started() {
+    let mut server = RedisServer::start();
+    let port = server.port();
+    assert!(!is_ephemeral(port), "{port} is a port the kernel hands out");
+    server.stop();
+    let mut stranger = std::process::Command::new(server_binary())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !ping(port) {
+        assert!(started.elapsed() < Duration::from_secs(10), "no stranger");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart()));
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    assert!(
+        restarted.is_err(),
+        "the restart answered with another process's server on port {port}"
+    );
 }
