@@ -18,7 +18,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use tower_lease::{Lock, Store};
-use tower_lease_harness::bench::Redis;
+use tower_lease_harness::bench::{self, Redis};
 use tower_lease_harness::server::Endpoint;
 
 #[path = "support/counting.rs"]
@@ -41,12 +41,7 @@ static COMPARE_AND_DELETE: LazyLock<redis::Script> = LazyLock::new(|| {
 async fn minimum(conn: &mut redis::aio::ConnectionManager) {
     let key = "tlcost:hand:n0";
     let token: [u8; 16] = rand::random();
-    let set: Option<String> = redis::cmd("SET")
-        .arg(key)
-        .arg(&token[..])
-        .arg("NX")
-        .arg("PX")
-        .arg(TTL.as_millis() as u64)
+    let set: Option<String> = bench::set_nx_px(key, &token, TTL)
         .query_async(conn)
         .await
         .expect("SET NX PX");

@@ -83,12 +83,7 @@ async fn hand_lock(
 ) -> Response {
     let key = format!("{prefix}:jobs:{name}");
     let token: [u8; 16] = rand::random();
-    let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
-        .arg(&key)
-        .arg(&token[..])
-        .arg("NX")
-        .arg("PX")
-        .arg(TTL.as_millis() as u64)
+    let set: redis::RedisResult<Option<String>> = bench::set_nx_px(&key, &token, TTL)
         .query_async(&mut conn)
         .await;
     match set {

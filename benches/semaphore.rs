@@ -52,12 +52,7 @@ async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
             let (mut conn, key) = (conn.clone(), format!("tlbench:hand:{}", names[task]));
             async move {
                 let token = i.to_le_bytes();
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
+                let set: Option<String> = bench::set_nx_px(&key, &token, TTL)
                     .query_async(&mut conn)
                     .await
                     .unwrap();

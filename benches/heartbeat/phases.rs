@@ -16,7 +16,7 @@ use tower_lease::{Lease, Lock, LockLayer, RedisStore, Store, extract};
 use crate::probe::{Probe, Stats, wait_deadline};
 
 use tower_lease_harness::Endpoint;
-use tower_lease_harness::bench::Redis;
+use tower_lease_harness::bench::{self, Redis};
 
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 const LEASES: Lock<str> = Lock::new("held", TTL);
@@ -192,12 +192,7 @@ pub(crate) async fn batched(redis: &Redis, leases: usize, hold: Duration) -> Sta
     for chunk in held.chunks(BATCH) {
         let mut pipe = redis::pipe();
         for (key, token) in chunk {
-            pipe.cmd("SET")
-                .arg(key)
-                .arg(&token[..])
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl)
+            pipe.add_command(bench::set_nx_px(key, &token[..], TTL))
                 .ignore();
         }
         let () = pipe.query_async(&mut conn).await.unwrap();

@@ -14,7 +14,7 @@ use tower_lease::layer::TimeoutBody;
 use tower_lease::{Lock, LockLayer, RwLock, Semaphore, Store, extract};
 
 use tower_lease_harness::Endpoint;
-use tower_lease_harness::bench::{Op, Redis, op};
+use tower_lease_harness::bench::{self, Op, Redis, op};
 
 pub(crate) const TTL: Duration = Duration::from_secs(10);
 pub(crate) const LOCK: Lock<str> = Lock::new("bench", TTL);
@@ -131,12 +131,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
             let mut conn = hand.clone();
             async move {
                 let token: [u8; 16] = rand::random();
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(HELD_HAND_KEY)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
+                let set: Option<String> = bench::set_nx_px(HELD_HAND_KEY, &token, TTL)
                     .query_async(&mut conn)
                     .await
                     .expect("SET NX PX");
@@ -417,12 +412,7 @@ where
         async move {
             let key = keys[task].as_str();
             let token: [u8; 16] = rand::random();
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(&token[..])
-                .arg("NX")
-                .arg("PX")
-                .arg(TTL.as_millis() as u64)
+            let set: Option<String> = bench::set_nx_px(key, &token, TTL)
                 .query_async(&mut conn)
                 .await
                 .expect("SET NX PX");
@@ -529,13 +519,7 @@ fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::Multiplexe
                 let t = Duration::from_secs(1);
                 let set: Option<String> = tokio::time::timeout(
                     t,
-                    redis::cmd("SET")
-                        .arg(key)
-                        .arg(&token[..])
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async(&mut conn),
+                    bench::set_nx_px(key, &token, TTL).query_async(&mut conn),
                 )
                 .await
                 .unwrap()
@@ -592,12 +576,7 @@ fn diagnostics(list: &mut Vec<(&'static str, Op)>, conn: &redis::aio::Multiplexe
                 let key = keys[task].as_str();
                 let token: [u8; 16] = rand::random();
                 let (set, _pttl): (Option<String>, i64) = redis::pipe()
-                    .cmd("SET")
-                    .arg(key)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
+                    .add_command(bench::set_nx_px(key, &token, TTL))
                     .cmd("PTTL")
                     .arg(key)
                     .query_async(&mut conn)

@@ -113,6 +113,19 @@ where
     Arc::new(move |task, i| Box::pin(f(task, i)))
 }
 
+/// The hand-written minimum's acquisition, `SET key token NX PX ttl`: the command every
+/// benchmark's baseline lock sends.
+#[cfg(feature = "redis")]
+pub fn set_nx_px(key: &str, token: &[u8], ttl: Duration) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl.as_millis() as u64);
+    set
+}
+
 #[cfg(feature = "redis")]
 /// A benchmark's `main` on a fresh `redis-server` (or `REDIS_URL`): `bench` runs with it and
 /// the [`Settings`] (`rounds` of `round_ms` unless the environment says otherwise) on a
