@@ -252,6 +252,53 @@ async fn check_names_a_potential_standby_and_commits_that_wait_for_none() {
     }
 }
 
+/// `ANY 1 (s1, s2)`: a commit waits for one of the two only, so a failover must promote the
+/// one that has it; `check()` says so, and says nothing once the quorum is both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_quorum_standbys_of_which_a_failover_must_choose() {
+    let primary = PgServer::start();
+    let store = connect(&primary.url()).await;
+    let _first = PgServer::standby_of(&primary, "q1", Replication::Synchronous);
+    let _second = PgServer::standby_of(&primary, "q2", Replication::Asynchronous);
+    primary.psql(&[
+        "ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (q1, q2)'",
+        "SELECT pg_reload_conf()",
+    ]);
+    primary.await_standby("q1", "quorum");
+    primary.await_standby("q2", "quorum");
+    let named = store.check().await.unwrap();
+    assert!(
+        named.contains(&PgWarning::QuorumStandbys {
+            names: vec!["q1".to_owned(), "q2".to_owned()],
+            waited_for: 1,
+        }),
+        "the quorum standbys unnamed: {named:?}"
+    );
+    let found = warnings(&store).await;
+    assert!(
+        any(&found, "\"q1\", \"q2\"") && any(&found, "most"),
+        "no advice to promote the most advanced: {found:?}"
+    );
+
+    // Both waited for: either one has every commit.
+    primary.psql(&[
+        "ALTER SYSTEM SET synchronous_standby_names = 'ANY 2 (q1, q2)'",
+        "SELECT pg_reload_conf()",
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = warnings(&store).await;
+        if found.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "warned with both waited for: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// What a failover lost.
 #[derive(Debug)]
 struct Lost {
