@@ -17,7 +17,9 @@ const SETUP: &str = "SELECT pg_is_in_recovery(), current_setting('synchronous_co
      current_setting('synchronous_standby_names'), \
      count(r.pid), count(r.pid) FILTER (WHERE r.sync_state IS NULL), \
      coalesce(array_agg(coalesce(r.application_name, '')) \
-         FILTER (WHERE r.sync_state IN ('async', 'potential')), '{}') \
+         FILTER (WHERE r.sync_state IN ('async', 'potential')), '{}'), \
+     coalesce(array_agg(coalesce(r.application_name, '') ORDER BY r.application_name) \
+         FILTER (WHERE r.sync_state = 'quorum'), '{}') \
      FROM (SELECT pid, application_name, sync_state FROM pg_stat_replication \
          WHERE coalesce(state, '') <> 'backup' AND pid IN \
              (SELECT pid FROM pg_stat_activity WHERE coalesce(datid, 0) = 0)) r";
@@ -41,6 +43,17 @@ pub enum PgWarning {
     AsynchronousStandbys {
         /// Their `application_name`s.
         names: Vec<String>,
+    },
+    /// Quorum standbys (`synchronous_standby_names = 'ANY n (…)'`) stream from the server,
+    /// more of them than a commit waits for: each commit is on `n` of them, not on all, so
+    /// a failover keeps every answered acquisition only when it promotes the one that
+    /// received the most WAL (as a quorum-aware failover manager does); promoting another
+    /// loses what it lacks, and a held lock can be taken a second time.
+    QuorumStandbys {
+        /// Their `application_name`s.
+        names: Vec<String>,
+        /// How many of them a commit waits for (the `n` of `ANY n`).
+        waited_for: usize,
     },
     /// Standbys stream from the server but `synchronous_standby_names` is empty: every one
     /// is asynchronous, and a failover loses the last acquisitions answered.
@@ -107,6 +120,15 @@ impl fmt::Display for PgWarning {
                  in synchronous_standby_names (with synchronous_commit on or remote_apply)",
                 quoted(names)
             ),
+            PgWarning::QuorumStandbys { names, waited_for } => write!(
+                f,
+                "the standbys {} are a quorum of which a commit waits for {waited_for} only \
+                 (synchronous_standby_names ANY): a failover must promote the one that \
+                 received the most WAL (highest pg_last_wal_receive_lsn(), as quorum-aware \
+                 failover managers choose); promoting another loses the acquisitions it \
+                 lacks, and a held lock can be taken a second time",
+                quoted(names)
+            ),
             PgWarning::NoSynchronousStandbyNames { standbys } => write!(
                 f,
                 "{standbys} standby(s) stream from the server but synchronous_standby_names \
@@ -155,7 +177,8 @@ impl PgStore {
     /// Checks the database and the store's setup for what can break the locks' guarantees,
     /// or slow them: a read-only standby, `synchronous_commit = off`, standbys a failover
     /// to which loses acquisitions (asynchronous or potential ones, an empty
-    /// `synchronous_standby_names`, `synchronous_commit = local`; their state needs
+    /// `synchronous_standby_names`, `synchronous_commit = local`, more quorum standbys than
+    /// a commit waits for; their state needs
     /// `pg_monitor` to see), a pool smaller than the
     /// [expected concurrency](Self::expect_concurrency), no release notifications; and notes
     /// sessions whose default isolation is not read committed. Call it
@@ -169,6 +192,7 @@ impl PgStore {
         let standbys: i64 = row.try_get(4).map_err(backend)?;
         let hidden: i64 = row.try_get(5).map_err(backend)?;
         let asynchronous: Vec<String> = row.try_get(6).map_err(backend)?;
+        let quorum: Vec<String> = row.try_get(7).map_err(backend)?;
         let standbys = usize::try_from(standbys).unwrap_or(0);
         let mut found = Vec::new();
         if standby {
@@ -188,6 +212,13 @@ impl PgStore {
             }
             if hidden > 0 {
                 found.push(PgWarning::HiddenStandbys { standbys });
+            }
+            let waited_for = quorum_size(&sync_names);
+            if quorum.len() > waited_for {
+                found.push(PgWarning::QuorumStandbys {
+                    names: quorum,
+                    waited_for,
+                });
             }
             if !asynchronous.is_empty() {
                 found.push(PgWarning::AsynchronousStandbys {
@@ -211,8 +242,35 @@ impl PgStore {
     }
 }
 
+/// The `n` of `synchronous_standby_names = 'ANY n (…)'` (0 for any other form, which has no
+/// quorum standbys).
+fn quorum_size(sync_names: &str) -> usize {
+    let mut words = sync_names.split_whitespace();
+    match words.next() {
+        Some(first) if first.eq_ignore_ascii_case("any") => words
+            .next()
+            .and_then(|n| n.split('(').next()?.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// `names` as `"a", "b"`.
 fn quoted(names: &[String]) -> String {
     let quoted: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
     quoted.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quorum_size;
+
+    #[test]
+    fn the_quorum_size_is_read_from_any_n_only() {
+        assert_eq!(quorum_size("ANY 1 (q1, q2)"), 1);
+        assert_eq!(quorum_size("any 2(q1,q2,q3)"), 2);
+        assert_eq!(quorum_size("FIRST 1 (s1, s2)"), 0);
+        assert_eq!(quorum_size("s1, s2"), 0);
+        assert_eq!(quorum_size(""), 0);
+    }
 }
