@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
+use super::left::LeftShare;
 use crate::backend::Mode;
 use crate::store::LeaseState;
 
@@ -30,9 +30,9 @@ use crate::store::LeaseState;
 #[derive(Clone)]
 pub struct Lease {
     state: Arc<LeaseState>,
-    /// For a request that shares a read lease with others: cancelled when this request is done
-    /// with it, which may be long before the shared lease ends.
-    share: Option<CancellationToken>,
+    /// For a request that shares a read lease with others: set when this request is done with
+    /// it, which may be long before the shared lease ends.
+    share: Option<LeftShare>,
 }
 
 impl Lease {
@@ -41,17 +41,15 @@ impl Lease {
     }
 
     /// The extension of one request among those sharing the read lease of `state`; `left` is
-    /// cancelled when the request is done with it.
-    pub(crate) fn shared(state: Arc<LeaseState>, left: CancellationToken) -> Self {
+    /// set when the request is done with it.
+    pub(crate) fn shared(state: Arc<LeaseState>, left: LeftShare) -> Self {
         let share = Some(left);
         Self { state, share }
     }
 
     /// Whether this request is done with a shared lease.
     fn left(&self) -> bool {
-        self.share
-            .as_ref()
-            .is_some_and(CancellationToken::is_cancelled)
+        self.share.as_ref().is_some_and(LeftShare::is_set)
     }
 
     /// The locked name, as the extractor produced it.
@@ -98,7 +96,7 @@ impl Lease {
         let (state, share) = (self.state.clone(), self.share.clone());
         async move {
             ended.await;
-            let left = share.is_some_and(|left| left.is_cancelled());
+            let left = share.is_some_and(|left| left.is_set());
             if left || !state.is_lost() {
                 // Released, not lost: this never resolves.
                 std::future::pending::<()>().await;
@@ -112,7 +110,7 @@ impl Lease {
     /// The future owns what it needs, so it can be moved into a spawned task.
     pub fn ended(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let ended = self.state.ended().clone().cancelled_owned();
-        let left = self.share.clone().map(CancellationToken::cancelled_owned);
+        let left = self.share.clone().map(LeftShare::left);
         async move {
             match left {
                 // A shared lease ends for this request when it leaves, or when it is lost.

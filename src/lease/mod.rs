@@ -16,6 +16,7 @@ pub(crate) mod finish_on_drop;
 mod handle;
 mod held;
 pub(crate) mod kept;
+pub(crate) mod left;
 #[cfg(test)]
 mod tests;
 

@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering;
 use std::task::Context;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::{Held, Left, Share, SharedReads};
 use crate::backend::BoxFuture;
 use crate::coarse_timer::{CoarseTimer, Overdue};
 use crate::lease::Lease;
+use crate::lease::left::LeftShare;
 use crate::store::LeaseState;
 use crate::store::heartbeat::Heartbeat;
 
@@ -18,8 +18,8 @@ use crate::store::heartbeat::Heartbeat;
 pub(crate) struct SharedRead {
     reads: Arc<SharedReads>,
     pub(super) share: Arc<Share>,
-    /// Cancelled when this request leaves, for its [`Lease`].
-    left: CancellationToken,
+    /// Set when this request leaves, for its [`Lease`].
+    left: LeftShare,
     /// The shared lease's first beat, made when this request's future first waits.
     first_beat: Option<Overdue>,
 }
@@ -30,7 +30,7 @@ impl SharedRead {
         SharedRead {
             reads,
             share,
-            left: CancellationToken::new(),
+            left: LeftShare::new(),
             first_beat: None,
         }
     }
@@ -49,12 +49,12 @@ impl SharedRead {
 
     #[cfg(test)]
     pub(in crate::layer) fn valid_at(&self, at: Instant) -> bool {
-        !self.left.is_cancelled() && self.state().valid_at(at)
+        !self.left.is_set() && self.state().valid_at(at)
     }
 
     /// As `LeaseGuard::over_at`: this request left, or the shared lease is over.
     pub(in crate::layer) fn over_at(&self, now: Instant) -> bool {
-        self.left.is_cancelled() || self.state().over_at(now)
+        self.left.is_set() || self.state().over_at(now)
     }
 
     /// As `LeaseGuard::poll_first_beat`: any request of the share whose future waits may
@@ -102,10 +102,9 @@ impl SharedRead {
 
     /// Leaves the share: the lease to release when this was its last request.
     fn leave(&mut self) -> Left {
-        if self.left.is_cancelled() {
+        if !self.left.set() {
             return Left::Others;
         }
-        self.left.cancel();
         self.reads.leave(&self.share)
     }
 
