@@ -207,6 +207,67 @@ async fn a_release_after_a_waiting_refusal_publishes_for_every_kind() {
     marked_then_released(&store, &server, permits, Mode::Permit).await;
 }
 
+/// A waiter through a store without notifications polls: nobody hears a publish for it, so
+/// its refusals mark nothing and the releases it waits for publish nothing (a mark would make
+/// each release publish, and cost each refused attempt a script).
+#[tokio::test]
+async fn a_polling_waiter_marks_nothing_and_its_releases_publish_nothing() {
+    let server = RedisServer::start();
+    let raw = server.connection().await;
+    let store: Store = RedisStore::new(server.connection().await).into();
+    assert!(!store.has_notifications());
+    let backend = store.backend();
+    let before = commandstats(&raw).await;
+    let kinds = [
+        (LockRef::new("poll-lock", b"a", TTL), Mode::Exclusive),
+        (
+            LockRef::new("poll-fenced", b"a", TTL).fenced(),
+            Mode::Exclusive,
+        ),
+        (LockRef::new("poll-sem", b"a", TTL).permits(1), Mode::Permit),
+        (
+            LockRef::new("poll-rw", b"a", TTL).fairness(Fairness::ReadersFirst),
+            Mode::Write,
+        ),
+    ];
+    for (lock, mode) in kinds {
+        let (holder, waiter) = (Secret::random(), Secret::queued());
+        let taken = backend.acquire(lease(lock, mode, &holder)).await.unwrap();
+        assert!(matches!(taken, Acquisition::Acquired { .. }), "{taken:?}");
+        let refused = backend
+            .acquire(lease(lock, mode, &waiter).waiting())
+            .await
+            .unwrap();
+        assert!(matches!(refused, Acquisition::Busy { .. }), "{refused:?}");
+        assert!(backend.release(lease(lock, mode, &holder)).await.unwrap());
+    }
+    // A reader refused by a writer.
+    let rw = LockRef::new("poll-rw-read", b"a", TTL).fairness(Fairness::ReadersFirst);
+    let (writer, reader) = (Secret::random(), Secret::queued());
+    let taken = backend
+        .acquire(lease(rw, Mode::Write, &writer))
+        .await
+        .unwrap();
+    assert!(matches!(taken, Acquisition::Acquired { .. }), "{taken:?}");
+    let refused = backend
+        .acquire(lease(rw, Mode::Read, &reader).waiting())
+        .await
+        .unwrap();
+    assert!(matches!(refused, Acquisition::Busy { .. }), "{refused:?}");
+    assert!(
+        backend
+            .release(lease(rw, Mode::Write, &writer))
+            .await
+            .unwrap()
+    );
+    let after = commandstats(&raw).await;
+    let published = publishes(&after) - publishes(&before);
+    assert_eq!(
+        published, 0,
+        "{published} publishes for waiters nobody notifies"
+    );
+}
+
 /// The release lands inside a waiter's attempt, between the server's refusal of its first
 /// command and its next one (the waiter's store talks through a proxy that delays every chunk
 /// 150 ms each way, so the unfenced `Lock`'s refused `SET NX` reaches the server at about
