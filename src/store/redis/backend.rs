@@ -94,7 +94,14 @@ where
         }
     }
 
-    fn acquire<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+    fn acquire<'a>(&'a self, mut lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
+        // A waiter's mark makes the release publish, for waiters that listen: through a store
+        // without notifications a waiter polls, and a lock's or a semaphore's waiting attempt
+        // is then an ordinary one. (A reader's or writer's keeps its place among the
+        // fairness rules; `acquire_script` leaves out only its mark.)
+        if self.notifier.is_none() && matches!(lease.mode, Mode::Exclusive | Mode::Permit) {
+            lease.waiting = false;
+        }
         let LeaseRef {
             lock, mode, secret, ..
         } = lease;
@@ -235,8 +242,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Acquires `lease` with its script: every lock but an unfenced `Lock` outside a bounded
-    /// wait. A refused attempt of a bounded wait ([`LeaseRef::waiting`]) marks what refused it,
-    /// so that the release it waits for publishes (see `lock/acquire.lua`).
+    /// wait. A refused attempt of a bounded wait ([`LeaseRef::waiting`]) through a store with
+    /// notifications marks what refused it, so that the release it waits for publishes (see
+    /// `lock/acquire.lua`).
     pub(in crate::store::redis) async fn acquire_script(
         &self,
         lease: LeaseRef<'_>,
@@ -253,7 +261,11 @@ where
             lock, mode, secret, ..
         } = lease;
         let wait = self.replicas;
-        let mark = if lease.waiting { self.mark_ms() } else { 0 };
+        let mark = if lease.waiting && self.notifier.is_some() {
+            self.mark_ms()
+        } else {
+            0
+        };
         let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
             Mode::Exclusive => (
                 &ACQUIRE,
