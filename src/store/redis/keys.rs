@@ -136,6 +136,7 @@ impl ToRedisArgs for Key<'_> {
 
 /// Which of a name's keys [`KeyLayout::key`] builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KeyRole {
     /// The holder's key of a [`Lock`](crate::Lock): the holder's secret (16 bytes), followed
     /// by `!` once a waiting attempt was refused by it, so that its release publishes.
