@@ -97,8 +97,8 @@ where
     fn acquire<'a>(&'a self, mut lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Acquisition>> {
         // A waiter's mark makes the release publish, for waiters that listen: through a store
         // without notifications a waiter polls, and a lock's or a semaphore's waiting attempt
-        // is then an ordinary one. (A reader's or writer's keeps its place among the
-        // fairness rules; `acquire_script` leaves out only its mark.)
+        // is then an ordinary one. (A reader's or a writer's stays a waiting one, mark and
+        // all: it keeps its place under the lock's fairness.)
         if self.notifier.is_none() && matches!(lease.mode, Mode::Exclusive | Mode::Permit) {
             lease.waiting = false;
         }
@@ -242,9 +242,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Acquires `lease` with its script: every lock but an unfenced `Lock` outside a bounded
-    /// wait. A refused attempt of a bounded wait ([`LeaseRef::waiting`]) through a store with
-    /// notifications marks what refused it, so that the release it waits for publishes (see
-    /// `lock/acquire.lua`).
+    /// wait. A refused attempt of a bounded wait ([`LeaseRef::waiting`]) marks what refused it,
+    /// so that the release it waits for publishes (see `lock/acquire.lua`); a `Lock`'s or a
+    /// `Semaphore`'s only through a store with notifications.
     pub(in crate::store::redis) async fn acquire_script(
         &self,
         lease: LeaseRef<'_>,
@@ -261,11 +261,9 @@ where
             lock, mode, secret, ..
         } = lease;
         let wait = self.replicas;
-        let mark = if lease.waiting && self.notifier.is_some() {
-            self.mark_ms()
-        } else {
-            0
-        };
+        // A reader's mark also says its attempt is a waiting one (`read_acquire.lua` notes it
+        // among the waiting readers of a phase-fair lock): kept whether or not anyone listens.
+        let mark = if lease.waiting { self.mark_ms() } else { 0 };
         let (script, roles, fence, last): (&Lua, &[KeyRole], _, _) = match mode {
             Mode::Exclusive => (
                 &ACQUIRE,
