@@ -1,7 +1,7 @@
 //! A reader's or a permit's release whose holder confirmed it live ([`Backend::release_live`](crate::backend::Backend::release_live)),
 //! in plain commands instead of `rw/read_release.lua` / `permit/permit_release.lua`: each
-//! `EVALSHA` costs the server a fixed ~2.5 µs (the Lua state's setup, its `KEYS`/`ARGV`
-//! tables), half of what a read or permit cycle spends beyond its inner calls.
+//! `EVALSHA` costs the server a fixed ~2.5 µs beyond the calls it makes (the Lua state's setup,
+//! its `KEYS`/`ARGV` tables), more than the release's own `ZREM` and `EXISTS` together.
 //!
 //! One round trip, pipelined on one connection: `ZREM set secret`, then `EXISTS mark` (the
 //! waited mark a waiter's refused attempt leaves, `permit_acquire.lua`, `write_acquire.lua`).
@@ -71,19 +71,33 @@ where
         };
         // Sent again after a lost connection, the `ZREM` finds our member gone if the first
         // one reached the server: its publish, then, is this call's to make.
-        if marked && (removed || retried) {
-            self.second_trip(&mut conn, started)?;
-            let publish = self.publish(lease);
-            let mut sent = conn.req_packed_command(&publish).await;
-            if self.retry(&sent, &mut conn, started)? {
-                sent = conn.req_packed_command(&publish).await;
-            }
-            if let Err(e) = self.reply(sent.and_then(redis::Value::extract_error)) {
-                // Released all the same: the waiter wakes at its own next poll instead.
-                tracing::warn!(error = %e, "tower-lease: a release's notification was not sent");
-            }
+        if marked
+            && (removed || retried)
+            && let Err(e) = self.publish_released(lease, &mut conn, started).await
+        {
+            // Released all the same: the waiter wakes at its own next poll instead.
+            tracing::warn!(error = %e, "tower-lease: a release's notification was not sent");
         }
         Ok(removed)
+    }
+
+    /// The second trip of a marked release: its `PUBLISH`, within what is left of the call's
+    /// timeout, sent again once on a lost connection (a second message only wakes the
+    /// waiter twice).
+    async fn publish_released(
+        &self,
+        lease: LeaseRef<'_>,
+        conn: &mut C,
+        started: Option<std::time::Instant>,
+    ) -> Result<()> {
+        self.second_trip(conn, started)?;
+        let publish = self.publish(lease);
+        let mut sent = conn.req_packed_command(&publish).await;
+        if self.retry(&sent, conn, started)? {
+            sent = conn.req_packed_command(&publish).await;
+        }
+        self.reply(sent.and_then(redis::Value::extract_error))
+            .map(drop)
     }
 }
 
