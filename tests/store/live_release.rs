@@ -88,8 +88,9 @@ fn lease<'a>(lock: LockRef<'a>, mode: Mode, secret: &'a Secret) -> LeaseRef<'a> 
 }
 
 /// The orders a waiter's mark and a live release can come in, driven through `Backend` calls
-/// and a raw subscriber: marked before the release, published; no mark, nothing published; a
-/// release of a lease already gone answers `false`.
+/// and a raw subscriber: marked before the release, published; no mark, nothing published (and
+/// an attempt after the release finds the name free); a release of a lease already gone answers
+/// `false`.
 #[tokio::test]
 async fn a_live_release_publishes_only_for_a_mark_made_before_it() {
     let server = RedisServer::start();
@@ -121,7 +122,20 @@ async fn a_live_release_publishes_only_for_a_mark_made_before_it() {
             "{mode:?}: a live release with nobody waiting published"
         );
 
-        // Gone already: `false`, nothing published.
+        // A waiting attempt after that release finds the name free: it needs no message.
+        let after = backend
+            .acquire(lease(lock, blocked, &waiter).waiting())
+            .await
+            .unwrap();
+        assert!(matches!(after, Acquisition::Acquired { .. }), "{after:?}");
+        assert!(
+            backend
+                .release(lease(lock, blocked, &waiter))
+                .await
+                .unwrap()
+        );
+
+        // Gone already: `false`.
         assert!(
             !backend
                 .release_live(lease(lock, mode, &holder))
