@@ -1,16 +1,18 @@
-//! A reader's or a permit's release whose holder confirmed it live ([`Backend::release_live`](crate::backend::Backend::release_live)),
-//! in plain commands instead of `rw/read_release.lua` / `permit/permit_release.lua`: each
-//! `EVALSHA` costs the server a fixed ~2.5 µs beyond the calls it makes (the Lua state's setup,
-//! its `KEYS`/`ARGV` tables), more than the release's own `ZREM` and `EXISTS` together.
+//! A reader's or a permit's release whose holder confirmed it live
+//! ([`Backend::release_live`](crate::backend::Backend::release_live)), in plain commands
+//! instead of `rw/read_release.lua` / `permit/permit_release.lua`: the script call cost the
+//! server more than the `ZREM` and `EXISTS` it made (a cycle takes 1.2 to 1.6 µs less of the
+//! server's CPU without it: `benches/results/throughput.md`, 2026-12-07).
 //!
 //! One round trip, pipelined on one connection: `ZREM set secret`, then `EXISTS mark` (the
 //! waited mark a waiter's refused attempt leaves, `permit_acquire.lua`, `write_acquire.lua`).
 //! The server runs them in order, so no wake-up is lost: a refusal that marked before the
 //! `ZREM` is seen by the `EXISTS` after it, and one that came after the `ZREM` found the slot
 //! free (or the reader gone) itself. Only when the mark is there and the `ZREM` removed our
-//! member does a second trip send the `PUBLISH` the script would have made (`SPUBLISH` on a
-//! sharded store), on the same channel with the same empty payload, as the native `Lock`
-//! release leaves the publishing to a second call only when a waiter marked its key.
+//! member (or may have, in a first sending whose reply was lost) does a second trip send the
+//! `PUBLISH` the script would have made (`SPUBLISH` on a sharded store), on the same channel
+//! with the same empty payload, as the native `Lock` release leaves the publishing to a second
+//! call only when a waiter marked its key.
 //!
 //! A reader whose set still holds other members when the mark is there publishes anyway: the
 //! script asked the server's clock whether one of them was still live, which plain commands
