@@ -176,3 +176,69 @@ async fn a_live_release_publishes_only_for_a_mark_made_before_it() {
         );
     }
 }
+
+/// A reader released live while another live reader remains and a writer waits publishes all
+/// the same (without a script the release cannot ask the server's clock whether the reader left
+/// is live): the writer's attempt is refused again and marks again, and the last reader's
+/// release wakes it for good.
+#[tokio::test]
+async fn a_reader_released_beside_a_live_one_wakes_the_writer_spuriously_and_the_last_for_good() {
+    let server = RedisServer::start();
+    let store: Store = RedisStore::connect(&server.url()).await.unwrap().into();
+    let backend = store.backend();
+    let rw = LockRef::new("live-spurious", b"a", LONG);
+    let mut pubsub = subscriber(&server, channel(Mode::Read, "live-spurious", b"a")).await;
+    let (first, second, writer) = (Secret::random(), Secret::random(), Secret::queued());
+    for reader in [&first, &second] {
+        let taken = backend
+            .acquire(lease(rw, Mode::Read, reader))
+            .await
+            .unwrap();
+        assert!(matches!(taken, Acquisition::Acquired { .. }), "{taken:?}");
+    }
+    let refused = backend
+        .acquire(lease(rw, Mode::Write, &writer).waiting())
+        .await
+        .unwrap();
+    assert!(matches!(refused, Acquisition::Busy { .. }), "{refused:?}");
+    while heard(&mut pubsub, Duration::from_millis(50)).await {}
+
+    assert!(
+        backend
+            .release_live(lease(rw, Mode::Read, &first))
+            .await
+            .unwrap()
+    );
+    assert!(
+        heard(&mut pubsub, Duration::from_secs(1)).await,
+        "the chosen behaviour: a marked reader's release publishes even with a live reader left"
+    );
+    let refused = backend
+        .acquire(lease(rw, Mode::Write, &writer).waiting())
+        .await
+        .unwrap();
+    assert!(matches!(refused, Acquisition::Busy { .. }), "{refused:?}");
+    while heard(&mut pubsub, Duration::from_millis(50)).await {}
+
+    assert!(
+        backend
+            .release_live(lease(rw, Mode::Read, &second))
+            .await
+            .unwrap()
+    );
+    assert!(
+        heard(&mut pubsub, Duration::from_secs(1)).await,
+        "the last reader's release wakes the writer"
+    );
+    let taken = backend
+        .acquire(lease(rw, Mode::Write, &writer).waiting())
+        .await
+        .unwrap();
+    assert!(matches!(taken, Acquisition::Acquired { .. }), "{taken:?}");
+    assert!(
+        backend
+            .release(lease(rw, Mode::Write, &writer))
+            .await
+            .unwrap()
+    );
+}
