@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use tower_lease::backend::{LeaseRef, LockRef, Mode, Secret};
 use tower_lease::store::{KeyLayout, KeyRole};
 use tower_lease::{Error, Lock, RedisStore, RwLock, Store};
 
@@ -279,6 +280,23 @@ async fn dropped_acquire_replies_leave_no_key_once_their_calls_timed_out() {
     assert!(warm.release().await.unwrap());
     let warm = SHORT_DOCS.try_read(&store, "warm").await.unwrap().unwrap();
     assert!(warm.release().await.unwrap());
+    // A token releases a reader it knows live without a script; a timed-out acquisition's
+    // reader is given back by the checked release's script, cached here through the backend.
+    let (lock, secret) = (
+        LockRef::new("short-docs", b"warm", Duration::from_millis(600)),
+        Secret::random(),
+    );
+    let backend = store.backend();
+    backend
+        .acquire(LeaseRef::new(lock, Mode::Read, &secret))
+        .await
+        .unwrap();
+    assert!(
+        backend
+            .release(LeaseRef::new(lock, Mode::Read, &secret))
+            .await
+            .unwrap()
+    );
     let mut direct = server.connection().await;
     let layout = KeyLayout::default();
 

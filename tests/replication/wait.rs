@@ -222,6 +222,12 @@ async fn wait_goes_with_acquisitions_and_extensions_only() {
         assert!(token.extend().await.unwrap());
         assert!(token.release().await.unwrap());
         assert!(fenced.release().await.unwrap());
+        // A permit's and a reader's live release are plain commands: no `WAIT` after them,
+        // as none after the scripts' release.
+        let permit = SLOTS.try_acquire(store, "a").await.unwrap().expect("free");
+        let read = CATALOG.try_read(store, "a").await.unwrap().expect("free");
+        assert!(permit.release().await.unwrap());
+        assert!(read.release().await.unwrap());
         assert_eq!(SLOTS.in_use(store, "a").await.unwrap(), 0);
         if std::ptr::eq(store, &plain) {
             assert_eq!(
@@ -231,6 +237,6 @@ async fn wait_goes_with_acquisitions_and_extensions_only() {
             );
         }
     }
-    // Two acquisitions, one refusal (its pipeline carries the WAIT too) and one extension.
-    assert_eq!(calls(&commandstats(&raw).await, "wait"), 4);
+    // Four acquisitions, one refusal (its pipeline carries the WAIT too) and one extension.
+    assert_eq!(calls(&commandstats(&raw).await, "wait"), 6);
 }

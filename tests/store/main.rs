@@ -9,6 +9,7 @@ mod conformance;
 mod definitions;
 mod extend_many;
 mod keys;
+mod live_release;
 mod native;
 mod publishes;
 mod script_calls;

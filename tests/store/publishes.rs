@@ -19,7 +19,7 @@ const TTL: Duration = Duration::from_millis(2_000);
 const CYCLES: usize = 20;
 
 /// `PUBLISH`es and `SPUBLISH`es the server ran, in and out of scripts.
-fn publishes(stats: &str) -> u64 {
+pub(crate) fn publishes(stats: &str) -> u64 {
     calls(stats, "publish") + calls(stats, "spublish")
 }
 
@@ -76,14 +76,14 @@ async fn uncontended_cycles_of_every_kind_publish_nothing() {
 }
 
 /// A raw subscriber on `channel`: answers once it is subscribed, then counts the messages.
-async fn subscriber(server: &RedisServer, channel: Vec<u8>) -> redis::aio::PubSub {
+pub(crate) async fn subscriber(server: &RedisServer, channel: Vec<u8>) -> redis::aio::PubSub {
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
     pubsub.subscribe(channel).await.unwrap();
     pubsub
 }
 
 /// Whether a message arrives on `pubsub` within `within`.
-async fn heard(pubsub: &mut redis::aio::PubSub, within: Duration) -> bool {
+pub(crate) async fn heard(pubsub: &mut redis::aio::PubSub, within: Duration) -> bool {
     tokio::time::timeout(within, pubsub.on_message().next())
         .await
         .is_ok()
@@ -95,7 +95,7 @@ fn lease<'a>(lock: LockRef<'a>, mode: Mode, secret: &'a Secret) -> LeaseRef<'a> 
 
 /// The channel a release of `mode` on `name` publishes on: the lock's key without its role
 /// suffix (`notify::channel`).
-fn channel(mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
+pub(crate) fn channel(mode: Mode, namespace: &str, name: &[u8]) -> Vec<u8> {
     let layout = KeyLayout::default();
     match mode {
         Mode::Exclusive => layout.key(KeyRole::Lock, namespace, name),

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use tower_lease::store::{KeyLayout, KeyRole};
-use tower_lease::{Lock, RedisStore, Store};
+use tower_lease::{Lock, RedisStore, RwLock, Semaphore, Store};
 
 use tower_lease_harness::Endpoint;
 use tower_lease_harness::cluster::RedisCluster;
@@ -122,6 +122,85 @@ async fn a_waiter_on_any_master_is_woken_through_its_names_shard() {
         assert!(woken < WOKEN_WITHIN, "{name} on master {i}: {woken:?}");
         // The waiter left: its subscription with it.
         until_shard_subscribers(&cluster, i, &channel(name), 0, Duration::from_secs(2)).await;
+    }
+}
+
+/// `SPUBLISH`es node `i` ran, from `INFO commandstats`.
+fn spublishes(cluster: &RedisCluster, i: usize) -> u64 {
+    let mut conn = cluster.nodes()[i].client().get_connection().unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    tower_lease_harness::server::calls(&stats, "spublish")
+}
+
+/// A permit's and a reader's live release (plain commands, not a script) on each master: the
+/// pipeline goes to the node that owns the name, and a waiter in another process is woken
+/// through the name's shard channel (`SPUBLISH` on that node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_permit_or_read_release_wakes_its_waiter_through_the_shard() {
+    let permits: Semaphore<str> = Semaphore::new("jobs", 1, Duration::from_secs(10));
+    let rw: RwLock<str> = RwLock::new("jobs", Duration::from_secs(10));
+    let cluster = RedisCluster::start();
+    let (holder_replica, waiter_replica) = (replica(&cluster).await, replica(&cluster).await);
+    let wait = Duration::from_secs(8);
+    for (i, name) in one_name_per_master(&cluster).iter().enumerate() {
+        let before = spublishes(&cluster, i);
+        let permit = permits
+            .try_acquire(&holder_replica, name)
+            .await
+            .unwrap()
+            .unwrap();
+        let (store, owned) = (waiter_replica.clone(), name.clone());
+        let waiter = tokio::spawn(async move {
+            let permit = permits.try_acquire_for(&store, &owned, wait).await.unwrap();
+            let acquired = Instant::now();
+            assert!(
+                permit
+                    .expect("the waiter got a permit")
+                    .release()
+                    .await
+                    .unwrap()
+            );
+            acquired
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        assert!(permit.release().await.unwrap());
+        let woken = waiter.await.unwrap().saturating_duration_since(released);
+        assert!(
+            woken < WOKEN_WITHIN,
+            "a permit of {name} on master {i}: {woken:?}"
+        );
+
+        let read = rw.try_read(&holder_replica, name).await.unwrap().unwrap();
+        let (store, owned) = (waiter_replica.clone(), name.clone());
+        let waiter = tokio::spawn(async move {
+            let write = rw.try_write_for(&store, &owned, wait).await.unwrap();
+            let acquired = Instant::now();
+            assert!(
+                write
+                    .expect("the writer got the lock")
+                    .release()
+                    .await
+                    .unwrap()
+            );
+            acquired
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        assert!(read.release().await.unwrap());
+        let woken = waiter.await.unwrap().saturating_duration_since(released);
+        assert!(
+            woken < WOKEN_WITHIN,
+            "a reader of {name} on master {i}: {woken:?}"
+        );
+        let published = spublishes(&cluster, i) - before;
+        assert!(
+            published >= 2,
+            "master {i}: {published} SPUBLISH for two marked releases"
+        );
     }
 }
 

@@ -211,24 +211,24 @@ where
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         if lease.mode == Mode::Write && lease.lock.read_phase().is_some() {
             // Its release begins a read phase: a script, never a native compare-and-delete.
-            return self.bounded(self.release_script(lease, false));
+            return self.bounded(self.release_script(lease));
         }
         if native_mode(lease.mode) && self.native.get() != Cas::Lua {
             return self.bounded(async move {
                 match self.release_native(lease).await? {
                     Some(released) => Ok(released),
-                    None => self.release_script(lease, false).await,
+                    None => self.release_script(lease).await,
                 }
             });
         }
-        self.bounded(self.release_script(lease, false))
+        self.bounded(self.release_script(lease))
     }
 
     fn release_live<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         match lease.mode {
-            // A member of a sorted set has no expiry of its own: the script skips asking the
-            // server's clock whether it ended.
-            Mode::Read | Mode::Permit => self.bounded(self.release_script(lease, true)),
+            // A member of a sorted set has no expiry of its own: nothing to ask the server's
+            // clock, and plain commands instead of a script (see `live_release.rs`).
+            Mode::Read | Mode::Permit => self.bounded(self.release_live_member(lease)),
             // A key with `PX` ends by itself: nothing to skip.
             _ => self.release(lease),
         }
@@ -351,13 +351,12 @@ where
         Ok(extended)
     }
 
-    /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends;
-    /// `live` when its holder confirmed a reader or a permit live until after now (see
-    /// [`Backend::release_live`]).
+    /// Releases `lease` with its script, as [`extend_script`](Self::extend_script) extends: a
+    /// reader or a permit only when its holder could not confirm it live (see
+    /// [`Backend::release_live`] and `live_release.rs`).
     pub(in crate::store::redis) async fn release_script(
         &self,
         lease: LeaseRef<'_>,
-        live: bool,
     ) -> Result<bool> {
         let (script, role) = holder_script(lease.mode, Holder::Release);
         let (lock, secret) = (lease.lock, Some(lease.secret));
@@ -383,7 +382,6 @@ where
             return answered_one(reply.await?);
         }
         let last = match lease.mode {
-            Mode::Read | Mode::Permit if live => LastArg::Live,
             Mode::Read | Mode::Permit => LastArg::None,
             // Nobody marks a reservation: its waiters hear every release.
             Mode::Reservation => LastArg::ChannelAnd(channel, 1),

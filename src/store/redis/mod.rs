@@ -25,6 +25,7 @@ mod connection;
 mod extend_many;
 mod idempotency;
 mod keys;
+mod live_release;
 mod native;
 pub(super) mod notify;
 mod scripts;

@@ -235,7 +235,7 @@ where
 
     /// The `PUBLISH` (`SPUBLISH` on a sharded store) that wakes the waiters of `lease`'s name
     /// elsewhere, sent after a native command that frees it.
-    fn publish(&self, lease: LeaseRef<'_>) -> redis::Cmd {
+    pub(in crate::store::redis) fn publish(&self, lease: LeaseRef<'_>) -> redis::Cmd {
         let lock = lease.lock;
         let channel = notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name);
         let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);

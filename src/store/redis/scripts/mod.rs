@@ -160,8 +160,6 @@ pub(in crate::store::redis) enum LastArg<'a> {
     /// The channel, then one number: a phase-fair write release's read phase in ms, or `1` for
     /// a reservation's release, which publishes unmarked.
     ChannelAnd(&'a [u8], u64),
-    /// `1`: a reader's or a permit's release whose holder confirmed it live until after now.
-    Live,
     /// Nothing after the secret.
     None,
 }
@@ -242,9 +240,6 @@ where
                 }
                 LastArg::ChannelAnd(channel, number) => {
                     command.arg(channel).arg(number);
-                }
-                LastArg::Live => {
-                    command.arg(1);
                 }
                 LastArg::None => {}
             }

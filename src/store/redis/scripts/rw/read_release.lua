@@ -1,44 +1,29 @@
--- Release one reader lease: only a live one counts (an ended reader's lease is gone, and the
--- answer is 0 as if it had been dropped). The last live reader's release publishes on the
--- lock's channel, the reader set's key without its `:r`, waking a writer waiting in another
--- process, while a refused writer's mark lives (write_acquire.lua); nobody would hear it
--- otherwise.
--- KEYS[1] reader set, KEYS[2] the lock's waited mark; ARGV[1] secret, ARGV[2] (optional) `1` when the holder has confirmed the
--- lease live until after now (`Backend::release_live`): then the server's clock is not asked,
--- and a member still in the set counts as live. Returns 1 when released, 0 when the lease was
--- gone.
---
--- The live path is the common one and makes two calls when the set goes with its last member
--- and nobody waits (ZREM, EXISTS), against four for the checked one.
-local now
-if ARGV[2] then
-  if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
-    return 0
-  end
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  if not mine then
-    return 0
-  end
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  if tonumber(mine) < now then
-    return 0
-  end
+-- Release one reader lease whose holder could not confirm it live (a holder that did releases
+-- it in plain commands, `live_release.rs`): only a live one counts (an ended reader's lease is
+-- gone, and the answer is 0 as if it had been dropped). The last live reader's release
+-- publishes on the lock's channel, the reader set's key without its `:r`, waking a writer
+-- waiting in another process, while a refused writer's mark lives (write_acquire.lua); nobody
+-- would hear it otherwise.
+-- KEYS[1] reader set, KEYS[2] the lock's waited mark; ARGV[1] secret. Returns 1 when released,
+-- 0 when the lease was gone.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not mine then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if tonumber(mine) < now then
+  return 0
 end
 -- The last reader's ZREM deletes the set; ended readers left behind are dropped with it. One
--- EXISTS asks for both the set and a waiter's mark: on the common path (the last reader,
--- nobody waiting) it is the only call after the ZREM.
+-- EXISTS asks for both the set and a waiter's mark: when this was the last reader and nobody
+-- waits, it is the only call after the ZREM.
 local left = redis.call('EXISTS', KEYS[1], KEYS[2])
 if left == 0 then
   return 1
 end
 if left == 2 or redis.call('EXISTS', KEYS[1]) == 1 then
-  if not now then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  end
   if redis.call('ZCOUNT', KEYS[1], now, '+inf') > 0 then
     return 1
   end
