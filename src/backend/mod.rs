@@ -510,6 +510,16 @@ pub trait Backend: Send + Sync + 'static {
         true
     }
 
+    /// Whether the releases delivered to the sink include those made through this backend.
+    /// A backend that knows its own releases when it hears them (a Redis release publishes
+    /// its holder's secret, which the store that released it recognises) and delivers only
+    /// the others answers `false`: every waiter in this process then wakes on this process's
+    /// releases directly, once, rather than again when the notification comes back. The
+    /// default is `true`.
+    fn delivers_own_releases(&self) -> bool {
+        true
+    }
+
     /// A waiter in this process starts watching the lock of `mode` on `name` in `namespace`
     /// (the first one of that lock: the handle counts the others): resolves once every
     /// release and write intent of it from now on will reach the sink. An error, or no answer

@@ -70,6 +70,7 @@ impl Store {
         let ttl = lease.lock.ttl;
         let mut call = {
             let (backend, late) = (self.backend.clone(), late.clone());
+            let rooms = self.wait_rooms().clone();
             Box::pin(async move {
                 let lease = owned.lease();
                 let answer = taking.call(&*backend, lease).await;
@@ -82,6 +83,8 @@ impl Store {
                         Mode::Reservation => backend.idempotency_free(lease).await,
                         _ => backend.release(lease).await,
                     };
+                    let lock = lease.lock;
+                    rooms.released_elsewhere(lease.mode, lock.namespace, lock.name);
                     if let Err(error) = released {
                         tracing::debug!(%error, "giving back a late lease failed; it ends with its TTL");
                     }

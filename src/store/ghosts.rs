@@ -205,6 +205,9 @@ async fn give_back(ghost: Ghost) {
         };
         let error = match (released, withdrawn) {
             (Ok(released), Ok(())) => {
+                store
+                    .wait_rooms()
+                    .released_elsewhere(lease.mode, lock.namespace, lock.name);
                 if released {
                     tracing::debug!(
                         namespace = lock.namespace,

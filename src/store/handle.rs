@@ -40,6 +40,9 @@ pub struct Store {
     /// Whether those include the releases nobody was refused for
     /// ([`Backend::announces_every_release`]).
     every_release: bool,
+    /// Whether they include this store's own releases
+    /// ([`Backend::delivers_own_releases`]).
+    own_releases: bool,
     /// The one heartbeat of the leases held in this store, shared by every layer and every
     /// [`Held`](crate::Held) of the process.
     heartbeat: Heartbeat,
@@ -78,12 +81,14 @@ impl Store {
         let notified = backend.notify_to(hub.sink());
         let timeout = backend.timeout();
         let every_release = backend.announces_every_release();
+        let own_releases = backend.delivers_own_releases();
         Self {
             backend: Arc::new(backend),
             waits: Arc::default(),
             hub,
             notified,
             every_release,
+            own_releases,
             heartbeat: Heartbeat::default(),
             ghosts: Ghosts::default(),
             timeout,
@@ -108,6 +113,12 @@ impl Store {
     /// own among them.
     pub(crate) fn announces_every_release(&self) -> bool {
         self.every_release
+    }
+
+    /// Whether the notifications include this store's own releases, which wake this
+    /// process's waiters directly too.
+    pub(crate) fn delivers_own_releases(&self) -> bool {
+        self.own_releases
     }
 
     /// The longest one call may take.

@@ -7,6 +7,7 @@
 mod cluster;
 mod conformance;
 mod definitions;
+mod echo;
 mod extend_many;
 mod keys;
 mod live_release;

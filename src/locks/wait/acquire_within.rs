@@ -170,15 +170,18 @@ pub(crate) async fn acquire_within(
             Some(intent) => pause.min(intent.renew_within()),
             None => pause,
         };
-        // With notifications, this process's own releases arrive as messages too: waking for
-        // both would send a second attempt per release. Not when waiting on this process's own
-        // lease (no attempt was sent, so none marked the name) on a store that announces only
-        // the releases someone was refused for: there the release here is the only signal.
-        // And the other way round: there the release here wakes it, and the same release heard
-        // as a message (published for waiters elsewhere) must not wake it a second time; the
-        // attempt that follows counts what was delivered by then as heard (`Watch::heard`).
+        // With notifications that bring this process's own releases back as messages, waking
+        // for both would send a second attempt per release: such a waiter wakes on messages
+        // only. A store whose notifications leave its own releases out (Redis) wakes on the
+        // release here and on messages, each release once. Not when waiting on this process's
+        // own lease (no attempt was sent, so none marked the name) on a store that announces
+        // only the releases someone was refused for: there the release here is the only
+        // signal, and the same release heard as a message (published for waiters elsewhere)
+        // must not wake it a second time; the attempt that follows counts what was delivered
+        // by then as heard (`Watch::heard`).
         let own_release_unannounced = retry_after.is_none() && !store.announces_every_release();
-        let by_notification_only = published.is_some() && !own_release_unannounced;
+        let by_notification_only =
+            published.is_some() && !own_release_unannounced && store.delivers_own_releases();
         let published = async {
             match published {
                 Some(published) => published.await,

@@ -55,6 +55,13 @@ where
         false
     }
 
+    /// A release publishes its holder's secret, and the subscriber of the store that made it
+    /// drops that message (see `notify::Notifier::expect_echo`): this process's waiters wake
+    /// on the release itself.
+    fn delivers_own_releases(&self) -> bool {
+        false
+    }
+
     fn notify_to(&self, sink: NotificationSink) -> bool {
         self.notifier
             .as_ref()
@@ -209,6 +216,7 @@ where
     }
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
+        self.expect_echo(lease);
         if lease.mode == Mode::Write && lease.lock.read_phase().is_some() {
             // Its release begins a read phase: a script, never a native compare-and-delete.
             return self.bounded(self.release_script(lease));
@@ -228,9 +236,32 @@ where
         match lease.mode {
             // A member of a sorted set has no expiry of its own: nothing to ask the server's
             // clock, and plain commands instead of a script (see `live_release.rs`).
-            Mode::Read | Mode::Permit => self.bounded(self.release_live_member(lease)),
+            Mode::Read | Mode::Permit => {
+                self.expect_echo(lease);
+                self.bounded(self.release_live_member(lease))
+            }
             // A key with `PX` ends by itself: nothing to skip.
             _ => self.release(lease),
+        }
+    }
+}
+
+/// What the releases have to tell the subscriber.
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Tells the subscriber that the release of `lease` may come back as a message: this
+    /// process's waiters wake on the release itself (`Store`'s wait rooms), so the message is
+    /// not theirs to hear again. An idempotency reservation's release is left out: its
+    /// waiters hear releases by message only.
+    fn expect_echo(&self, lease: LeaseRef<'_>) {
+        if let (Some(notifier), false) = (&self.notifier, lease.mode == Mode::Reservation) {
+            let lock = lease.lock;
+            notifier.expect_echo(
+                || notify::channel(&self.layout, lease.mode, lock.namespace, lock.name),
+                lease.secret.as_bytes(),
+            );
         }
     }
 }

@@ -117,6 +117,26 @@ impl WaitRooms {
         }
     }
 
+    /// [`released`](Self::released) for a release made outside a lease's own (a call's lease
+    /// given back after it failed): the same wake-up, found by a look through the rooms, since
+    /// such a release knows its namespace only as a borrowed name. Its notification, like any
+    /// release's, may be dropped when it comes back (`Backend::delivers_own_releases`).
+    pub(crate) fn released_elsewhere(&self, mode: Mode, namespace: &str, name: &[u8]) {
+        if self.open.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let found = {
+            let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
+            rooms
+                .keys()
+                .find(|room| room.namespace == namespace && *room.name == *name)
+                .map(|room| room.namespace)
+        };
+        if let Some(namespace) = found {
+            self.released(mode, namespace, name);
+        }
+    }
+
     /// How many names have waiters in this process (for tests: 0 once every waiter is gone).
     #[cfg(test)]
     pub(crate) fn rooms(&self) -> usize {

@@ -238,9 +238,13 @@ where
     pub(in crate::store::redis) fn publish(&self, lease: LeaseRef<'_>) -> redis::Cmd {
         let lock = lease.lock;
         let channel = notify::channel_arg(self.layout(), lease.mode, lock.namespace, lock.name);
-        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 16);
+        let mut publish = redis::Cmd::with_capacity(3, channel.len() + 32);
         let verb = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
-        publish.arg(verb).arg(channel).arg("");
+        // The holder's secret: the releasing store knows its own message by it.
+        publish
+            .arg(verb)
+            .arg(channel)
+            .arg(lease.secret.as_bytes().as_slice());
         publish
     }
 

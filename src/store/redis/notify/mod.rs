@@ -36,7 +36,7 @@ pub(in crate::store::redis) mod subscriber;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
@@ -50,8 +50,12 @@ use crate::backend::{Mode, NotificationSink};
 use redis::aio::PubSubStream;
 
 /// The payload of the message a refused writer of a phase-fair or writers-first lock publishes on the
-/// lock's channel (`write_acquire.lua`); a release publishes an empty one.
+/// lock's channel (`write_acquire.lua`); a lease's release publishes its holder's secret (16
+/// bytes), and others (an intent withdrawn, an idempotency key's end) an empty one.
 const INTENT: &[u8] = b"w";
+/// How long a release's own message is looked for: one that did not publish (nobody marked
+/// it) leaves its secret behind, which nothing else will carry.
+const ECHO_WITHIN: Duration = Duration::from_secs(5);
 const FIRST_RECONNECT: Duration = Duration::from_millis(10);
 const MAX_RECONNECT: Duration = Duration::from_millis(100);
 /// How long resubscribing after a lost connection may take: a store's default timeout.
@@ -78,6 +82,10 @@ struct State {
     /// confirmed again.
     #[cfg(feature = "cluster")]
     stale: std::collections::HashSet<Vec<u8>>,
+    /// The secrets this store released on a watched channel lately, with when: a message
+    /// that carries one is this store's own release coming back (see
+    /// [`expect_echo`](Notifier::expect_echo)).
+    echoes: Vec<(Box<[u8]>, Instant)>,
 }
 
 /// The lock a channel is watched for, as the sink names it.
@@ -224,12 +232,42 @@ impl Notifier {
         }
     }
 
-    /// A message on `channel`: a write intent for the shares, a release for the watcher.
+    /// This store releases the lease held with `secret`, whose release publishes (when a
+    /// waiter marked it) on the channel `channel` makes, with the secret as its payload. Its
+    /// waiters in this process wake on the release itself, so that message, when it comes
+    /// back, wakes none of them a second time. Noted only while the channel is watched: a
+    /// message on another one reaches nobody anyway.
+    pub(crate) fn expect_echo(&self, channel: impl FnOnce() -> Vec<u8>, secret: &[u8]) {
+        let mut state = self.state();
+        if state.channels.is_empty() || !state.channels.contains_key(&channel()) {
+            return;
+        }
+        let now = Instant::now();
+        state
+            .echoes
+            .retain(|(_, at)| now.saturating_duration_since(*at) < ECHO_WITHIN);
+        state.echoes.push((secret.into(), now));
+    }
+
+    /// A message on `channel`: a write intent for the shares, a release for the watcher
+    /// (unless it is this store's own, come back).
     fn heard(&self, channel: &[u8], payload: &[u8]) {
         let Some(delivery) = self.delivery.get() else {
             return;
         };
-        let state = self.state();
+        let mut state = self.state();
+        if !state.channels.contains_key(channel) {
+            return;
+        }
+        if payload != INTENT
+            && let Some(own) = state
+                .echoes
+                .iter()
+                .position(|(secret, _)| **secret == *payload)
+        {
+            state.echoes.swap_remove(own);
+            return;
+        }
         let Some(watched) = state.channels.get(channel) else {
             return;
         };

@@ -4,6 +4,7 @@
 -- one publishes on the semaphore's channel, which is the set's own key, waking a waiter in
 -- another process, while a refused waiter's mark lives (permit_acquire.lua); nobody would hear
 -- it otherwise.
+-- The message is the secret, by which the store that released knows its own when it hears it.
 -- KEYS[1] permit set, KEYS[2] the waited mark; ARGV[1] secret. Returns 1 when released, 0 when
 -- the permit was gone.
 local time = redis.call('TIME')
@@ -17,6 +18,6 @@ if tonumber(mine) < now then
   return 0
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('PUBLISH', KEYS[1], '')
+  redis.call('PUBLISH', KEYS[1], ARGV[1])
 end
 return 1

@@ -4,6 +4,7 @@
 -- publishes on the lock's channel, the reader set's key without its `:r`, waking a writer
 -- waiting in another process, while a refused writer's mark lives (write_acquire.lua); nobody
 -- would hear it otherwise.
+-- The message is the secret, by which the store that released knows its own when it hears it.
 -- KEYS[1] reader set, KEYS[2] the lock's waited mark; ARGV[1] secret. Returns 1 when released,
 -- 0 when the lease was gone.
 local time = redis.call('TIME')
@@ -33,5 +34,5 @@ if left == 2 or redis.call('EXISTS', KEYS[1]) == 1 then
     return 1
   end
 end
-redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), '')
+redis.call('PUBLISH', string.sub(KEYS[1], 1, -3), ARGV[1])
 return 1

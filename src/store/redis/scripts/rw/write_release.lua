@@ -4,6 +4,7 @@
 -- phase's length. The release publishes on the lock's channel, waking them (and writers) in
 -- other processes, when someone waits: a read phase begins, a waiter marked the key (its secret
 -- and `!`, see read_acquire.lua) or the lock's waited mark lives.
+-- The message is the secret, by which the store that released knows its own when it hears it.
 -- KEYS[1] writer key, KEYS[2] waiting readers, KEYS[3] read phase, KEYS[4] the lock's waited
 -- mark; ARGV[1] secret, ARGV[2]
 -- channel, ARGV[3] how long a read phase lasts in ms. Returns 1 when released, 0 when the lease
@@ -28,6 +29,6 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   end
 end
 if waited or redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('PUBLISH', ARGV[2], '')
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
 end
 return 1
