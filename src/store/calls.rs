@@ -84,7 +84,7 @@ impl Store {
                         _ => backend.release(lease).await,
                     };
                     let lock = lease.lock;
-                    rooms.released_elsewhere(lease.mode, lock.namespace, lock.name);
+                    rooms.given_back(lease.mode, lock.namespace, lock.name);
                     if let Err(error) = released {
                         tracing::debug!(%error, "giving back a late lease failed; it ends with its TTL");
                     }

@@ -207,7 +207,7 @@ async fn give_back(ghost: Ghost) {
             (Ok(released), Ok(())) => {
                 store
                     .wait_rooms()
-                    .released_elsewhere(lease.mode, lock.namespace, lock.name);
+                    .given_back(lease.mode, lock.namespace, lock.name);
                 if released {
                     tracing::debug!(
                         namespace = lock.namespace,

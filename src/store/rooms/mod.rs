@@ -117,11 +117,12 @@ impl WaitRooms {
         }
     }
 
-    /// [`released`](Self::released) for a release made outside a lease's own (a call's lease
-    /// given back after it failed): the same wake-up, found by a look through the rooms, since
-    /// such a release knows its namespace only as a borrowed name. Its notification, like any
-    /// release's, may be dropped when it comes back (`Backend::delivers_own_releases`).
-    pub(crate) fn released_elsewhere(&self, mode: Mode, namespace: &str, name: &[u8]) {
+    /// Says this process gave back a lease of `name` that a failed call took after all (a late
+    /// acquisition, a ghost): the same wake-up as [`released`](Self::released), found by a
+    /// look through the rooms, since such a release knows its namespace only as a borrowed
+    /// name. Its notification, like any release's, may be dropped when it comes back
+    /// (`Backend::delivers_own_releases`).
+    pub(crate) fn given_back(&self, mode: Mode, namespace: &str, name: &[u8]) {
         if self.open.load(Ordering::Acquire) == 0 {
             return;
         }
