@@ -258,10 +258,8 @@ where
     fn expect_echo(&self, lease: LeaseRef<'_>) {
         if let (Some(notifier), false) = (&self.notifier, lease.mode == Mode::Reservation) {
             let lock = lease.lock;
-            notifier.expect_echo(
-                || notify::channel(&self.layout, lease.mode, lock.namespace, lock.name),
-                lease.secret.as_bytes(),
-            );
+            let channel = notify::channel_arg(&self.layout, lease.mode, lock.namespace, lock.name);
+            notifier.expect_echo(channel, lease.secret.as_bytes());
         }
     }
 }

@@ -42,7 +42,7 @@ use futures_util::StreamExt;
 
 #[cfg(feature = "cluster")]
 use super::cluster::sharded::Push;
-use super::keys::Key;
+use super::keys::{Key, ON_STACK};
 pub(crate) use super::notify::subscriber::Subscriber;
 use super::notify::subscriber::{Reader, Sink, Source};
 use super::{KeyLayout, KeyRole};
@@ -233,13 +233,16 @@ impl Notifier {
     }
 
     /// This store releases the lease held with `secret`, whose release publishes (when a
-    /// waiter marked it) on the channel `channel` makes, with the secret as its payload. Its
-    /// waiters in this process wake on the release itself, so that message, when it comes
-    /// back, wakes none of them a second time. Noted only while the channel is watched: a
-    /// message on another one reaches nobody anyway.
-    pub(crate) fn expect_echo(&self, channel: impl FnOnce() -> Vec<u8>, secret: &[u8]) {
+    /// waiter marked it) on `channel`, with the secret as its payload. Its waiters in this
+    /// process wake on the release itself, so that message, when it comes back, wakes none of
+    /// them a second time. Noted only while the channel is watched: a message on another one
+    /// reaches nobody anyway.
+    pub(in crate::store::redis) fn expect_echo(&self, channel: Key<'_>, secret: &[u8]) {
+        // Joined on the stack: this runs on every release of a store with notifications.
+        let mut buf = [0; ON_STACK];
+        let channel = channel.join_in(&mut buf);
         let mut state = self.state();
-        if state.channels.is_empty() || !state.channels.contains_key(&channel()) {
+        if !state.channels.contains_key(&*channel) {
             return;
         }
         let now = Instant::now();
@@ -256,9 +259,6 @@ impl Notifier {
             return;
         };
         let mut state = self.state();
-        if !state.channels.contains_key(channel) {
-            return;
-        }
         if payload != INTENT
             && let Some(own) = state
                 .echoes
