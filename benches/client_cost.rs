@@ -70,16 +70,8 @@ fn main() {
 }
 
 async fn bench(redis: &Redis) {
-    // As `RedisStore::connect` sets up its own (see `throughput`).
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(100))
-        .set_number_of_retries(2)
-        .set_response_timeout(Some(Duration::from_secs(1)))
-        .set_connection_timeout(Some(Duration::from_secs(1)));
-    let mut manager = redis::aio::ConnectionManager::new_with_config(redis.client(), config)
-        .await
-        .expect("a ConnectionManager");
+    // As `RedisStore::connect` sets up its own.
+    let mut manager = redis.managed_connection().await;
     let store: Store = tower_lease::RedisStore::connect(&redis.url())
         .await
         .expect("RedisStore::connect")

@@ -102,7 +102,7 @@ pub(crate) async fn variants(redis: &Redis) -> Vec<(&'static str, Op)> {
     // The store a user builds (`RedisStore::connect`) sends over a `ConnectionManager`, so the
     // minimum it is held to runs over one too, set up alike; the pair on one
     // `MultiplexedConnection` follows as rows of their own.
-    let manager = managed_connection(redis).await;
+    let manager = redis.managed_connection().await;
     list.push((
         MINIMUM,
         minimum(manager.clone(), "tlbench:hand:", Release::Script),
@@ -434,20 +434,6 @@ where
             assert_eq!(deleted, 1, "the hand-written release found no lease");
         }
     })
-}
-
-/// A `ConnectionManager` with the settings `RedisStore::connect` gives its own: reconnect
-/// backoff 10–100 ms, two retries, response and connection timeouts of 1 s.
-async fn managed_connection(redis: &Redis) -> redis::aio::ConnectionManager {
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(100))
-        .set_number_of_retries(2)
-        .set_response_timeout(Some(Duration::from_secs(1)))
-        .set_connection_timeout(Some(Duration::from_secs(1)));
-    redis::aio::ConnectionManager::new_with_config(redis.client(), config)
-        .await
-        .expect("a ConnectionManager")
 }
 
 /// Whether the server has `DELIFEQ` (Valkey 9.0+).

@@ -65,6 +65,21 @@ impl Redis {
     pub fn pid(&self) -> Option<u32> {
         self.server.as_ref().and_then(RedisServer::pid)
     }
+
+    /// A `ConnectionManager` with the settings `RedisStore::connect` gives its own (reconnect
+    /// backoff 10–100 ms, two retries, response and connection timeouts of 1 s): the
+    /// connection a minimum measured beside the store's own goes through.
+    pub async fn managed_connection(&self) -> redis::aio::ConnectionManager {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100))
+            .set_number_of_retries(2)
+            .set_response_timeout(Some(Duration::from_secs(1)))
+            .set_connection_timeout(Some(Duration::from_secs(1)));
+        redis::aio::ConnectionManager::new_with_config(self.client(), config)
+            .await
+            .expect("a ConnectionManager")
+    }
 }
 
 #[cfg(feature = "redis")]
