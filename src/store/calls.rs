@@ -101,8 +101,17 @@ impl Store {
         }
         late.store(true, Ordering::Release);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, owned) = (self.clone(), OwnedLease::new(lease));
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(ttl, call).await;
+                // A backend that keeps a deadline of its own may end the call itself a little
+                // after this handle's timer, its statement still on the wire, and orders a
+                // release with the secret behind that statement only from then on (a SQL
+                // store's kept connection): the caller's give-back, sent at this handle's
+                // timeout, may have found nothing yet. So the lease is given back again once
+                // the backend answered.
+                if let Ok(Err(error)) = tokio::time::timeout(ttl, call).await {
+                    store.give_back(owned.lease(), &error);
+                }
             });
         }
         Err(Error::Timeout(self.timeout))

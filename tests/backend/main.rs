@@ -8,4 +8,5 @@
 mod relay;
 
 mod notifications;
+mod own_deadline;
 mod timeout;
