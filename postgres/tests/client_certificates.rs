@@ -17,19 +17,28 @@ use support::pki::{chain, client_certificate_server, make_pki, temp_file};
 
 const JOBS: Lock<str> = Lock::new("client-certificates", Duration::from_secs(5));
 
-/// The sessions named `name`: how many, and how many over TLS with a client certificate.
-async fn sessions(store: &PgStore, name: &str) -> (i64, i64) {
+/// The sessions named `name`: how many, and how many over TLS with a client certificate, once
+/// there are at least `least` of them. The listener connects in the background, after
+/// `connect` answered, so a count taken at once may not see its session yet.
+async fn sessions(store: &PgStore, name: &str, least: i64) -> (i64, i64) {
     let client = store.pool().get().await.unwrap();
-    let row = client
-        .query_one(
-            "SELECT count(*), count(*) FILTER (WHERE s.ssl AND s.client_dn = '/CN=postgres') \
-             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-             WHERE a.application_name = $1",
-            &[&name],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1))
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE s.ssl AND s.client_dn = '/CN=postgres') \
+                 FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+                 WHERE a.application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        let (all, certified): (i64, i64) = (row.get(0), row.get(1));
+        if all >= least || std::time::Instant::now() >= deadline {
+            return (all, certified);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +64,7 @@ async fn sslcert_and_sslkey_in_the_url_authenticate_the_pool_and_the_listener() 
     let token = JOBS.try_lock(&store.clone().into(), "a").await.unwrap();
     assert!(token.expect("free").release().await.unwrap());
     // The pool's sessions and the listener's.
-    let (all, certified) = sessions(&store, "cert-url").await;
+    let (all, certified) = sessions(&store, "cert-url", 2).await;
     assert!(all >= 2, "{all} sessions: the pool's and the listener's");
     assert_eq!(certified, all, "sessions without the client certificate");
 }
@@ -74,7 +83,7 @@ async fn the_builders_client_certificate_authenticates_the_pool_and_the_listener
         .unwrap_or_else(|e| panic!("connect with a client certificate: {}", chain(&e)));
     let token = JOBS.try_lock(&store.clone().into(), "b").await.unwrap();
     assert!(token.expect("free").release().await.unwrap());
-    let (all, certified) = sessions(&store, "cert-builder").await;
+    let (all, certified) = sessions(&store, "cert-builder", 2).await;
     assert!(all >= 2, "{all} sessions: the pool's and the listener's");
     assert_eq!(certified, all, "sessions without the client certificate");
 }
@@ -113,7 +122,7 @@ async fn sslmode_allow_connects_over_tls_to_a_server_that_requires_it() {
     for path in [cert, key] {
         let _ = std::fs::remove_file(path);
     }
-    let (all, certified) = sessions(&store, "cert-allow").await;
+    let (all, certified) = sessions(&store, "cert-allow", 1).await;
     assert!(all >= 1);
     assert_eq!(
         certified, all,
