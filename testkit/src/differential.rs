@@ -21,10 +21,10 @@ use proptest::test_runner::TestRunner;
 use tokio::time::Instant;
 use tower_lease::Store;
 use tower_lease::backend::{
-    Acquisition, Backend, Begin, Completion, Extended, Fairness, LeaseRef, LockRef, Mode, Secret,
+    Acquisition, Begin, Completion, Extended, Fairness, LeaseRef, LockRef, Mode, Secret,
 };
 
-use crate::Env;
+use crate::{Calls, Env};
 
 /// The TTL of every lease in the sequences (the write-intent window is as long).
 pub const TTL: Duration = Duration::from_millis(500);
@@ -182,7 +182,7 @@ fn mode_family(mode: Mode) -> &'static str {
     }
 }
 
-async fn call(backend: &dyn Backend, case: usize, secrets: &[Secret; 3], op: Op) -> Answer {
+async fn call(backend: Calls<'_>, case: usize, secrets: &[Secret; 3], op: Op) -> Answer {
     fn err(e: impl fmt::Display) -> Answer {
         Answer::Error(e.to_string())
     }
@@ -301,7 +301,7 @@ fn sequences(family: Family) -> Vec<Vec<Op>> {
 /// panicking at the first answer that differs.
 async fn differential(env: Env, family: Family, seed_offset: usize) {
     let sequences = sequences(family);
-    let tested = env.store.backend();
+    let tested = env.backend();
     for (case, sequence) in sequences.into_iter().enumerate() {
         let case = seed_offset + case;
         let reference = Store::memory();
@@ -322,7 +322,7 @@ async fn differential(env: Env, family: Family, seed_offset: usize) {
                     continue;
                 }
             }
-            let expected = call(reference.backend(), case, &secrets, op).await;
+            let expected = call(Calls::new(reference.backend()), case, &secrets, op).await;
             let answered = call(tested, case, &secrets, op).await;
             match (op, &expected) {
                 (Op::Acquire(mode, n, h), Answer::Acquired { .. })

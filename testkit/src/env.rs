@@ -7,6 +7,8 @@ use std::pin::Pin;
 
 use tower_lease::Store;
 
+use crate::Calls;
+
 /// A look behind a store's back: whether the backend still keeps the write intent of a name,
 /// given its namespace and name.
 pub type IntentProbe =
@@ -87,6 +89,13 @@ impl Env {
     pub fn holding(mut self, guard: impl Any + Send + Sync) -> Self {
         self.guards.push(Box::new(guard));
         self
+    }
+
+    /// The store's backend, for a direct call, each bounded by
+    /// [`CALL_DEADLINE`](crate::CALL_DEADLINE): one that never answers fails the scenario,
+    /// naming the call.
+    pub fn backend(&self) -> Calls<'_> {
+        Calls::new(self.store.backend())
     }
 
     /// The second store on the same backend, if there is one.

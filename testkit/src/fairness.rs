@@ -374,7 +374,7 @@ pub async fn waiters_side_by_side_in_one_process_all_hear_their_release(env: Env
 /// then refuses the younger one; once the reader leaves, the older one gets in first.
 pub async fn waiting_writers_go_in_the_order_their_waits_began(env: Env) {
     use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
-    let backend = env.store.backend();
+    let backend = env.backend();
     let name = b"writers-in-line";
     let lock = LockRef::new(DOCS.namespace(), name, TTL).fairness(Fairness::PhaseFair);
     let older = Secret::queued();

@@ -16,7 +16,7 @@ pub const CLOCK_FLOOR: u64 = 1_000_000_000_000_000;
 
 /// Takes and releases one fenced lease of `mode` on `name`, answering its fence.
 async fn fence(env: &Env, name: &[u8], mode: Mode) -> u64 {
-    let backend = env.store.backend();
+    let backend = env.backend();
     let secret = Secret::random();
     let lease = LeaseRef::new(LockRef::new(NS, name, TTL).fenced(), mode, &secret);
     let fence = if mode == Mode::Reservation {

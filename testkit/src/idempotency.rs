@@ -24,7 +24,7 @@ fn lease<'a>(name: &'a [u8], secret: &'a Secret) -> LeaseRef<'a> {
 }
 
 async fn begin(env: &Env, name: &[u8], secret: &Secret, fp: &[u8; 16]) -> Begin {
-    let backend = env.store.backend();
+    let backend = env.backend();
     backend
         .idempotency_begin(lease(name, secret), fp)
         .await
@@ -32,7 +32,7 @@ async fn begin(env: &Env, name: &[u8], secret: &Secret, fp: &[u8; 16]) -> Begin 
 }
 
 async fn begin_once(env: &Env, name: &[u8], secret: &Secret) -> Begin {
-    let backend = env.store.backend();
+    let backend = env.backend();
     backend
         .idempotency_begin_once(lease(name, secret), &FP, RETENTION)
         .await
@@ -41,7 +41,7 @@ async fn begin_once(env: &Env, name: &[u8], secret: &Secret) -> Begin {
 
 async fn complete(env: &Env, name: &[u8], secret: &Secret, response: &[u8]) -> bool {
     let completion = Completion::new(&FP, response, RETENTION);
-    let backend = env.store.backend();
+    let backend = env.backend();
     backend
         .idempotency_complete(lease(name, secret), completion)
         .await
@@ -134,7 +134,7 @@ pub async fn complete_then_replay_or_mismatch(env: Env) {
         "after a stranger's completion",
     );
     // The completion ended the reservation: its lease is gone.
-    let backend = env.store.backend();
+    let backend = env.backend();
     assert_eq!(
         backend.extend(lease(b"replay", &holder)).await.unwrap(),
         Extended::Gone,
@@ -146,7 +146,7 @@ pub async fn complete_then_replay_or_mismatch(env: Env) {
 /// `InFlight`), nor complete, extend, release or free it; the holder still can.
 pub async fn a_stranger_cannot_touch_a_live_reservation(env: Env) {
     let (holder, stranger) = (Secret::random(), Secret::random());
-    let backend = env.store.backend();
+    let backend = env.backend();
     assert_reserved(begin(&env, b"live", &holder, &FP).await, "the first look");
     assert_in_flight(
         begin(&env, b"live", &stranger, &FP).await,
@@ -209,7 +209,7 @@ pub async fn a_stranger_cannot_touch_a_live_reservation(env: Env) {
 /// it; a second release answers `false`.
 pub async fn a_released_or_freed_reservation_frees_the_key(env: Env) {
     let (first, second) = (Secret::random(), Secret::random());
-    let backend = env.store.backend();
+    let backend = env.backend();
     assert_reserved(begin(&env, b"freed", &first, &FP).await, "the first look");
     assert!(backend.release(lease(b"freed", &first)).await.unwrap());
     assert!(
@@ -243,7 +243,7 @@ pub async fn a_released_or_freed_reservation_frees_the_key(env: Env) {
 /// old holder can then neither extend it nor complete it.
 pub async fn a_reservation_ends_with_its_lease(env: Env) {
     let (stale, next) = (Secret::random(), Secret::random());
-    let backend = env.store.backend();
+    let backend = env.backend();
     assert_reserved(begin(&env, b"ends", &stale, &FP).await, "the first look");
     sleep(TTL + Duration::from_millis(100)).await;
     assert_eq!(
@@ -272,7 +272,7 @@ pub async fn a_reservation_ends_with_its_lease(env: Env) {
 /// freed key runs again, and a completed one replays.
 pub async fn at_most_once_marks_the_key(env: Env) {
     let (dead, retry) = (Secret::random(), Secret::random());
-    let backend = env.store.backend();
+    let backend = env.backend();
     assert_reserved(begin_once(&env, b"once", &dead).await, "the first look");
     assert_in_flight(begin_once(&env, b"once", &retry).await, "while it runs");
     sleep(TTL + Duration::from_millis(100)).await;
@@ -310,7 +310,7 @@ pub async fn at_most_once_marks_the_key(env: Env) {
 /// A fenced reservation takes a fence larger than every one before for its key, and the
 /// holder's begin sent twice answers the fence it took.
 pub async fn fenced_reservations_take_growing_fences(env: Env) {
-    let backend = env.store.backend();
+    let backend = env.backend();
     let mut last = 0;
     for round in 0..4 {
         let secret = Secret::random();

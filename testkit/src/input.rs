@@ -94,7 +94,7 @@ pub async fn binary_names_lock_independently(env: Env) {
 /// `idempotency_begin` answers an error; the `idempotency` scenarios fail it).
 pub async fn kinds_on_one_name_are_independent(env: Env) {
     let name = b"one-name";
-    let backend = env.store.backend();
+    let backend = env.backend();
     let key = Secret::random();
     let lock_ref = LockRef::new("jobs", name, Duration::from_secs(10));
     let reservation = LeaseRef::new(lock_ref, Mode::Reservation, &key);

@@ -5,7 +5,9 @@
 //! [`semaphore`], [`fairness`], [`writer_preferred`], [`intent_window`], [`input`], [`idempotency`],
 //! [`fences`], [`wakeups`] and [`shared_reads`] (notifications across two stores), and
 //! [`differential`], which compares random sequences of calls with the memory store's
-//! answers); its doc says what it checks. Each fails if it runs past [`DEADLINE`]. [`conformance!`] declares one
+//! answers); its doc says what it checks. Each fails if it runs past [`DEADLINE`], or at once
+//! when one of its direct backend calls ([`Env::backend`]) has not answered within
+//! [`CALL_DEADLINE`]: a hanging backend fails the whole run within seconds ([`SuiteRun`]). [`conformance!`] declares one
 //! `#[tokio::test]` per scenario, each on a fresh [`Env`]; [`scenarios`] lists them for running
 //! them some other way. The scenarios talk to the store
 //! through [`Store`] and [`Backend`](tower_lease::backend::Backend) alone, in real time (their TTLs
@@ -66,6 +68,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod calls;
 mod env;
 
 pub mod differential;
@@ -91,6 +94,7 @@ use tokio::time::Instant;
 use tower_lease::Store;
 use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
 
+pub use self::calls::{CALL_DEADLINE, Calls, SuiteRun};
 pub use self::env::{DataLoss, Env, IntentProbe};
 
 /// Stores and clocks count whole milliseconds; comparisons allow that much rounding.
@@ -115,6 +119,12 @@ pub async fn within_deadline(name: &str, scenario: impl Future<Output = ()>) {
     }
 }
 
+/// [`within_deadline`], as part of `run`: failed at once if an earlier scenario of `run` found
+/// a call that never answers (see [`SuiteRun`]).
+pub async fn within_run(run: &'static SuiteRun, name: &str, scenario: impl Future<Output = ()>) {
+    calls::within_run(run, within_deadline(name, scenario)).await
+}
+
 /// A scenario's future, as [`Scenario::run`] answers it.
 pub type ScenarioFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -130,6 +140,15 @@ pub struct Scenario {
     pub run: fn(Env) -> ScenarioFuture,
 }
 
+impl Scenario {
+    /// Runs it on `env` as part of `run`: within [`DEADLINE`], and failed at once if an earlier
+    /// scenario of `run` found a backend call that never answers.
+    pub fn run_in(&self, run: &'static SuiteRun, env: Env) -> ScenarioFuture {
+        let scenario = (self.run)(env);
+        Box::pin(calls::within_run(run, scenario))
+    }
+}
+
 /// Every scenario of the suite, in the order [`conformance!`] declares them.
 pub fn scenarios() -> Vec<Scenario> {
     crate::__scenarios!(@table)
@@ -139,7 +158,7 @@ pub fn scenarios() -> Vec<Scenario> {
 /// `mode` lease of `lock`.
 pub async fn assert_strangers_refused(store: &Store, lock: LockRef<'_>, mode: Mode) {
     let stranger = Secret::random();
-    let backend = store.backend();
+    let backend = Calls::new(store.backend());
     let lease = LeaseRef::new(lock, mode, &stranger);
     assert!(
         !backend.release(lease).await.unwrap(),
@@ -340,6 +359,8 @@ macro_rules! __scenarios {
 #[macro_export]
 macro_rules! __conformance {
     (@all $attr:tt $env:expr) => {
+        /// What this run of the suite has seen hang.
+        static __TOWER_LEASE_TESTKIT_RUN: $crate::SuiteRun = $crate::SuiteRun::new();
         $crate::__scenarios!(@tests $attr $env);
     };
     (@tests $attr:tt $env:expr ; $($module:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
@@ -365,7 +386,8 @@ macro_rules! __conformance {
             $(
                 #[$attr]
                 async fn $name() {
-                    $crate::within_deadline(
+                    $crate::within_run(
+                        &super::__TOWER_LEASE_TESTKIT_RUN,
                         concat!(stringify!($module), "::", stringify!($name)),
                         async { $crate::$module::$name($env).await },
                     )

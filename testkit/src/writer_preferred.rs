@@ -121,7 +121,7 @@ pub async fn without_the_preference_readers_keep_coming_in(env: Env) {
 /// A reader's extension answers `Held` without a waiting writer and `HeldWriterWaiting` while
 /// a write intent lives, through `extend` and `extend_many`, and still extends the lease.
 pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
-    let backend = env.store.backend();
+    let backend = env.backend();
     let (mine, other) = (Secret::random(), Secret::random());
     let lock = LockRef::new("extend-intent", b"doc", TTL).fairness(Fairness::WritersFirst);
     let reader = LeaseRef::new(lock, Mode::Read, &mine);

@@ -5,8 +5,10 @@
 
 mod store;
 
+use std::time::{Duration, Instant};
+
 use tower_lease::Store;
-use tower_lease_testkit::{Env, scenarios};
+use tower_lease_testkit::{Env, SuiteRun, scenarios};
 
 use crate::store::{Bug, MemoryStore};
 
@@ -45,6 +47,73 @@ fn failing(bug: Bug) -> Vec<String> {
     }
     println!("{bug:?}: caught by {failed:?}");
     failed
+}
+
+/// Runs every scenario on a store with `bug` in real time, one after another as parts of one
+/// `run`; answers each failed scenario's panic message, and how long they all took.
+fn failing_in_real_time(bug: Bug, run: &'static SuiteRun) -> (Vec<(String, String)>, Duration) {
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for scenario in scenarios() {
+        let outcome = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move { scenario.run_in(run, env(bug)).await })
+        })
+        .join();
+        if let Err(panic) = outcome {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            failed.push((format!("{}::{}", scenario.module, scenario.name), message));
+        }
+    }
+    (failed, started.elapsed())
+}
+
+/// A backend whose calls hang fails the whole suite within 30 s, in real time: the first call
+/// that never answers fails its scenario within the kit's call deadline, naming the call, and
+/// every scenario after it at once.
+fn a_hanging_backend_fails_the_suite_fast(bug: Bug, run: &'static SuiteRun, call: &str) {
+    let (failed, took) = failing_in_real_time(bug, run);
+    let all = scenarios().len();
+    assert!(
+        took < Duration::from_secs(30),
+        "{bug:?}: the suite took {took:?}"
+    );
+    let (first, why) = failed.first().expect("no scenario failed");
+    assert!(why.contains(call), "{bug:?}: {first} failed with {why:?}");
+    assert!(
+        failed[1..]
+            .iter()
+            .all(|(_, why)| why.contains("not run") && why.contains(call)),
+        "{bug:?}: the scenarios after {first}: {failed:?}"
+    );
+    println!(
+        "{bug:?}: {first} failed ({why}), and {} more, in {took:?}",
+        failed.len() - 1
+    );
+    assert!(failed.len() >= all / 2, "{bug:?}: only {failed:?} failed");
+}
+
+#[test]
+fn an_acquisition_that_never_answers_fails_the_suite_within_30_s() {
+    static RUN: SuiteRun = SuiteRun::new();
+    a_hanging_backend_fails_the_suite_fast(
+        Bug::AcquireHangs,
+        &RUN,
+        "Backend::acquire of the Exclusive lease",
+    );
+}
+
+#[test]
+fn a_pool_that_leaks_its_connections_fails_the_suite_within_30_s() {
+    static RUN: SuiteRun = SuiteRun::new();
+    a_hanging_backend_fails_the_suite_fast(Bug::LeaksConnections, &RUN, "did not answer within");
 }
 
 #[test]
@@ -158,4 +227,8 @@ caught! {
         "input::binary_names_lock_independently",
     ],
     hangs: Hangs => ["differential::permit_sequences_answer_as_the_memory_store"],
+    acquire_hangs: AcquireHangs => ["differential::lock_sequences_answer_as_the_memory_store"],
+    leaks_connections: LeaksConnections => [
+        "differential::lock_sequences_answer_as_the_memory_store",
+    ],
 }

@@ -22,7 +22,17 @@ impl Backend for MemoryStore {
         if lease.mode == Mode::Reservation {
             return Box::pin(async { Err(unsupported()) });
         }
-        Box::pin(async move { Ok(self.acquire_now(lease)) })
+        Box::pin(async move {
+            if self.bug == Bug::AcquireHangs && lease.mode == Mode::Exclusive {
+                std::future::pending::<()>().await;
+            }
+            let connection = self.connection().await;
+            let acquisition = self.acquire_now(lease);
+            if let (Some(connection), Acquisition::Acquired { .. }) = (connection, &acquisition) {
+                connection.forget();
+            }
+            Ok(acquisition)
+        })
     }
 
     fn idempotency_begin<'a>(
@@ -30,7 +40,10 @@ impl Backend for MemoryStore {
         lease: LeaseRef<'a>,
         fingerprint: &'a [u8; FINGERPRINT_LEN],
     ) -> BoxFuture<'a, Result<Begin>> {
-        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, None)) })
+        Box::pin(async move {
+            let _connection = self.connection().await;
+            Ok(self.idempotency.begin(lease, fingerprint, None))
+        })
     }
 
     fn idempotency_begin_once<'a>(
@@ -40,11 +53,15 @@ impl Backend for MemoryStore {
         retention: Duration,
     ) -> BoxFuture<'a, Result<Begin>> {
         let once = Some(retention);
-        Box::pin(async move { Ok(self.idempotency.begin(lease, fingerprint, once)) })
+        Box::pin(async move {
+            let _connection = self.connection().await;
+            Ok(self.idempotency.begin(lease, fingerprint, once))
+        })
     }
 
     fn idempotency_free<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            let _connection = self.connection().await;
             let freed = self.idempotency.free(lease);
             if freed {
                 self.announce_release(lease);
@@ -59,6 +76,7 @@ impl Backend for MemoryStore {
         completion: Completion<'a>,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            let _connection = self.connection().await;
             let completed = self.idempotency.complete(lease, completion);
             if completed {
                 self.announce_release(lease);
@@ -69,6 +87,7 @@ impl Backend for MemoryStore {
 
     fn extend<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<Extended>> {
         Box::pin(async move {
+            let _connection = self.connection().await;
             Ok(match self.update_now(lease, true) {
                 false => Extended::Gone,
                 true if self.writer_waits(lease) => Extended::HeldWriterWaiting,
@@ -79,6 +98,7 @@ impl Backend for MemoryStore {
 
     fn release<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            let _connection = self.connection().await;
             let release = || self.update_now(lease, false);
             Ok(self.release_and_announce(lease, release).await)
         })
@@ -86,6 +106,7 @@ impl Backend for MemoryStore {
 
     fn withdraw_intent<'a>(&'a self, lease: LeaseRef<'a>) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            let _connection = self.connection().await;
             let withdrawn = lease.mode == Mode::Write && self.withdraw_now(lease);
             if withdrawn {
                 self.announce_release(lease);
@@ -103,6 +124,7 @@ impl Backend for MemoryStore {
             if self.bug == Bug::Hangs {
                 std::future::pending::<()>().await;
             }
+            let _connection = self.connection().await;
             let now = Instant::now();
             let state = self.lock();
             let permits = state

@@ -55,4 +55,9 @@ pub enum Bug {
     KindsShareState,
     /// `in_use` never answers.
     Hangs,
+    /// An exclusive acquisition never answers.
+    AcquireHangs,
+    /// Every call takes one of a few connections, and an acquisition that took a lease never
+    /// gives its connection back: once they are gone, every call waits for one forever.
+    LeaksConnections,
 }

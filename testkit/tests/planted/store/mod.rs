@@ -20,6 +20,9 @@ mod sweep;
 
 pub use self::bug::Bug;
 
+/// The connections of [`Bug::LeaksConnections`]'s pool.
+const POOL: usize = 8;
+
 /// A [`Backend`](tower_lease::backend::Backend) that keeps leases in a map in this process; use it
 /// through [`Store::memory`](crate::Store::memory).
 ///
@@ -35,6 +38,8 @@ pub struct MemoryStore {
     /// Idempotency keys, apart from the leases of locks.
     idempotency: Records,
     bug: Bug,
+    /// The "connections" a call takes, which [`Bug::LeaksConnections`] loses.
+    pool: Arc<tokio::sync::Semaphore>,
     /// What every store made on this backend hears: releases and write intents.
     bus: tokio::sync::broadcast::Sender<notify::Event>,
 }
@@ -108,7 +113,17 @@ impl MemoryStore {
             state: Arc::default(),
             idempotency: Records::new(bug),
             bug,
+            pool: Arc::new(tokio::sync::Semaphore::new(POOL)),
             bus: notify::bus(),
+        }
+    }
+
+    /// A connection for one call, under [`Bug::LeaksConnections`] (waiting for one while all
+    /// are taken); nothing otherwise.
+    async fn connection(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match self.bug {
+            Bug::LeaksConnections => Some(self.pool.clone().acquire_owned().await.unwrap()),
+            _ => None,
         }
     }
 

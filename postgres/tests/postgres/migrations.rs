@@ -1,7 +1,7 @@
 //! The schema as a migration tool applies it: `schema_sql`, a store that does not install
 //! (for a role that cannot create), a schema of another name, and the versions refused.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

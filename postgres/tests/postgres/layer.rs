@@ -3,7 +3,7 @@
 //! refused on the other (`409` with `Retry-After`), other names run, and the next request
 //! after a response finds the lock free.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! default settings never exhaust its shared lock table (`max_locks_per_transaction` × the
 //! connections): every lease is extended, and each answer is its own lease's, in order.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! serialization error is a failure too); replicas install the schema at once; a call cut off
 //! mid-way leaves no transaction open on its connection.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,7 +6,7 @@
 //! reason, unless told to accept any certificate; a client without TLS is refused by the
 //! server.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

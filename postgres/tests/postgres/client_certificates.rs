@@ -6,7 +6,7 @@
 //! refuses the store at once, with its reason. `sslmode=allow`, libpq's "plain text unless the
 //! server asks for TLS", connects to such a server over TLS.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

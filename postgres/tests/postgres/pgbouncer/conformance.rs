@@ -5,7 +5,8 @@
 use tower_lease::Store;
 use tower_lease_testkit::Env;
 
-use crate::{bouncer, pooled_store, support};
+use super::{bouncer, pooled_store};
+use crate::support;
 
 /// The test kit's `Env` through the pooler with the option: both stores through it, listening
 /// directly; the intent probe and the data loss on the server directly.

@@ -4,7 +4,7 @@
 //! it answers from its own record, the receipt of the first charge, without charging again
 //! (and without the claim, it charges again: the control).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

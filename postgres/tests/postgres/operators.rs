@@ -2,7 +2,7 @@
 //! in the view `leases`, a sweep that finds ended rows by index rather than by scanning, and
 //! the sweep's cadence.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! an error within the store's timeout (and a margin a loaded machine keeps), no lease is
 //! left held by a call that failed, and the first call once the server is back succeeds.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! replication setups that can lose acquisitions in a failover; and the loss window of an
 //! asynchronous standby, measured (`--nocapture` prints it).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,6 @@
 //! The schema installed once when replicas connect at once, and what `PgStore::check` finds.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

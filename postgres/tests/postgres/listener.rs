@@ -5,7 +5,7 @@
 //! seconds and replaced, the waiters still get in while it is down, and after the heal a
 //! release wakes them through notifications again.
 
-mod support;
+use crate::support;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! terminated; two waiters in two other stores are both woken, one release each; and a release
 //! nobody waited for sends no `NOTIFY`.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

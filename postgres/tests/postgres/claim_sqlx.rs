@@ -4,7 +4,7 @@
 
 #![cfg(feature = "sqlx")]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, SystemTime};
 

@@ -6,7 +6,7 @@
 //! the client gave up on, a timed-out call's connection is no later call's, and the store
 //! serves again within a second of the heal.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -9,8 +9,7 @@
 //! once install the schema through it, an application's transactions claim idempotency keys
 //! through it, and a part of the conformance suite passes (`conformance.rs`).
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 mod conformance;
 mod contend;

@@ -2,7 +2,7 @@
 //! does (lost in a crash, it could let a second holder in), a release does not (lost, it only
 //! delays the next holder, and an acquisition after it flushes it with its own commit).
 
-mod support;
+use crate::support;
 
 /// `synchronous_commit` in the call's transaction once the call ran: what its commit waits for.
 async fn commit_of(client: &mut tokio_postgres::Client, call: &str) -> String {
