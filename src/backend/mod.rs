@@ -303,7 +303,10 @@ impl<'a> LeaseRef<'a> {
 /// - **A secret that already holds.** The callers never send an `acquire` whose secret holds
 ///   the lease already, but a retried call whose first reply was lost can arrive as one: a
 ///   backend may answer either `Busy` (with the lease's own remaining time) or `Acquired`
-///   (taking it again for a TTL); both are safe, since the secret is the caller's own.
+///   (taking it again for a TTL); both are safe, since the secret is the caller's own. A
+///   write's, though, answers `Acquired` (with the fence it was given) before the order of
+///   waits below is looked at: a waiting writer told `Busy` by its own lease would wait it out,
+///   and every other caller with it.
 /// - **`extend` and `release` act only on the lease held with *this* secret** and answer
 ///   `false` (for `extend`, [`Extended::Gone`]) otherwise; a lease that ran out is gone, and
 ///   `extend` never takes it again. A reader's `extend` answers

@@ -410,6 +410,43 @@ pub async fn waiting_writers_go_in_the_order_their_waits_began(env: Env) {
     assert!(backend.release(write(&younger)).await.unwrap());
 }
 
+/// A phase-fair writer's waiting attempt that got in, sent again (its reply was lost on the
+/// way), answers acquired with the fence it was given, even when a writer whose wait began
+/// earlier queued in between: the resend finds its own lease before it looks at the order of
+/// waits. Answered busy, its caller would give up while the lease it holds refuses everyone for
+/// its whole TTL.
+pub async fn a_waiting_write_sent_again_after_it_got_in_answers_acquired(env: Env) {
+    use tower_lease::backend::{Acquisition, LeaseRef, LockRef, Mode, Secret};
+    let backend = env.backend();
+    let lock = LockRef::new(DOCS.namespace(), b"write-sent-again", TTL)
+        .fairness(Fairness::PhaseFair)
+        .fenced();
+    let older = Secret::queued();
+    // As above: a millisecond of real time between the two stamps.
+    std::thread::sleep(Duration::from_millis(3));
+    let younger = Secret::queued();
+    let write = |secret| LeaseRef::new(lock, Mode::Write, secret).waiting();
+    let fence = |a: &Acquisition| match a {
+        Acquisition::Acquired { fence } => *fence,
+        Acquisition::Busy { .. } => None,
+    };
+    let first = backend.acquire(write(&younger)).await.unwrap();
+    let given = fence(&first).expect("the name is free: acquired, fenced");
+    // The older writer waits for it, and leaves its intent.
+    let queued = backend.acquire(write(&older)).await.unwrap();
+    assert_eq!(fence(&queued), None, "the younger writer holds");
+    let again = backend.acquire(write(&younger)).await.unwrap();
+    assert_eq!(
+        fence(&again),
+        Some(given),
+        "the resend of a write that got in: {again:?}"
+    );
+    assert!(backend.release(write(&younger)).await.unwrap());
+    let next = backend.acquire(write(&older)).await.unwrap();
+    assert!(fence(&next).is_some(), "then the older writer: {next:?}");
+    assert!(backend.release(write(&older)).await.unwrap());
+}
+
 /// Waiters queued behind each other in one process hand on promptly: a write of an `RwLock`
 /// (then a `Lock`) holds, and three waiters wait for it on the same store (the first contends,
 /// the others queue behind it in the process). Each gets in within [`HANDOFF`] of the lease

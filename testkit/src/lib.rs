@@ -288,6 +288,7 @@ macro_rules! __scenarios {
                 a_read_phase_nobody_comes_to_ends_by_itself,
                 waiters_side_by_side_in_one_process_all_hear_their_release,
                 waiting_writers_go_in_the_order_their_waits_began,
+                a_waiting_write_sent_again_after_it_got_in_answers_acquired,
                 writers_queued_in_one_process_hand_on_promptly,
             ],
             fences: [

@@ -250,6 +250,19 @@ impl MemoryStore {
             Mode::Write => {
                 let shared = ns.rwlocks.entry(lock.name.into()).or_default();
                 shared.forget_expired(now);
+                if shared
+                    .writer
+                    .as_ref()
+                    .is_some_and(|writer| writer.secret == *lease.secret)
+                {
+                    // A retry whose first reply was lost: our own live lease, with the fence
+                    // it was given, before any order of waits (it would refuse us, and the
+                    // lease we hold would refuse everyone for its TTL).
+                    let fence = lock
+                        .fenced
+                        .then(|| ns.rwlock_fences.current(lock.name, now, lock.ttl));
+                    return Acquisition::Acquired { fence };
+                }
                 if let Some(intent) = shared.intent.as_ref().filter(|intent| {
                     lock.read_phase().is_some()
                         && lease.waiting
