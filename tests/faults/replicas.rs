@@ -24,8 +24,11 @@ pub(crate) fn replica_binary() -> &'static PathBuf {
     BINARY.get_or_init(|| {
         let output = Command::new(env!("CARGO"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // As scripts/test builds the workspace (every crate, every feature): the crate
+            // alone would unify other features, and rebuild half the workspace here.
             .args([
                 "build",
+                "--workspace",
                 "--example",
                 "replica",
                 "--all-features",
