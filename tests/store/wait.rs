@@ -2,8 +2,10 @@
 //! after a release elsewhere, given up after the wait, queued so that only the first waiter of
 //! a name asks the store, and leaving nothing behind when dropped.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -165,11 +167,17 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
     let mut waiters = Vec::new();
     for i in 0..20 {
         let (store, served) = (store.clone(), served.clone());
+        let (seated, seat_taken) = tokio::sync::oneshot::channel();
         waiters.push(tokio::spawn(async move {
-            let token = JOBS
-                .try_lock_for(&store, "q", Duration::from_secs(10))
-                .await
-                .unwrap();
+            let mut wait = std::pin::pin!(JOBS.try_lock_for(&store, "q", Duration::from_secs(10)));
+            // Its first poll takes its seat in the queue.
+            let first = std::future::poll_fn(|cx| Poll::Ready(wait.as_mut().poll(cx))).await;
+            let _ = seated.send(());
+            let token = match first {
+                Poll::Ready(token) => token,
+                Poll::Pending => wait.await,
+            }
+            .unwrap();
             served.lock().unwrap().push(i);
             assert!(
                 token
@@ -179,8 +187,9 @@ async fn only_the_first_waiter_of_a_name_asks_the_store_and_all_are_served_in_or
                     .unwrap()
             );
         }));
-        // Queue in a known order.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // Queued in a known order: each seated before the next comes (a spawned task may
+        // first run after a later one on a loaded machine).
+        seat_taken.await.unwrap();
     }
     let before = acquires.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
