@@ -39,6 +39,34 @@ struct OwnDeadline {
     on_the_wire: Arc<Mutex<HashMap<Secret, watch::Receiver<bool>>>>,
 }
 
+/// A lease's parts, owned, for what the "server" runs after its caller left.
+struct Owned {
+    namespace: String,
+    name: Vec<u8>,
+    ttl: Duration,
+    mode: Mode,
+    secret: Secret,
+}
+
+impl From<LeaseRef<'_>> for Owned {
+    fn from(lease: LeaseRef<'_>) -> Self {
+        Owned {
+            namespace: lease.lock.namespace.to_owned(),
+            name: lease.lock.name.to_vec(),
+            ttl: lease.lock.ttl,
+            mode: lease.mode,
+            secret: lease.secret.clone(),
+        }
+    }
+}
+
+impl Owned {
+    fn lease(&self) -> LeaseRef<'_> {
+        let lock = LockRef::new(&self.namespace, &self.name, self.ttl);
+        LeaseRef::new(lock, self.mode, &self.secret)
+    }
+}
+
 impl Backend for OwnDeadline {
     fn timeout(&self) -> Duration {
         TIMEOUT
@@ -53,17 +81,10 @@ impl Backend for OwnDeadline {
             // The statement is on the wire: it lands at `LANDS`, whoever gave up on it.
             let (landed, landing) = watch::channel(false);
             let (server, took_late) = (self.server.clone(), self.took_late.clone());
-            let (namespace, name, ttl, mode, secret) = (
-                lease.lock.namespace.to_owned(),
-                lease.lock.name.to_vec(),
-                lease.lock.ttl,
-                lease.mode,
-                lease.secret.clone(),
-            );
+            let owned = Owned::from(lease);
             tokio::spawn(async move {
                 tokio::time::sleep_until(started + LANDS).await;
-                let lock = LockRef::new(&namespace, &name, ttl);
-                let taken = server.acquire(LeaseRef::new(lock, mode, &secret)).await;
+                let taken = server.acquire(owned.lease()).await;
                 if let Ok(Acquisition::Acquired { .. }) = taken {
                     took_late.store(true, Ordering::SeqCst);
                 }
@@ -92,17 +113,10 @@ impl Backend for OwnDeadline {
             // Sent on the stalled call's connection: the server runs it after that call,
             // whether or not the caller still waits for its answer.
             let server = self.server.clone();
-            let (namespace, name, ttl, mode, secret) = (
-                lease.lock.namespace.to_owned(),
-                lease.lock.name.to_vec(),
-                lease.lock.ttl,
-                lease.mode,
-                lease.secret.clone(),
-            );
+            let owned = Owned::from(lease);
             let on_the_wire = tokio::spawn(async move {
                 let _ = landing.wait_for(|landed| *landed).await;
-                let lock = LockRef::new(&namespace, &name, ttl);
-                server.release(LeaseRef::new(lock, mode, &secret)).await
+                server.release(owned.lease()).await
             });
             on_the_wire.await.expect("the release runs")
         })
