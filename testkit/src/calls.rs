@@ -62,7 +62,8 @@ pub(crate) async fn within_run<T>(run: &'static SuiteRun, scenario: impl Future<
 }
 
 /// The backend of a store, as a scenario calls it directly: each call bounded by
-/// [`CALL_DEADLINE`] (see the [module](self)).
+/// [`CALL_DEADLINE`]: one that never answers fails the scenario, naming the call, and marks
+/// its [`SuiteRun`].
 #[derive(Clone, Copy)]
 pub struct Calls<'a> {
     backend: &'a dyn Backend,
