@@ -183,6 +183,7 @@ fn client_certificate(
 /// exchange, as a nudge towards aws-lc-rs; *ring* stays, since it builds with a C compiler alone
 /// (aws-lc-rs needs CMake and a larger C build), and a connection to PostgreSQL negotiates the
 /// same TLS 1.2 and 1.3 suites on it.
+#[cfg(feature = "tls")]
 #[allow(deprecated)]
 fn ring_provider() -> rustls::crypto::CryptoProvider {
     rustls::crypto::ring::default_provider()
