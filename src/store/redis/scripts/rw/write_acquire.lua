@@ -34,15 +34,17 @@ if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5], KEYS[6]) > 0 then
       local b1, b2, b3, b4, b5, b6 = string.byte(ARGV[1], 1, 6)
       local theirs = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
       local ours = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
-      local held = redis.call('GET', KEYS[1])
-      if theirs <= ours and held ~= ARGV[1] and held ~= ARGV[1] .. '!' then
+      if theirs <= ours then
         -- A phase-fair writer that began waiting before this one (or with it) goes first; not
         -- before this one's own live lease, though (a resend whose reply was lost: acquired
         -- below, or the lease it holds would refuse everyone for its TTL).
-        if ARGV[5] ~= '0' then
-          redis.call('SET', KEYS[6], '', 'PX', ARGV[5])
+        local held = redis.call('GET', KEYS[1])
+        if held ~= ARGV[1] and held ~= ARGV[1] .. '!' then
+          if ARGV[5] ~= '0' then
+            redis.call('SET', KEYS[6], '', 'PX', ARGV[5])
+          end
+          return -3 - redis.call('PTTL', KEYS[3])
         end
-        return -3 - redis.call('PTTL', KEYS[3])
       end
     end
   end
