@@ -54,7 +54,7 @@ tokio::task_local! {
 
 /// Runs `scenario` as part of `run`: fails it at once if an earlier scenario of `run` found a
 /// call that never answers, and records the call of this one that never answers.
-pub(crate) async fn within_run<T>(run: &'static SuiteRun, scenario: impl Future<Output = T>) -> T {
+pub(crate) async fn as_part_of<T>(run: &'static SuiteRun, scenario: impl Future<Output = T>) -> T {
     if let Some(call) = run.hung() {
         panic!("not run: an earlier scenario of this run found that {call}");
     }

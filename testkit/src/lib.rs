@@ -122,7 +122,7 @@ pub async fn within_deadline(name: &str, scenario: impl Future<Output = ()>) {
 /// [`within_deadline`], as part of `run`: failed at once if an earlier scenario of `run` found
 /// a call that never answers (see [`SuiteRun`]).
 pub async fn within_run(run: &'static SuiteRun, name: &str, scenario: impl Future<Output = ()>) {
-    calls::within_run(run, within_deadline(name, scenario)).await
+    calls::as_part_of(run, within_deadline(name, scenario)).await
 }
 
 /// A scenario's future, as [`Scenario::run`] answers it.
@@ -145,7 +145,7 @@ impl Scenario {
     /// scenario of `run` found a backend call that never answers.
     pub fn run_in(&self, run: &'static SuiteRun, env: Env) -> ScenarioFuture {
         let scenario = (self.run)(env);
-        Box::pin(calls::within_run(run, scenario))
+        Box::pin(calls::as_part_of(run, scenario))
     }
 }
 
