@@ -80,6 +80,21 @@ const HAND_ACQUIRE: &str = "INSERT INTO bench_hand_locks AS l (name, token, expi
 const HAND_RELEASE: &str = "DELETE FROM bench_hand_locks WHERE name = $1 AND token = $2";
 
 /// `PgStore`'s own functions, called by hand.
+/// `sql`'s calls of the schema's functions named as this version installs them
+/// (`tower_lease.lock_release` as `tower_lease.lock_release_v9`), kept for the run.
+fn versioned(sql: &'static str) -> &'static str {
+    let version = tower_lease_postgres::SCHEMA_VERSION;
+    let named = ["lock_acquire", "lock_release"]
+        .iter()
+        .fold(sql.to_owned(), |sql, name| {
+            sql.replace(
+                &format!("tower_lease.{name}("),
+                &format!("tower_lease.{name}_v{version}("),
+            )
+        });
+    Box::leak(named.into_boxed_str())
+}
+
 const FN_ACQUIRE: &str =
     "SELECT acquired FROM tower_lease.lock_acquire($1, $2, $3, $4::bigint, false)";
 const FN_RELEASE: &str = "SELECT tower_lease.lock_release($1, $2, $3) AS released";
@@ -422,23 +437,29 @@ async fn lock_middleware(
 async fn make_quiet_release(admin: &Client) -> bool {
     let row = admin
         .query_one(
-            "SELECT pg_get_functiondef('tower_lease.lock_release(text,bytea,bytea)'::regprocedure)",
+            versioned(
+                "SELECT pg_get_functiondef('tower_lease.lock_release(text,bytea,bytea)'::regprocedure)",
+            ),
             &[],
         )
         .await
         .unwrap();
     let definition: String = row.get(0);
     // The schema's name is quoted in the installed text: the line, whatever precedes the call.
-    let notify = ".notify('e', lock_namespace, lock_name);";
-    if !definition.contains(notify) {
+    let notify = format!(
+        ".notify_v{}('e', lock_namespace, lock_name);",
+        tower_lease_postgres::SCHEMA_VERSION
+    );
+    let release = format!(".lock_release_v{}(", tower_lease_postgres::SCHEMA_VERSION);
+    if !definition.contains(&notify) {
         return false;
     }
     let quiet: String = definition
         .lines()
-        .filter(|line| !line.contains(notify))
+        .filter(|line| !line.contains(&notify))
         .map(|line| format!("{line}\n"))
         .collect();
-    let Some(at) = quiet.find(".lock_release(") else {
+    let Some(at) = quiet.find(&release) else {
         return false;
     };
     let start = quiet[..at]
@@ -447,7 +468,7 @@ async fn make_quiet_release(admin: &Client) -> bool {
     let quiet = format!(
         "{}public.bench_lock_release_quiet({}",
         &quiet[..start],
-        &quiet[at + ".lock_release(".len()..]
+        &quiet[at + release.len()..]
     );
     admin.batch_execute(&quiet).await.unwrap();
     true
@@ -491,8 +512,8 @@ async fn bench(server: &PgServer, settings: Settings) {
     };
     let functions = Hand {
         pool: hand_pool.clone(),
-        acquire: FN_ACQUIRE,
-        release: FN_RELEASE,
+        acquire: versioned(FN_ACQUIRE),
+        release: versioned(FN_RELEASE),
     };
     let mut cycles: Vec<(&str, Op)> = vec![
         (MINIMUM, hand_cycle(minimum.clone(), "hand-")),
@@ -504,7 +525,7 @@ async fn bench(server: &PgServer, settings: Settings) {
     if make_quiet_release(&admin).await {
         let quiet = Hand {
             pool: hand_pool.clone(),
-            acquire: FN_ACQUIRE,
+            acquire: versioned(FN_ACQUIRE),
             release: QUIET_RELEASE,
         };
         cycles.push((QUIET, hand_cycle(quiet, "quiet-")));
@@ -858,8 +879,8 @@ async fn where_the_time_goes(url: &str, admin: &Client, cycles: &[(&str, Op)], l
     let explained = [
         ("minimum: INSERT … ON CONFLICT", HAND_ACQUIRE),
         ("minimum: DELETE", HAND_RELEASE),
-        ("tower_lease.lock_acquire", FN_ACQUIRE),
-        ("tower_lease.lock_release", FN_RELEASE),
+        ("tower_lease.lock_acquire", versioned(FN_ACQUIRE)),
+        ("tower_lease.lock_release", versioned(FN_RELEASE)),
     ];
     let mut times: Vec<Vec<f64>> = explained.iter().map(|_| Vec::new()).collect();
     for i in 0..100 {

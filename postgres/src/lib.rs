@@ -116,6 +116,7 @@ mod statement;
 mod store;
 mod sweep;
 mod tls;
+mod version;
 
 /// The README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]
@@ -125,7 +126,13 @@ pub struct ReadmeDoctests;
 pub use self::check::PgWarning;
 pub use self::claim::{ClaimError, claim, claim_in};
 pub use self::options::PgStoreBuilder;
-pub use self::schema::schema_sql;
+pub use self::schema::{contract_sql, schema_index_sql, schema_sql};
+
+/// The version of the schema this crate installs and calls. Its functions and type carry it in
+/// their names (`tower_lease.lock_acquire_v9`), so that two versions of the crate run side by
+/// side on one database while a deploy or a rollback goes through; `schema_version` holds a
+/// row for each version installed.
+pub const SCHEMA_VERSION: i32 = version::VERSION;
 pub use self::store::PgStore;
 
 /// The pool a [`PgStore`] runs on, re-exported for [`PgStore::from_pool`].

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
+use crate::version::{VERSION, VERSIONED_NAMES};
+
 /// The schema a store uses unless told otherwise; the statements and `.sql` files are written
 /// for it.
 pub(crate) const DEFAULT_SCHEMA: &str = "tower_lease";
@@ -24,6 +26,9 @@ pub(crate) fn check_schema_name(name: &str) -> Result<(), String> {
         "it may not start with a digit"
     } else if name.starts_with("pg_") {
         "names starting with pg_ are PostgreSQL's"
+    } else if name == "public" || name == "information_schema" {
+        "it is every user's schema: give the leases one of their own, which the store may \
+         treat as its own (it makes tables in it, and drops the functions of old versions)"
     } else {
         return Ok(());
     };
@@ -66,38 +71,57 @@ impl Schema {
         format!("\"{}\"", self.name)
     }
 
-    /// `template`, a statement of the crate naming `tower_lease.…`, for this schema: the
-    /// template itself for the default schema, else its rewrite, made once per schema and
-    /// statement and kept for the process's life (there are a few dozen statements, and a
-    /// process uses a schema or two), so every call still sends a `&'static str` that its
-    /// connection's statement cache knows.
+    /// `template`, a statement of the crate naming `tower_lease.…`, for this schema and version
+    /// (see [`rewrite`](Self::rewrite)): made once per schema and statement and kept for the
+    /// process's life (there are a few dozen statements, and a process uses a schema or two),
+    /// so every call still sends a `&'static str` that its connection's statement cache knows.
+    /// Looked up by the two texts' addresses, so a call allocates nothing.
     pub(crate) fn statement(self, template: &'static str) -> &'static str {
-        if self.name == DEFAULT_SCHEMA {
-            return template;
+        type Made = HashMap<(usize, usize, usize), &'static str>;
+        static MADE: OnceLock<RwLock<Made>> = OnceLock::new();
+        let key = (
+            self.name.as_ptr() as usize,
+            template.as_ptr() as usize,
+            template.len(),
+        );
+        let made = MADE.get_or_init(RwLock::default);
+        if let Some(text) = made.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return text;
         }
-        intern(format!("{}\u{0}{template}", self.name), || {
-            self.rewrite(template)
-        })
+        let mut made = made.write().unwrap_or_else(|e| e.into_inner());
+        made.entry(key)
+            .or_insert_with(|| Box::leak(self.rewrite(template).into_boxed_str()))
     }
 
-    /// `sql` (the crate's `.sql` files, or a statement) with every name of the schema
-    /// `tower_lease` replaced by this one's: qualified names, the schema's creation, its name as
-    /// a `regnamespace` and the notification channel.
+    /// `sql` (the crate's `.sql` files, or a statement), written for the schema `tower_lease`,
+    /// for this one: its name as a literal (`'tower_lease'`: a `regnamespace`, the notification
+    /// channel) and as the schema made, and every qualified name, where those of the functions
+    /// and the type take this version's number (`tower_lease.lock_acquire` becomes
+    /// `"shop"."lock_acquire_v9"`, and `tower_lease.locks` `"shop".locks`).
     pub(crate) fn rewrite(self, sql: &str) -> String {
         let quoted = self.quoted();
-        sql.replace(
-            "'tower_lease'::regnamespace",
-            &format!("'{quoted}'::regnamespace"),
-        )
-        .replace(
-            "pg_notify('tower_lease',",
-            &format!("pg_notify('{}',", self.name),
-        )
-        .replace(
-            "CREATE SCHEMA IF NOT EXISTS tower_lease;",
-            &format!("CREATE SCHEMA IF NOT EXISTS {quoted};"),
-        )
-        .replace("tower_lease.", &format!("{quoted}."))
+        let sql = sql
+            .replace("'tower_lease'", &format!("'{}'", self.name))
+            .replace("SCHEMA tower_lease;", &format!("SCHEMA {quoted};"));
+        let mut out = String::with_capacity(sql.len() + sql.len() / 8);
+        let mut rest = sql.as_str();
+        while let Some(at) = rest.find("tower_lease.") {
+            out.push_str(&rest[..at]);
+            rest = &rest[at + "tower_lease.".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let (object, after) = rest.split_at(end);
+            out.push_str(&quoted);
+            out.push('.');
+            out.push_str(object);
+            if VERSIONED_NAMES.contains(object) {
+                out.push_str(&format!("_v{VERSION}"));
+            }
+            rest = after;
+        }
+        out.push_str(rest);
+        out
     }
 }
 
@@ -130,6 +154,7 @@ mod tests {
             "a b",
             "a\"b",
             "pg_x",
+            "public",
             "é",
             &"x".repeat(64),
         ] {
@@ -144,12 +169,27 @@ mod tests {
         let rewritten = schema.statement(template);
         assert_eq!(
             rewritten,
-            "SELECT \"shop_locks\".lock_release($1, $2, $3) AS released"
+            format!("SELECT \"shop_locks\".lock_release_v{VERSION}($1, $2, $3) AS released")
         );
         assert!(std::ptr::eq(rewritten, schema.statement(template)));
-        assert!(std::ptr::eq(
+        assert_eq!(
             Schema::default().statement(template),
-            template
-        ));
+            format!("SELECT \"tower_lease\".lock_release_v{VERSION}($1, $2, $3) AS released")
+        );
+    }
+
+    #[test]
+    fn only_functions_and_types_take_the_version() {
+        let sql = "SELECT tower_lease.lock_class(), 'tower_lease'::regnamespace \
+                   FROM tower_lease.locks l, tower_lease.acquisition a; \
+                   CREATE SCHEMA tower_lease; SELECT 'tower_lease.' || t";
+        assert_eq!(
+            Schema::new("shop").unwrap().rewrite(sql),
+            format!(
+                "SELECT \"shop\".lock_class_v{VERSION}(), 'shop'::regnamespace \
+                 FROM \"shop\".locks l, \"shop\".acquisition_v{VERSION} a; \
+                 CREATE SCHEMA \"shop\"; SELECT '\"shop\".' || t"
+            )
+        );
     }
 }

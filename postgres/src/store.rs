@@ -95,13 +95,14 @@ impl PgStore {
         PgStoreBuilder::default()
     }
 
-    /// A store on `pool`, after installing the schema: the schema `tower_lease`, its tables and
-    /// its functions, created when missing and replaced when older than this version, in one
-    /// transaction under an advisory lock, so replicas that start at once install it once. The
-    /// database user needs the `CREATE` privilege on the database the first time. A schema that
-    /// a newer version of this crate installed is refused with an error naming both versions:
-    /// this version's calls would not match its functions. Another schema, or none installed:
-    /// the [`builder`](Self::builder)'s [`from_pool`](PgStoreBuilder::from_pool).
+    /// A store on `pool`, after installing the schema: the schema `tower_lease` and the tables
+    /// when missing, and this version's functions beside those of the versions already there
+    /// ([`schema_sql`](crate::schema_sql)), in one transaction under an advisory lock, so
+    /// replicas that start at once install it once. The database user needs the `CREATE`
+    /// privilege on the database the first time, or on a schema made for it in advance. A newer
+    /// version of the schema that does not run beside this one is refused with an error naming
+    /// both versions. Another schema, or none installed: the [`builder`](Self::builder)'s
+    /// [`from_pool`](PgStoreBuilder::from_pool).
     ///
     /// A pool has no way to open the extra connection that listens for releases: add
     /// [`listen`](Self::listen), or waiters poll for releases made by other processes.
@@ -157,6 +158,19 @@ impl PgStore {
     /// transaction).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Drops the functions of the schema's versions older than this crate's (the contract step
+    /// of an upgrade, [`contract_sql`](crate::contract_sql)): call it once every replica runs
+    /// this version. The tables and the leases in them stay. A replica of an older version that
+    /// starts afterwards installs its functions again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] when this version is not installed, or the server fails;
+    /// [`Error::Timeout`] past 30 s.
+    pub async fn contract(&self) -> Result<()> {
+        crate::schema::contract(&self.pool, self.schema).await
     }
 
     /// The schema the store keeps its leases in, as [`claim_in`](crate::claim_in) takes it.

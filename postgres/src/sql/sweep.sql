@@ -1,38 +1,9 @@
 -- The sweep of ended rows: `tower_lease.sweep()`, sent by each store about once a second after
 -- one of its acquisitions (`sweep.rs`), off that call's path.
 --
--- Each table has `sweep_after`, indexed, when the sweep should look at a row again: -infinity
--- for a new row (its default, so no acquisition sets it), then the end the sweep last found.
--- The sweep reads only the rows whose `sweep_after` passed, through that index: those that
--- ended go, the others (extended, or taken again, since) are looked at again when they end
--- now. The calls never write `sweep_after`, and no index holds a lease's expiry, so an
--- acquisition, an extension or a release that finds its row changes no indexed column (a HOT
--- update, when the row's page has room): the index costs the sweep, not the calls.
-ALTER TABLE tower_lease.locks
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.rwlocks
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.readers
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.waiting_readers
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.permits
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.idempotency
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.claims
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-ALTER TABLE tower_lease.waited
-    ADD COLUMN IF NOT EXISTS sweep_after timestamptz NOT NULL DEFAULT '-infinity';
-CREATE INDEX IF NOT EXISTS locks_sweep_after ON tower_lease.locks (sweep_after);
-CREATE INDEX IF NOT EXISTS rwlocks_sweep_after ON tower_lease.rwlocks (sweep_after);
-CREATE INDEX IF NOT EXISTS readers_sweep_after ON tower_lease.readers (sweep_after);
-CREATE INDEX IF NOT EXISTS waiting_readers_sweep_after
-    ON tower_lease.waiting_readers (sweep_after);
-CREATE INDEX IF NOT EXISTS permits_sweep_after ON tower_lease.permits (sweep_after);
-CREATE INDEX IF NOT EXISTS idempotency_sweep_after ON tower_lease.idempotency (sweep_after);
-CREATE INDEX IF NOT EXISTS claims_sweep_after ON tower_lease.claims (sweep_after);
-CREATE INDEX IF NOT EXISTS waited_sweep_after ON tower_lease.waited (sweep_after);
+-- It reads only the rows whose `sweep_after` (tables.sql) passed, through that column's index:
+-- those that ended go, the others (extended, or taken again, since) are looked at again when
+-- they end now. No index holds a lease's expiry: the index costs the sweep, not the calls.
 
 -- Sweeps up to `batch` due rows of `table_name` (`sweep_after` passed at `call_time`) without
 -- ever waiting: a row another call has locked is left for later, and so is one whose name's

@@ -7,7 +7,7 @@ use crate::support;
 /// `synchronous_commit` in the call's transaction once the call ran: what its commit waits for.
 async fn commit_of(client: &mut tokio_postgres::Client, call: &str) -> String {
     let tx = client.transaction().await.unwrap();
-    tx.batch_execute(call).await.unwrap();
+    tx.batch_execute(&support::versioned(call)).await.unwrap();
     let row = tx
         .query_one("SELECT current_setting('synchronous_commit')", &[])
         .await

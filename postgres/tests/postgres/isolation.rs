@@ -378,8 +378,10 @@ async fn a_call_cut_off_leaves_no_transaction_open() {
     let mut holder = support::client(&server.url()).await;
     let tx = holder.transaction().await.unwrap();
     tx.execute(
-        "SELECT pg_advisory_xact_lock(tower_lease.lock_class(), \
-         tower_lease.name_key('p', 'slots', 'cut'::bytea))",
+        &support::versioned(
+            "SELECT pg_advisory_xact_lock(tower_lease.lock_class(), \
+             tower_lease.name_key('p', 'slots', 'cut'::bytea))",
+        ),
         &[],
     )
     .await

@@ -22,3 +22,4 @@ mod pgbouncer;
 mod setup;
 mod standby;
 mod tls;
+mod upgrade;

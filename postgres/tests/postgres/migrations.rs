@@ -215,46 +215,57 @@ async fn a_role_that_cannot_create_runs_on_a_migrated_schema() {
         assert!(token.release().await.unwrap());
     }
 
-    // Another version installed: refused without installing, both versions named.
-    let version: i32 = admin
-        .query_one("SELECT version FROM tower_lease.schema_version", &[])
+    // A newer version that does not run beside this one: refused, both versions named; nor
+    // does this version's migration go in beside it.
+    let version = tower_lease_postgres::SCHEMA_VERSION;
+    let newer = version + 1;
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO tower_lease.schema_version (version, oldest_peer) VALUES ({newer}, {newer})"
+        ))
         .await
-        .unwrap()
-        .get(0);
-    for (other, word) in [(version + 1, "newer"), (version - 1, "older")] {
-        admin
-            .execute(
-                "UPDATE tower_lease.schema_version SET version = $1",
-                &[&other],
-            )
-            .await
-            .unwrap();
-        let said = without_install().await.expect_err("refused").to_string();
-        assert!(
-            said.contains(&format!("version {other}"))
-                && said.contains(&format!("version {version}"))
-                && said.contains(word),
-            "names both versions: {said}"
-        );
-        if other > version {
-            // Nor does the migration take it back a version.
-            let refused = admin
-                .batch_execute(&schema_sql("tower_lease"))
-                .await
-                .expect_err("a newer schema is kept");
-            let said = refused.as_db_error().map(|e| e.message().to_owned());
-            assert!(
-                said.as_ref().is_some_and(|said| said.contains("newer")),
-                "{said:?}"
-            );
-        }
-    }
+        .unwrap();
+    let said = without_install().await.expect_err("refused").to_string();
+    assert!(
+        said.contains(&format!("version {newer}"))
+            && said.contains(&format!("version {version}"))
+            && said.contains("newer"),
+        "names both versions: {said}"
+    );
+    let refused = admin
+        .batch_execute(&schema_sql("tower_lease"))
+        .await
+        .expect_err("a newer schema is kept");
+    let said = refused.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        said.as_ref()
+            .is_some_and(|said| said.contains(&format!("version {newer}"))),
+        "{said:?}"
+    );
+
+    // Only an older version installed: this one's functions are missing, and the refusal says
+    // how to install them.
+    admin
+        .batch_execute(&format!(
+            "DELETE FROM tower_lease.schema_version; \
+             INSERT INTO tower_lease.schema_version (version) VALUES ({})",
+            version - 1
+        ))
+        .await
+        .unwrap();
+    let said = without_install().await.expect_err("refused").to_string();
+    assert!(
+        said.contains(&format!("version {version}"))
+            && said.contains(&format!("is {}", version - 1))
+            && said.contains("schema_sql"),
+        "names both versions: {said}"
+    );
 }
 
 #[test]
 fn schema_sql_names_only_its_schema() {
     let sql = schema_sql("shop_locks");
-    assert!(sql.contains("CREATE SCHEMA IF NOT EXISTS \"shop_locks\""));
+    assert!(sql.contains("CREATE SCHEMA \"shop_locks\""));
     let code: String = sql
         .lines()
         .map(|line| line.split("--").next().unwrap_or(""))

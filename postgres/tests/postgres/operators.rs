@@ -145,7 +145,7 @@ async fn the_sweep_finds_ended_rows_by_index() {
     };
     client.batch_execute(&rows("live", "1 hour")).await.unwrap();
     client
-        .batch_execute("SELECT tower_lease.sweep(100000)")
+        .batch_execute(&support::versioned("SELECT tower_lease.sweep(100000)"))
         .await
         .unwrap();
     let ended = rows("ended", "-1 hour").replace("20000", "10");
@@ -158,7 +158,7 @@ async fn the_sweep_finds_ended_rows_by_index() {
     // Past the five calls after which a session may plan a statement for any parameter.
     for sweep in 0..8 {
         let gone: i32 = tx
-            .query_one("SELECT tower_lease.sweep(100)", &[])
+            .query_one(&support::versioned("SELECT tower_lease.sweep(100)"), &[])
             .await
             .unwrap()
             .get(0);
@@ -304,11 +304,11 @@ async fn a_locks_calls_change_no_indexed_column() {
     // acquisition and release after the first updates it: in place, the sweep's index left be.
     let tx = client.transaction().await.unwrap();
     for _ in 0..10 {
-        tx.batch_execute(
+        tx.batch_execute(&support::versioned(
             "SELECT tower_lease.lock_acquire('hot', 'x', 'holder', 10000, true);
              SELECT tower_lease.lock_extend('hot', 'x', 'holder', 10000);
              SELECT tower_lease.lock_release('hot', 'x', 'holder');",
-        )
+        ))
         .await
         .unwrap();
     }

@@ -135,13 +135,13 @@ async fn waiting_pid(url: &str) -> i32 {
 /// of the `RwLock` name `stuck` until it is dropped (or rolls back).
 async fn hold_stuck(url: &str) -> tokio_postgres::Client {
     let raw = support::client(url).await;
-    raw.batch_execute(
+    raw.batch_execute(&support::versioned(
         "BEGIN; \
          SELECT 1 FROM tower_lease.locks \
          WHERE namespace = 'partition' AND name = 'stuck'::bytea FOR UPDATE; \
          SELECT pg_advisory_xact_lock(tower_lease.lock_class(), \
              tower_lease.name_key('rw', 'partition', 'stuck'::bytea))",
-    )
+    ))
     .await
     .expect("hold the locks of `stuck`");
     raw
@@ -213,9 +213,11 @@ async fn a_call_given_up_on_in_a_delay_holds_no_lease_past_its_give_back() {
     let look = || async {
         let row = watch
             .query_one(
-                "SELECT tower_lease.micros(clock_timestamp()), fence, \
-                 expires > clock_timestamp() FROM tower_lease.locks \
-                 WHERE namespace = 'partition' AND name = 'late'::bytea",
+                &support::versioned(
+                    "SELECT tower_lease.micros(clock_timestamp()), fence, \
+                     expires > clock_timestamp() FROM tower_lease.locks \
+                     WHERE namespace = 'partition' AND name = 'late'::bytea",
+                ),
                 &[],
             )
             .await

@@ -36,66 +36,6 @@ async fn replicas_connecting_at_once_install_the_schema_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_refuses_a_newer_schema_and_installs_over_an_older_one() {
-    let server = support::server().await;
-    let url = server.url();
-    let first: Store = support::pg_store(&server).await.into();
-    let client = support::client(&url).await;
-    let installed: i32 = client
-        .query_one("SELECT version FROM tower_lease.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-
-    // A newer tower-lease-postgres installed its functions: this one's calls would not match.
-    client
-        .execute(
-            "UPDATE tower_lease.schema_version SET version = version + 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    let refused = PgStore::connect(&url)
-        .await
-        .expect_err("a newer schema is refused");
-    let said = refused.to_string();
-    assert!(
-        said.contains(&format!("version {}", installed + 1)) && said.contains("newer"),
-        "the refusal says which versions met: {said}"
-    );
-
-    // An older one, with a function of its own left behind: installed over, and the leftover
-    // goes.
-    client
-        .batch_execute(&format!(
-            "UPDATE tower_lease.schema_version SET version = {};
-             CREATE FUNCTION tower_lease.idem_begin() RETURNS integer LANGUAGE sql AS 'SELECT 0'",
-            installed - 1
-        ))
-        .await
-        .unwrap();
-    let upgraded: Store = support::pg_store(&server).await.into();
-    let version: i32 = client
-        .query_one("SELECT version FROM tower_lease.schema_version", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(version, installed);
-    let leftover: bool = client
-        .query_one(
-            "SELECT to_regproc('tower_lease.idem_begin') IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(!leftover, "the older version's functions go");
-    let token = JOBS.try_lock(&upgraded, "y").await.unwrap().expect("free");
-    assert!(JOBS.try_lock(&first, "y").await.unwrap().is_none());
-    assert!(token.release().await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_asynchronous_commit_a_small_pool_and_no_listener() {
     let server = support::server().await;
     let url = server.url();

@@ -209,3 +209,25 @@ pub async fn wait_for_release(
     assert!(token.release().await.unwrap());
     (looks.load(Ordering::SeqCst) - before, got - released)
 }
+
+/// `sql` with each call of a function of the schema (`tower_lease.lock_class(`) named as the
+/// installed version's (`tower_lease.lock_class_v9(`), for statements that call them directly.
+pub fn versioned(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 32);
+    let mut rest = sql;
+    while let Some(at) = rest.find("tower_lease.") {
+        let after = at + "tower_lease.".len();
+        out.push_str(&rest[..after]);
+        rest = &rest[after..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        out.push_str(&rest[..end]);
+        if rest[end..].starts_with('(') {
+            out.push_str(&format!("_v{}", tower_lease_postgres::SCHEMA_VERSION));
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
