@@ -55,7 +55,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -70,6 +70,7 @@ mod idem_run;
 mod idempotency;
 mod nemesis;
 mod record;
+mod upgrade;
 mod worker;
 
 // The servers, sentinels and fault proxy the tests start too.
@@ -78,6 +79,7 @@ use tower_lease_harness::{proxy, sentinel, server};
 use crate::connect::Locks;
 use crate::nemesis::LockStore;
 use crate::record::now_us;
+use crate::upgrade::{Rolling, Upgrade};
 
 /// The library's clients; the HTTP server and its driver come after them, and in the histories
 /// that fail over, the steady writer.
@@ -90,6 +92,7 @@ const STEADY: u64 = DRIVER + 1;
 /// most failovers (1–3 s here) on their heartbeat's retries.
 const TTL: Duration = Duration::from_millis(300);
 const REPLICATED_TTL: Duration = Duration::from_millis(3_000);
+const UPGRADE_TTL: Duration = Duration::from_millis(2_000);
 
 /// What one history runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,6 +270,11 @@ fn main() {
             let control = flag("--control");
             let seed = number("--seed").unwrap_or_else(now_us);
             let quick = flag("--quick");
+            // A rolling restart between the build at this path and this one.
+            let upgrade = value("--upgrade-from").map(|from| Upgrade {
+                from: from.into(),
+                both_ways: flag("--both-ways"),
+            });
             // Each history with its length.
             let modes: Vec<(Mode, u64)> = if control {
                 vec![
@@ -275,6 +283,9 @@ fn main() {
                     (IDEM_BROKEN, 15),
                     (Mode::PostgresBroken, 15),
                 ]
+            } else if upgrade.is_some() {
+                let secs = if quick { 40 } else { 120 };
+                vec![(Mode::Single, secs), (Mode::Postgres, secs)]
             } else if flag("--postgres") {
                 vec![(Mode::Postgres, if quick { 45 } else { 300 })]
             } else if flag("--idempotency") {
@@ -314,7 +325,7 @@ fn main() {
                     Mode::Idempotent(variant) => {
                         idem_verdict(idem_run::run_one(seed + h as u64, secs, variant))
                     }
-                    _ => run_one(seed + h as u64, secs, mode),
+                    _ => run_one(seed + h as u64, secs, mode, upgrade.as_ref()),
                 };
                 operations += verdict.operations;
                 violations += verdict.violations.len();
@@ -350,7 +361,7 @@ fn idem_verdict(verdict: idem_check::Verdict) -> check::Verdict {
 }
 
 /// One history: the servers, the clients and the nemesis for `secs`, then the check.
-fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
+fn run_one(seed: u64, secs: u64, mode: Mode, upgrade: Option<&Upgrade>) -> check::Verdict {
     let started = std::time::Instant::now();
     let dir =
         std::env::temp_dir().join(format!("tower-lease-history-{}-{seed}", std::process::id()));
@@ -363,7 +374,12 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
         .build()
         .expect("a runtime for the proxy");
     let replicated = mode == Mode::Replicated;
-    let ttl = if replicated { REPLICATED_TTL } else { TTL };
+    let ttl = match (replicated, upgrade) {
+        (true, _) => REPLICATED_TTL,
+        // No pause to excuse a lost lease: leases that a loaded machine's heartbeats keep.
+        (false, Some(_)) => UPGRADE_TTL,
+        (false, None) => TTL,
+    };
     let mut store = match mode {
         Mode::Postgres | Mode::PostgresBroken => LockStore::postgres(&runtime),
         _ => LockStore::start(replicated, &dir, &runtime),
@@ -374,46 +390,76 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let port = server::free_port().to_string();
     let exe = std::env::current_exe().expect("this program");
     let last = if replicated { STEADY } else { DRIVER };
+    let end = now_us() + secs * 1_000_000;
+    let mut rolling = upgrade.map(|u| Rolling::new(u.clone(), exe.clone(), now_us(), end));
+    // Process `p` (a worker's number in its generation, with `upgrade`) on the build `exe`,
+    // for `secs`, into `out`.
+    let spawn = |exe: &Path, p: u64, secs: u64, out: &str| {
+        let mut command = Command::new(exe);
+        let role = match p {
+            SERVER => "serve",
+            DRIVER => "drive",
+            _ => "worker",
+        };
+        command
+            .arg(role)
+            .args(["--process", &p.to_string()])
+            .args(locks.to_args())
+            .args(["--register", &register_url, "--port", &port])
+            .args(["--secs", &secs.to_string()])
+            .args(["--ttl-ms", &ttl.as_millis().to_string()])
+            .args(["--seed", &(seed * 100 + p).to_string()])
+            .args(["--out", &dir.join(out).to_string_lossy()])
+            .stdin(Stdio::null());
+        match mode {
+            Mode::BrokenClient | Mode::PostgresBroken => {
+                command.arg("--control");
+            }
+            Mode::BrokenLock => {
+                command.arg("--broken-lock");
+            }
+            _ => {}
+        }
+        if p == STEADY {
+            command.arg("--steady");
+        }
+        server::die_with_parent(&mut command);
+        command.spawn().expect("a client process")
+    };
     let mut clients: Vec<Child> = (0..=last)
-        .map(|p| {
-            let mut command = Command::new(&exe);
-            let role = match p {
-                SERVER => "serve",
-                DRIVER => "drive",
-                _ => "worker",
-            };
-            command
-                .arg(role)
-                .args(["--process", &p.to_string()])
-                .args(locks.to_args())
-                .args(["--register", &register_url, "--port", &port])
-                .args(["--secs", &secs.to_string()])
-                .args(["--ttl-ms", &ttl.as_millis().to_string()])
-                .args(["--seed", &(seed * 100 + p).to_string()])
-                .args(["--out", &dir.join(format!("{p}.jsonl")).to_string_lossy()])
-                .stdin(Stdio::null());
-            match mode {
-                Mode::BrokenClient | Mode::PostgresBroken => {
-                    command.arg("--control");
-                }
-                Mode::BrokenLock => {
-                    command.arg("--broken-lock");
-                }
-                _ => {}
+        .map(|p| match &rolling {
+            Some(rolling) if p < WORKERS => {
+                spawn(rolling.exe(0), p, rolling.secs(p, 0), &format!("{p}.jsonl"))
             }
-            if p == STEADY {
-                command.arg("--steady");
-            }
-            server::die_with_parent(&mut command);
-            command.spawn().expect("a client process")
+            _ => spawn(&exe, p, secs, &format!("{p}.jsonl")),
         })
         .collect();
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut faults = Vec::new();
-    let end = now_us() + secs * 1_000_000;
-    while now_us() + 1_500_000 < end {
-        faults.extend(store.inject(&mut rng, &clients, ttl, &runtime));
+    match &mut rolling {
+        None => {
+            while now_us() + 1_500_000 < end {
+                faults.extend(store.inject(&mut rng, &clients, ttl, &runtime));
+            }
+        }
+        // No faults: each worker's next build starts as soon as the one before exits.
+        Some(rolling) => {
+            while now_us() < end {
+                std::thread::sleep(Duration::from_millis(50));
+                for (worker, generation) in rolling.due(&mut clients) {
+                    let p = upgrade::process_number(worker, generation);
+                    let out = format!("{worker}-{generation}.jsonl");
+                    let next = spawn(
+                        rolling.exe(generation),
+                        p,
+                        rolling.secs(worker, generation),
+                        &out,
+                    );
+                    clients[worker as usize] = next;
+                }
+            }
+        }
     }
     for (p, client) in clients.iter_mut().enumerate() {
         if p as u64 != SERVER {
@@ -427,8 +473,15 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     let _ = server.wait();
 
     let mut history = faults;
-    for p in 0..=last {
-        let file = std::fs::File::open(dir.join(format!("{p}.jsonl"))).expect("a client's history");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("the history's directory")
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "jsonl"))
+        .filter(|path| !path.ends_with("history.jsonl"))
+        .collect();
+    files.sort();
+    for path in files {
+        let file = std::fs::File::open(path).expect("a client's history");
         for line in std::io::BufReader::new(file).lines() {
             let line = line.expect("a history line");
             history.push(serde_json::from_str(&line).expect("a JSON history line"));
@@ -445,7 +498,10 @@ fn run_one(seed: u64, secs: u64, mode: Mode) -> check::Verdict {
     }
     let path = dir.join("history.jsonl");
     write_history(&path, &history);
-    let verdict = check::check(&history);
+    let mut verdict = check::check(&history);
+    if upgrade.is_some() {
+        verdict.violations.extend(upgrade::failures(&history));
+    }
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for v in &history {
         if v["op"] == "fault" {
