@@ -431,6 +431,9 @@ fn run_one(seed: u64, secs: u64, mode: Mode, upgrade: Option<&Upgrade>) -> check
             Some(rolling) if p < WORKERS => {
                 spawn(rolling.exe(0), p, rolling.secs(p, 0), &format!("{p}.jsonl"))
             }
+            // The layer's server is a replica of the previous build throughout: it starts
+            // first, as the replicas of a deploy that begins.
+            Some(rolling) if p == SERVER => spawn(rolling.exe(0), p, secs, &format!("{p}.jsonl")),
             _ => spawn(&exe, p, secs, &format!("{p}.jsonl")),
         })
         .collect();
@@ -461,9 +464,23 @@ fn run_one(seed: u64, secs: u64, mode: Mode, upgrade: Option<&Upgrade>) -> check
             }
         }
     }
+    // A client that outlives its history by far is stuck (a replica that cannot connect
+    // retries for ever): it is stopped, and counted.
+    let mut stuck = Vec::new();
+    let give_up = end + 30_000_000;
     for (p, client) in clients.iter_mut().enumerate() {
-        if p as u64 != SERVER {
+        if p as u64 == SERVER {
+            continue;
+        }
+        while matches!(client.try_wait(), Ok(None)) && now_us() < give_up {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if matches!(client.try_wait(), Ok(None)) {
+            let _ = client.kill();
             let _ = client.wait();
+            stuck.push(format!(
+                "client {p} was still running 30 s after its history's end"
+            ));
         }
     }
     // The driver is done: the server writes what its handlers recorded and ends.
@@ -499,8 +516,13 @@ fn run_one(seed: u64, secs: u64, mode: Mode, upgrade: Option<&Upgrade>) -> check
     let path = dir.join("history.jsonl");
     write_history(&path, &history);
     let mut verdict = check::check(&history);
-    if upgrade.is_some() {
-        verdict.violations.extend(upgrade::failures(&history));
+    verdict.violations.extend(stuck);
+    if let Some(rolling) = &rolling {
+        let since = rolling.first_restart.unwrap_or(u64::MAX);
+        verdict
+            .violations
+            .extend(upgrade::failures(&history, since));
+        verdict.violations.extend(rolling.unfinished());
     }
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for v in &history {

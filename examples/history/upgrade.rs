@@ -30,6 +30,8 @@ pub struct Rolling {
     ends: Vec<Vec<u64>>,
     /// The build each worker runs now: an index into its `ends`.
     running: Vec<usize>,
+    /// When the first worker restarted on the other build (µs).
+    pub first_restart: Option<u64>,
 }
 
 /// A worker process's number in its `generation`: the kind of client stays (`% 8`), and no
@@ -57,6 +59,7 @@ impl Rolling {
             current,
             ends,
             running: vec![0; WORKERS as usize],
+            first_restart: None,
         }
     }
 
@@ -75,6 +78,21 @@ impl Rolling {
         end.saturating_sub(now_us()).div_ceil(1_000_000).max(1)
     }
 
+    /// The workers that did not reach their last build: a rolling restart that never finished
+    /// proves nothing.
+    pub fn unfinished(&self) -> Vec<String> {
+        (0..WORKERS as usize)
+            .filter(|&worker| self.running[worker] + 1 < self.ends[worker].len())
+            .map(|worker| {
+                format!(
+                    "worker {worker} never restarted on its build {} (it ran build {})",
+                    self.ends[worker].len() - 1,
+                    self.running[worker]
+                )
+            })
+            .collect()
+    }
+
     /// The workers whose build exited and whose next build is due, each with that build's
     /// generation: the caller starts them in `clients`.
     pub fn due(&mut self, clients: &mut [Child]) -> Vec<(u64, usize)> {
@@ -85,6 +103,7 @@ impl Rolling {
             let exited = matches!(clients[worker as usize].try_wait(), Ok(Some(_)));
             if exited && generation < last {
                 self.running[worker as usize] = generation + 1;
+                self.first_restart.get_or_insert_with(now_us);
                 due.push((worker, generation + 1));
             }
         }
@@ -92,19 +111,35 @@ impl Rolling {
     }
 }
 
-/// What a rolling restart must not do, found in its history: a call that failed (its outcome
-/// unknown, a write refused as not sent for a lease the heartbeat lost), or a lease given up
-/// (released and found gone, or a release that failed).
-pub fn failures(history: &[Value]) -> Vec<String> {
+/// What a rolling restart must not do, found in its history from its first restart (`since`,
+/// µs) on: a call that failed (its outcome unknown, a write refused as not sent for a lease the
+/// heartbeat lost), or a lease a worker gave up (released and found gone, or a release that
+/// failed). The layer's holds record no release (the layer makes it), and the driver's
+/// requests sent before the server listened have no answer: neither counts. What failed
+/// before the first restart is the previous build's alone, among its own replicas.
+pub fn failures(history: &[Value], since: u64) -> Vec<String> {
+    let listening = history
+        .iter()
+        .filter(|v| v["op"] == "http" && v["status"].is_u64())
+        .filter_map(|v| v["invoked"].as_u64())
+        .min()
+        .unwrap_or(u64::MAX);
     let mut failures = Vec::new();
     for v in history {
+        let ended = v["completed"].as_u64().or(v["release_invoked"].as_u64());
+        if ended.is_some_and(|ended| ended < since) {
+            continue;
+        }
         let op = v["op"].as_str().unwrap_or("");
         let outcome = v["outcome"].as_str().unwrap_or("");
-        if outcome == "unknown" || outcome == "not_sent" {
+        let before_listening =
+            op == "http" && v["status"].is_null() && v["invoked"].as_u64() < Some(listening);
+        if (outcome == "unknown" || outcome == "not_sent") && !before_listening {
             failures.push(format!("a failed call during the rolling restart: {v}"));
         }
         if op == "hold"
             && let Some(hold) = Hold::from_json(v)
+            && !hold.served
             && hold.released != Some(true)
         {
             failures.push(format!("a lease lost during the rolling restart: {v}"));

@@ -2,12 +2,14 @@
 //! guarantees, or slow them.
 
 use std::fmt;
+use std::sync::LazyLock;
 
 use tower_lease::Result;
 
 use crate::PgStore;
 use crate::backend::backend;
 use crate::call::Acts;
+use crate::version::VERSION;
 
 /// The server's settings, and the physical standbys streaming from it (a logical
 /// subscriber's walsender is connected to a database: no failover target). A base backup's
@@ -23,6 +25,32 @@ const SETUP: &str = "SELECT pg_is_in_recovery(), current_setting('synchronous_co
      FROM (SELECT pid, application_name, sync_state FROM pg_stat_replication \
          WHERE coalesce(state, '') <> 'backup' AND pid IN \
              (SELECT pid FROM pg_stat_activity WHERE coalesce(datid, 0) = 0)) r";
+
+/// The privileges on the schema, its tables and this version's functions that the store's user
+/// lacks, each as the `GRANT` that gives it.
+static PRIVILEGES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT ARRAY(\
+         SELECT 'USAGE ON SCHEMA ' || 'tower_lease'::regnamespace::text \
+         WHERE NOT pg_catalog.has_schema_privilege('tower_lease', 'USAGE') \
+         UNION ALL \
+         SELECT 'SELECT, INSERT, UPDATE, DELETE ON TABLE ' || c.oid::regclass::text \
+         FROM pg_catalog.pg_class c \
+         WHERE c.relnamespace = 'tower_lease'::regnamespace AND c.relkind = 'r' \
+           AND c.relname <> 'schema_version' \
+           AND NOT (pg_catalog.has_table_privilege(c.oid, 'SELECT') \
+             AND pg_catalog.has_table_privilege(c.oid, 'INSERT') \
+             AND pg_catalog.has_table_privilege(c.oid, 'UPDATE') \
+             AND pg_catalog.has_table_privilege(c.oid, 'DELETE')) \
+         UNION ALL \
+         SELECT 'EXECUTE ON FUNCTION ' || p.oid::regprocedure::text \
+         FROM pg_catalog.pg_proc p \
+         WHERE p.pronamespace = 'tower_lease'::regnamespace \
+           AND p.proname LIKE '%\\_v{VERSION}' \
+           AND NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE') \
+         ORDER BY 1)"
+    )
+});
 
 /// Something about a store's database that can break the locks' guarantees, or slow them,
 /// found by [`PgStore::check`]. Prints as a message a user can act on.
@@ -97,6 +125,12 @@ pub enum PgWarning {
         /// The sessions' `default_transaction_isolation`.
         default: String,
     },
+    /// The store's user lacks privileges its calls need (on a schema a migration installed,
+    /// or on a database that revokes `EXECUTE` from `PUBLIC`): the calls that need them fail.
+    MissingPrivileges {
+        /// Each as what to grant: `EXECUTE ON FUNCTION tower_lease.lock_acquire_v9(…)`.
+        grants: Vec<String>,
+    },
 }
 
 impl fmt::Display for PgWarning {
@@ -169,6 +203,11 @@ impl fmt::Display for PgWarning {
                  transaction of its own at read committed, two more statements a call; a pool \
                  of PgStore::connect (or sessions defaulting to read committed) needs none"
             ),
+            PgWarning::MissingPrivileges { grants } => write!(
+                f,
+                "the store's user lacks privileges its calls need; grant it: {}",
+                grants.join("; ")
+            ),
         }
     }
 }
@@ -237,6 +276,11 @@ impl PgStore {
         // isolation.
         if isolation != "read committed" {
             found.push(PgWarning::DefaultIsolation { default: isolation });
+        }
+        let row = self.row(PRIVILEGES.as_str(), &[], Acts::Plainly).await?;
+        let grants: Vec<String> = row.try_get(0).map_err(backend)?;
+        if !grants.is_empty() {
+            found.push(PgWarning::MissingPrivileges { grants });
         }
         Ok(found)
     }

@@ -385,3 +385,82 @@ async fn a_missing_column_is_added_once_the_applications_lock_is_gone() {
     let token = JOBS.try_lock(&store, "x").await.unwrap().expect("free");
     assert!(token.release().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_each_grant_the_stores_user_lacks() {
+    let server = support::server().await;
+    let url = server.url();
+    let mut admin = support::client(&url).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE locker LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC",
+        )
+        .await
+        .unwrap();
+    let tx = admin.transaction().await.unwrap();
+    tx.batch_execute(&tower_lease_postgres::schema_sql("tower_lease"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // The README's grants, but for EXECUTE (which this database no longer gives to PUBLIC),
+    // and none on the table `claims`.
+    admin
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA tower_lease TO locker; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tower_lease TO locker; \
+             REVOKE ALL ON tower_lease.claims FROM locker",
+        )
+        .await
+        .unwrap();
+    let locker_url = url.replace("postgres://postgres@", "postgres://locker@");
+    let store = PgStore::builder()
+        .install_schema(false)
+        .connect(&locker_url)
+        .await
+        .expect("connects");
+    let grants = store
+        .check()
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|warning| match warning {
+            tower_lease_postgres::PgWarning::MissingPrivileges { grants } => Some(grants),
+            _ => None,
+        })
+        .expect("the missing privileges are named");
+    let lock_acquire = format!("EXECUTE ON FUNCTION tower_lease.lock_acquire_v{SCHEMA_VERSION}(");
+    assert!(
+        grants.iter().any(|g| g.starts_with(&lock_acquire)),
+        "{grants:?}"
+    );
+    assert!(
+        grants
+            .iter()
+            .any(|g| g == "SELECT, INSERT, UPDATE, DELETE ON TABLE tower_lease.claims"),
+        "{grants:?}"
+    );
+    assert!(
+        !grants.iter().any(|g| g.contains("tower_lease.locks")),
+        "{grants:?}"
+    );
+
+    // With the README's grants, EXECUTE included: nothing to name, and the calls run.
+    admin
+        .batch_execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tower_lease TO locker; \
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tower_lease TO locker",
+        )
+        .await
+        .unwrap();
+    let warnings = store.check().await.unwrap();
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| matches!(w, tower_lease_postgres::PgWarning::MissingPrivileges { .. })),
+        "{warnings:?}"
+    );
+    let store: Store = store.into();
+    let token = JOBS.try_lock(&store, "x").await.unwrap().expect("free");
+    assert!(token.release().await.unwrap());
+}
