@@ -177,7 +177,10 @@
 //!   (which is all the layer knows before it has seen a hold), in whole seconds, rounded up, at
 //!   least 1 (RFC 9110). A holder's heartbeat keeps its lease at about one TTL for as long as it
 //!   works, so the lease alone would tell a client to wait 5 s for a 30 ms job. It is a hint,
-//!   not a promise that the lock is free then.
+//!   not a promise that the lock is free then. A refused write of a phase-fair or writers-first
+//!   `RwLock` is told 1 s at most: its write intent, which keeps new reads out for it, lasts
+//!   1.5 s after a refusal without a wait, and a client that comes back later would find it gone
+//!   and the reads that came meanwhile in its way, at every retry.
 //! - With Redis down or blackholed, the `503` comes within `RedisStore::timeout` (1 s by default)
 //!   plus a round trip, never later.
 //! - Problem bodies are RFC 9457 documents (`type`, `title`, `status`, `detail`) with the lock's
@@ -267,8 +270,9 @@
 //! replica, never meets it. [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long
 //! for every share. A heard intent ends the linger at once, and a write through the layer ends
 //! the layer's own idle share before it asks the store. The writer's intent lives
-//! while it waits under [`max_wait`](crate::LockLayer::max_wait) (or for 500 ms after a refusal without
-//! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
+//! while it waits under [`max_wait`](crate::LockLayer::max_wait) (or for 1.5 s after a refusal without
+//! a wait, long enough for its client to come back after its `Retry-After`), so a writer that
+//! waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under
 //! [`max_hold`](crate::LockLayer::max_hold) a share takes newcomers for the first half of it
 //! only, since the limit counts from the shared lease's acquisition. With [`max_wait`](crate::LockLayer::max_wait),

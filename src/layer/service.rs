@@ -22,7 +22,7 @@ use super::options::config::Config;
 use super::per_request::{PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::request_body::timeout_body::TimeoutBody;
 use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
-use crate::backend::Mode;
+use crate::backend::{Mode, SHORTEST_RETRY_AFTER};
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
@@ -128,6 +128,11 @@ where
         };
         // A refusal of a permit says the semaphore is full, at this request's limit.
         let full_at = (mode == Mode::Permit).then_some(definition.permits);
+        // A refused write's intent holds new reads off only until a client told the shortest
+        // `Retry-After` is back: one told to come later would find it gone, and the reads that
+        // came meanwhile would refuse it again, at every retry.
+        let leaves_intent = mode == Mode::Write && definition.fairness.leaves_write_intent();
+        let retry_within = leaves_intent.then_some(SHORTEST_RETRY_AFTER);
         let config = self.config.clone();
         match acquire(&config, definition, mode, name) {
             // A held share: no store call, and the inner service runs now.
@@ -139,7 +144,8 @@ where
                 // request.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::acquiring(acquire, config, inner, req, full_at, span)
+                let refusal = (full_at, retry_within);
+                ResponseFuture::acquiring(acquire, config, inner, req, refusal, span)
             }
         }
     }
