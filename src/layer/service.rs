@@ -169,6 +169,37 @@ fn acquire(config: &Arc<Config>, definition: Definition, mode: Mode, name: Owned
         (Mode::Write, Some(reads)) => reads.end_linger(name.as_bytes()),
         _ => None,
     };
+    let waits = !config.max_wait.is_zero();
+    if let Some(reads) = shared.clone().filter(|_| waits) {
+        // A read that may wait first asks as one that may not: with the other reads of its
+        // name in this layer, through one acquisition, so that reads arriving together hold
+        // one lease. Only a refused one waits on its own.
+        let entry = reads.enter(name.as_bytes());
+        if let Entry::Joined(read) = entry {
+            return Acquiring::Joined(joined(read, config));
+        }
+        let config = config.clone();
+        let read = async move {
+            let first = shared_read(reads.clone(), entry, config.clone(), name.clone(), true);
+            // Finished even if the request is dropped meanwhile, as without a wait.
+            let first = FinishOnDrop::guarded(Box::pin(first)).await;
+            if !matches!(first, Ok(Attempt::Busy { .. })) {
+                return first;
+            }
+            match WaiterSlot::take(&config) {
+                Some(slot) => {
+                    waiting(slot, config, definition, mode, name, Some(reads), None).await
+                }
+                None => {
+                    let busy = telemetry::AcquireOutcome::Busy;
+                    telemetry::acquisition(definition.namespace, mode, busy);
+                    first
+                }
+            }
+        };
+        // Dropped with the request (its attempts on the wire finish).
+        return Acquiring::Pending(FinishOnDrop::droppable(Box::pin(read)));
+    }
     if let Some(slot) = WaiterSlot::take(config) {
         let wait = waiting(slot, config.clone(), definition, mode, name, shared, idle);
         // Dropped with the request (its attempts on the wire finish).
@@ -179,7 +210,7 @@ fn acquire(config: &Arc<Config>, definition: Definition, mode: Mode, name: Owned
         if let Entry::Joined(read) = entry {
             return Acquiring::Joined(joined(read, config));
         }
-        let read = shared_read(reads, entry, config.clone(), name);
+        let read = shared_read(reads, entry, config.clone(), name, false);
         return Acquiring::Pending(FinishOnDrop::guarded(Box::pin(read)));
     }
     let (store, timing) = (config.store.clone(), config.beat.timing());
@@ -243,15 +274,18 @@ async fn waiting(
 
 /// A read request's lease under read coalescing: joined, waited for, or acquired for the share
 /// (see [`shared_read`](super::shared_read)). Joiners and waiters count in the metrics as
-/// acquisitions with the outcome they got, without a store round trip.
+/// acquisitions with the outcome they got, without a store round trip. A refusal is not
+/// counted when the request then waits (`then_waits`), which counts once, at the wait's end.
 async fn shared_read(
     reads: Arc<SharedReads>,
     mut entry: Entry,
     config: Arc<Config>,
     name: OwnedName,
+    then_waits: bool,
 ) -> Guarded {
     let (namespace, mode) = (config.definition.namespace, Mode::Read);
     let on_store_error = config.on_store_error();
+    let counted = |answer: &Guarded| !(then_waits && matches!(answer, Ok(Attempt::Busy { .. })));
     loop {
         let waited = match entry {
             Entry::Joined(read) => return Ok(Attempt::Acquired(joined(read, &config))),
@@ -260,11 +294,17 @@ async fn shared_read(
                 let sent_at = Instant::now();
                 let (store, definition) = (config.store.clone(), config.definition);
                 let name = Cow::Borrowed(name.as_bytes());
-                let on_store_error = Some(on_store_error);
+                // Before a wait, counted here, once the answer says whether the request waits.
+                let counts_itself = (!then_waits).then_some(on_store_error);
                 let attempt =
-                    RawLease::acquire_counted(store, definition, mode, name, on_store_error).await;
+                    RawLease::acquire_counted(store, definition, mode, name, counts_itself).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
-                return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+                let answer = answer.map(|attempt| attempt.map(LeaseGuard::shared));
+                if then_waits && counted(&answer) {
+                    let outcome = outcome(&answer, false, on_store_error);
+                    telemetry::acquisition(namespace, mode, outcome);
+                }
+                return answer;
             }
             Entry::Waiting(waiter) => waiter.outcome().await,
         };
@@ -273,8 +313,11 @@ async fn shared_read(
             entry = reads.enter(name.as_bytes());
             continue;
         };
-        telemetry::shared(namespace, mode, outcome(&answer, false, on_store_error));
-        return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+        let answer = answer.map(|attempt| attempt.map(LeaseGuard::shared));
+        if counted(&answer) {
+            telemetry::shared(namespace, mode, outcome(&answer, false, on_store_error));
+        }
+        return answer;
     }
 }
 
