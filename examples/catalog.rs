@@ -1,5 +1,7 @@
 //! A product catalog per shop: exports (`GET`) share a read lease, repricing (`PUT`) takes the
-//! write lease, so nobody exports a half-repriced catalog.
+//! write lease, so nobody exports a half-repriced catalog. Each request waits up to 2 s for its
+//! turn (the layer's default); the handlers here are slow on purpose (3 s exports, 10 s
+//! reprices), so a request that meets the other side shows its wait run out, then the `409`.
 //!
 //! ```text
 //! cargo run --example catalog                 # leases in memory, on 127.0.0.1:3000
@@ -51,13 +53,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("catalog on http://{addr}; try, in other terminals:");
     println!("  curl -i http://{addr}/catalog/acme            # export, 3 s, shared");
     println!("  curl -i http://{addr}/catalog/acme            # a second export runs alongside");
-    println!("  curl -i -X PUT http://{addr}/catalog/acme     # reprice: 409 while exports run,");
+    println!("  curl -i -X PUT http://{addr}/catalog/acme     # reprice: waits for the exports");
     println!(
-        "                                                 # then 10 s holding the write lease"
+        "                                                 # (409 after 2 s), then 10 s holding"
     );
-    println!(
-        "  curl -i http://{addr}/catalog/acme            # 409 + Retry-After while it reprices"
-    );
+    println!("  curl -i http://{addr}/catalog/acme            # waits 2 s, then 409 + Retry-After");
     axum::serve(listener, app).await?;
     Ok(())
 }

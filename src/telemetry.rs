@@ -340,6 +340,17 @@ pub(crate) fn refused(namespace: &'static str, mode: Mode, outcome: AcquireOutco
     });
 }
 
+/// Counts an acquisition whose store call left the count to its caller, which knew its
+/// outcome only later (a read that would have waited after a refusal, and did not).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn acquisition(namespace: &'static str, mode: Mode, outcome: AcquireOutcome) {
+    #[cfg(feature = "metrics")]
+    handles::with(namespace, mode, |handles| {
+        handles.acquire[outcome as usize].increment(1);
+    });
+}
+
 /// Counts a read request that joined a shared read lease, or waited for the acquisition of one
 /// (`outcome` is what it got), without a store round trip of its own.
 #[inline]

@@ -113,7 +113,7 @@ impl PgStore {
                 self.row(READ_ACQUIRE, &params, acts).await?
             }
             Mode::Write => {
-                let intent = lock.write_intent().map_or(0, millis);
+                let intent = lease.write_intent().map_or(0, millis);
                 // A phase-fair writer in a bounded wait keeps its turn among the writers.
                 let waiting_in_turn = lock.read_phase().is_some() && lease.waiting;
                 let params: [&(dyn ToSql + Sync); 7] = [

@@ -37,6 +37,18 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// lost connection) keeps readers out for no longer than this.
 pub(crate) const WRITE_INTENT_WINDOW: Duration = Duration::from_millis(500);
 
+/// The shortest wait a `Retry-After` header can say: it counts whole seconds, and the layer
+/// never says 0.
+pub(crate) const SHORTEST_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the write intent of a refused attempt that does not wait lasts: its writer comes
+/// back, if at all, after the answer's `Retry-After`, at least a whole second and at most that
+/// for a write the layer refused, and must find its intent still there, or the reads that came
+/// meanwhile refuse it again, and again at every retry. The window on top covers the round
+/// trips and the client's own delay; it is also how long a writer that never comes back holds
+/// readers off, whatever the TTL, since a shorter intent would starve every writer that obeys.
+pub(crate) const RETRY_INTENT_WINDOW: Duration = Duration::from_millis(1500);
+
 /// The longest a read phase of a [phase-fair](Fairness::PhaseFair) lock lasts after the write
 /// that began it ended: the readers it lets in come within a round trip of the release's
 /// notification; one that never comes (it gave up, or crashed) holds writers off no longer.
@@ -133,9 +145,11 @@ impl<'a> LockRef<'a> {
         Self { permits, ..self }
     }
 
-    /// How long the write intent of a refused writer attempt lasts: 500 ms or the TTL if that
-    /// is shorter, renewed by each attempt; `None` for a lock whose writers leave none
-    /// ([`Fairness::ReadersFirst`]). Every backend keeps the intent this long.
+    /// How long the write intent of a refused attempt of a *waiting* writer lasts: 500 ms or
+    /// the TTL if that is shorter, renewed by each attempt; `None` for a lock whose writers
+    /// leave none ([`Fairness::ReadersFirst`]). A backend keeps each intent as long as
+    /// [`LeaseRef::write_intent`] says, which is this for a waiting attempt and longer for one
+    /// that does not wait.
     pub fn write_intent(&self) -> Option<Duration> {
         self.fairness
             .leaves_write_intent()
@@ -277,6 +291,27 @@ impl<'a> LeaseRef<'a> {
             ..self
         }
     }
+
+    /// How long the write intent this write attempt leaves when it is refused lasts, from the
+    /// refusal; every backend keeps it this long. `None` for a lock whose writers leave none
+    /// ([`Fairness::ReadersFirst`]), and for a lease that is not a writer's.
+    ///
+    /// A [`waiting`](Self::waiting) attempt's is [`LockRef::write_intent`] (500 ms, at most the
+    /// TTL): its writer attempts again within half of it, and withdraws it when it gives up.
+    /// One that does not wait (`try_write`, a layer without a wait) leaves its intent for
+    /// 1.5 s, whatever the TTL: its writer, told to come back after a `Retry-After` of whole
+    /// seconds, at least one, must find it still there, or the reads that came meanwhile
+    /// refuse it again at every retry.
+    pub fn write_intent(&self) -> Option<Duration> {
+        let window = self
+            .lock
+            .write_intent()
+            .filter(|_| self.mode == Mode::Write)?;
+        Some(match self.waiting {
+            true => window,
+            false => RETRY_INTENT_WINDOW,
+        })
+    }
 }
 
 /// The operations a lease store provides. Object-safe, so a [`Store`](crate::Store) can hold
@@ -316,7 +351,8 @@ impl<'a> LeaseRef<'a> {
 ///   ([`Fairness::PhaseFair`], [`Fairness::WritersFirst`]) refused by live readers, or by a
 ///   read phase (under `PhaseFair`, a [`waiting`](LeaseRef::waiting) attempt refused by a
 ///   writer too), leaves a write intent holding the attempt's secret, for
-///   that long (renewed by each refused attempt); a successful write acquisition removes it.
+///   [`LeaseRef::write_intent`] (renewed by each refused attempt, for as long as that one
+///   says); a successful write acquisition removes it.
 ///   [`withdraw_intent`](Self::withdraw_intent) removes it only while it still holds the
 ///   caller's secret. Under `PhaseFair`, writers that wait go in the order their waits began
 ///   ([`Secret::queued`]): a [`waiting`](LeaseRef::waiting) writer is refused while the intent

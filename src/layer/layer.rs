@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::options::config::{Config, ReadSharing};
+use super::options::config::{Config, DEFAULT_READ_WRITE_WAIT, ReadSharing};
 use super::per_request::SafeMethods;
 use super::request_body::buffer::{BufferBody, Buffered, Streamed};
 use super::service::{Access, LeaseService};
@@ -86,6 +86,16 @@ impl<E> LockLayer<E> {
 /// Guards each request with an [`RwLock`] on the name its extractor picks: a shared read
 /// lease for `GET`, `HEAD`, `OPTIONS` and `TRACE`, the exclusive write lease otherwise.
 ///
+/// Its requests wait up to 2 s for their lease by default ([`max_wait`](Self::max_wait)),
+/// unlike a [`LockLayer`]'s: reads and writes of one name take turns, and under the lock's
+/// default [phase-fair](crate::Fairness::PhaseFair) policy a read waits for at most one write
+/// and a write for the reads already in, so a request that waits its turn is served where one
+/// that does not would be refused whenever it meets the other side (a read meeting a waiting
+/// writer, a write meeting reads), and would come back only after a `Retry-After` of whole
+/// seconds. With short holds, as a catalog's reads and reprices, the wait is a few of them;
+/// the 2 s bound answers a request stuck behind a long write while its client still waits.
+/// `.max_wait(Duration::ZERO)` refuses at once instead, with `409` and `Retry-After`.
+///
 /// ```
 /// use std::time::Duration;
 /// use axum::{Router, routing::get};
@@ -118,11 +128,13 @@ impl<E> RwLockLayer<E> {
     /// A layer that takes `lock` in `store` on the name `extractor` picks from each request.
     ///
     /// As with [`LockLayer::new`], the lock may have any name type `N`, and the extractor
-    /// should yield its owned form.
+    /// should yield its owned form. Its requests wait up to 2 s for a busy lock; see the type's
+    /// docs.
     pub fn new<N: ?Sized>(store: Store, lock: RwLock<N>, extractor: E) -> Self {
         let mut config = Config::new(store, lock.definition());
         let linger = Linger::DEFAULT;
         config.share_reads(ReadSharing::Coalesced { linger });
+        config.max_wait = DEFAULT_READ_WRITE_WAIT;
         Self {
             config: Arc::new(config),
             extractor,
@@ -301,6 +313,18 @@ mod tests {
             .shared_reads
             .as_ref()
             .map(|reads| reads.linger())
+    }
+
+    #[test]
+    fn an_rw_layer_waits_by_default_and_a_lock_layer_does_not() {
+        const JOB: Lock<str> = Lock::new("job", Duration::from_secs(3));
+        let store = Store::memory();
+        let rw = RwLockLayer::new(store.clone(), DOCS, crate::extract::path());
+        assert_eq!(rw.config.max_wait, DEFAULT_READ_WRITE_WAIT);
+        let at_once = rw.max_wait(Duration::ZERO);
+        assert_eq!(at_once.config.max_wait, Duration::ZERO);
+        let exclusive = LockLayer::new(store, JOB, crate::extract::path());
+        assert_eq!(exclusive.config.max_wait, Duration::ZERO, "409 at once");
     }
 
     #[test]

@@ -137,7 +137,7 @@
 //! | [`.hold_through_body()`](crate::LockLayer::hold_through_body) | off: released before the response head | keep the lease until the response body ends (end of stream, error or drop), for streamed work |
 //! | [`.binary_names()`](crate::LockLayer::binary_names) | off: names must be UTF-8 text without control characters or braces | accept any bytes as a name (still 1 to 1024 of them) |
 //! | [`.require_name()`](crate::LockLayer::require_name) | off: no name runs unlocked | answer `400` when the extractor finds no name |
-//! | [`.max_wait(Duration)`](crate::LockLayer::max_wait) | zero: answer at once | wait up to this long for a busy lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
+//! | [`.max_wait(Duration)`](crate::LockLayer::max_wait) | `RwLockLayer`: 2 s; `LockLayer`, `SemaphoreLayer`: zero, answer at once | `Duration::ZERO` answers at once; otherwise wait up to this long for a busy lock, woken by a release in this process (and anywhere, with [`RedisStore::connect`](crate::RedisStore::connect)'s release notifications), at the holder's lease end, or else by polling (5–100 ms, jittered); then `409` as usual |
 //! | [`.max_waiters(n)`](crate::LockLayer::max_waiters) | 1024 | the most requests of the layer waiting at once; beyond it a request is answered at once |
 //! | [`.max_release_wait(Duration)`](crate::LockLayer::max_release_wait) | 250 ms | the longest a finished response waits for its release; a slower release finishes in the background |
 //! | [`.buffer_body(max_bytes)`](crate::LockLayer::buffer_body) | off: the body streams to the handler under the lock, within `.body_timeout(..)` | read the whole body before locking: `413` above `max_bytes`, `408` after `.body_timeout(..)` |
@@ -177,7 +177,10 @@
 //!   (which is all the layer knows before it has seen a hold), in whole seconds, rounded up, at
 //!   least 1 (RFC 9110). A holder's heartbeat keeps its lease at about one TTL for as long as it
 //!   works, so the lease alone would tell a client to wait 5 s for a 30 ms job. It is a hint,
-//!   not a promise that the lock is free then.
+//!   not a promise that the lock is free then. A refused write of a phase-fair or writers-first
+//!   `RwLock` is told 1 s at most: its write intent, which keeps new reads out for it, lasts
+//!   1.5 s after a refusal without a wait, and a client that comes back later would find it gone
+//!   and the reads that came meanwhile in its way, at every retry.
 //! - With Redis down or blackholed, the `503` comes within `RedisStore::timeout` (1 s by default)
 //!   plus a round trip, never later.
 //! - Problem bodies are RFC 9457 documents (`type`, `title`, `status`, `detail`) with the lock's
@@ -267,12 +270,15 @@
 //! replica, never meets it. [`linger_reads`](crate::RwLockLayer::linger_reads) sets how long
 //! for every share. A heard intent ends the linger at once, and a write through the layer ends
 //! the layer's own idle share before it asks the store. The writer's intent lives
-//! while it waits under [`max_wait`](crate::LockLayer::max_wait) (or for 500 ms after a refusal without
-//! a wait), so a writer that waits at least a heartbeat is found; one that gives up, or whose
+//! while it waits under [`max_wait`](crate::LockLayer::max_wait) (or for 1.5 s after a refusal without
+//! a wait, long enough for its client to come back after its `Retry-After`), so a writer that
+//! waits at least a heartbeat is found; one that gives up, or whose
 //! client disconnects, withdraws its intent, and reads are let in again at once. Under
 //! [`max_hold`](crate::LockLayer::max_hold) a share takes newcomers for the first half of it
-//! only, since the limit counts from the shared lease's acquisition. With [`max_wait`](crate::LockLayer::max_wait),
-//! a read joins a held share or waits on its own, and shares the lease it gets.
+//! only, since the limit counts from the shared lease's acquisition. With [`max_wait`](crate::LockLayer::max_wait)
+//! (an `RwLockLayer`'s default), a read first asks as without a wait, with the reads of its
+//! name that arrive with it; refused, it joins a share held by then or waits on its own, and
+//! shares the lease it gets.
 //!
 //! Each request's [`Lease`](crate::Lease) is its own view: `is_held()` turns `false` and `ended()` resolves
 //! when that request is done, even while others still share the lease; `fence()` is the shared

@@ -22,7 +22,7 @@ use super::options::config::Config;
 use super::per_request::{PermitsFor, ReadWhen, SafeMethods, SemaphorePermits};
 use super::request_body::timeout_body::TimeoutBody;
 use super::shared_read::{Entry, IdleShare, SharedRead, SharedReads};
-use crate::backend::Mode;
+use crate::backend::{Mode, SHORTEST_RETRY_AFTER};
 use crate::definition::Definition;
 use crate::definition::attempt::{Attempt, outcome};
 use crate::lease::finish_on_drop::{FinishOnDrop, SentAt};
@@ -128,6 +128,11 @@ where
         };
         // A refusal of a permit says the semaphore is full, at this request's limit.
         let full_at = (mode == Mode::Permit).then_some(definition.permits);
+        // A refused write's intent holds new reads off only until a client told the shortest
+        // `Retry-After` is back: one told to come later would find it gone, and the reads that
+        // came meanwhile would refuse it again, at every retry.
+        let leaves_intent = mode == Mode::Write && definition.fairness.leaves_write_intent();
+        let retry_within = leaves_intent.then_some(SHORTEST_RETRY_AFTER);
         let config = self.config.clone();
         match acquire(&config, definition, mode, name) {
             // A held share: no store call, and the inner service runs now.
@@ -139,7 +144,8 @@ where
                 // request.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::acquiring(acquire, config, inner, req, full_at, span)
+                let refusal = (full_at, retry_within);
+                ResponseFuture::acquiring(acquire, config, inner, req, refusal, span)
             }
         }
     }
@@ -163,6 +169,37 @@ fn acquire(config: &Arc<Config>, definition: Definition, mode: Mode, name: Owned
         (Mode::Write, Some(reads)) => reads.end_linger(name.as_bytes()),
         _ => None,
     };
+    let waits = !config.max_wait.is_zero();
+    if let Some(reads) = shared.clone().filter(|_| waits) {
+        // A read that may wait first asks as one that may not: with the other reads of its
+        // name in this layer, through one acquisition, so that reads arriving together hold
+        // one lease. Only a refused one waits on its own.
+        let entry = reads.enter(name.as_bytes());
+        if let Entry::Joined(read) = entry {
+            return Acquiring::Joined(joined(read, config));
+        }
+        let config = config.clone();
+        let read = async move {
+            let first = shared_read(reads.clone(), entry, config.clone(), name.clone(), true);
+            // Finished even if the request is dropped meanwhile, as without a wait.
+            let first = FinishOnDrop::guarded(Box::pin(first)).await;
+            if !matches!(first, Ok(Attempt::Busy { .. })) {
+                return first;
+            }
+            match WaiterSlot::take(&config) {
+                Some(slot) => {
+                    waiting(slot, config, definition, mode, name, Some(reads), None).await
+                }
+                None => {
+                    let busy = telemetry::AcquireOutcome::Busy;
+                    telemetry::acquisition(definition.namespace, mode, busy);
+                    first
+                }
+            }
+        };
+        // Dropped with the request (its attempts on the wire finish).
+        return Acquiring::Pending(FinishOnDrop::droppable(Box::pin(read)));
+    }
     if let Some(slot) = WaiterSlot::take(config) {
         let wait = waiting(slot, config.clone(), definition, mode, name, shared, idle);
         // Dropped with the request (its attempts on the wire finish).
@@ -173,7 +210,7 @@ fn acquire(config: &Arc<Config>, definition: Definition, mode: Mode, name: Owned
         if let Entry::Joined(read) = entry {
             return Acquiring::Joined(joined(read, config));
         }
-        let read = shared_read(reads, entry, config.clone(), name);
+        let read = shared_read(reads, entry, config.clone(), name, false);
         return Acquiring::Pending(FinishOnDrop::guarded(Box::pin(read)));
     }
     let (store, timing) = (config.store.clone(), config.beat.timing());
@@ -237,15 +274,18 @@ async fn waiting(
 
 /// A read request's lease under read coalescing: joined, waited for, or acquired for the share
 /// (see [`shared_read`](super::shared_read)). Joiners and waiters count in the metrics as
-/// acquisitions with the outcome they got, without a store round trip.
+/// acquisitions with the outcome they got, without a store round trip. A refusal is not
+/// counted when the request then waits (`then_waits`), which counts once, at the wait's end.
 async fn shared_read(
     reads: Arc<SharedReads>,
     mut entry: Entry,
     config: Arc<Config>,
     name: OwnedName,
+    then_waits: bool,
 ) -> Guarded {
     let (namespace, mode) = (config.definition.namespace, Mode::Read);
     let on_store_error = config.on_store_error();
+    let counted = |answer: &Guarded| !(then_waits && matches!(answer, Ok(Attempt::Busy { .. })));
     loop {
         let waited = match entry {
             Entry::Joined(read) => return Ok(Attempt::Acquired(joined(read, &config))),
@@ -254,11 +294,17 @@ async fn shared_read(
                 let sent_at = Instant::now();
                 let (store, definition) = (config.store.clone(), config.definition);
                 let name = Cow::Borrowed(name.as_bytes());
-                let on_store_error = Some(on_store_error);
+                // Before a wait, counted here, once the answer says whether the request waits.
+                let counts_itself = (!then_waits).then_some(on_store_error);
                 let attempt =
-                    RawLease::acquire_counted(store, definition, mode, name, on_store_error).await;
+                    RawLease::acquire_counted(store, definition, mode, name, counts_itself).await;
                 let answer = leader.publish(attempt, sent_at, config.beat.timing());
-                return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+                let answer = answer.map(|attempt| attempt.map(LeaseGuard::shared));
+                if then_waits && counted(&answer) {
+                    let outcome = outcome(&answer, false, on_store_error);
+                    telemetry::acquisition(namespace, mode, outcome);
+                }
+                return answer;
             }
             Entry::Waiting(waiter) => waiter.outcome().await,
         };
@@ -267,8 +313,11 @@ async fn shared_read(
             entry = reads.enter(name.as_bytes());
             continue;
         };
-        telemetry::shared(namespace, mode, outcome(&answer, false, on_store_error));
-        return answer.map(|attempt| attempt.map(LeaseGuard::shared));
+        let answer = answer.map(|attempt| attempt.map(LeaseGuard::shared));
+        if counted(&answer) {
+            telemetry::shared(namespace, mode, outcome(&answer, false, on_store_error));
+        }
+        return answer;
     }
 }
 

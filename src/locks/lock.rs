@@ -264,16 +264,21 @@ impl<N: ?Sized> RwLock<N> {
     /// ([`try_read_for`](Self::try_read_for), the layer's `.max_wait(..)`) then go before the
     /// next writer.
     ///
-    /// An intent lives only while its writer waits, or retries within a short window: each
-    /// refused attempt leaves it for 500 ms (the TTL, if shorter). A writer waiting with
-    /// [`try_write_for`](Self::try_write_for) or the layer's `.max_wait(..)` attempts at least
-    /// twice per window, so its intent lasts as long as it waits, and withdraws it when it gives
-    /// up: its wait runs out, the store fails, or its future is dropped (the client left; the
-    /// withdrawal then finishes in the background, within the store's timeout). An intent that
-    /// another writer has written since stays. A `try_write` that is refused, or a writer that
-    /// crashed, keeps readers out for one window at most; retried within the window (a client
-    /// that retries after its `Retry-After`), the intent lasts, and the writer gets in once the
-    /// reads in flight end.
+    /// An intent lives only while its writer waits, or retries within a short window. A refused
+    /// attempt of a writer waiting with [`try_write_for`](Self::try_write_for) or the layer's
+    /// `.max_wait(..)` leaves it for 500 ms (the TTL, if shorter); such a writer attempts at
+    /// least twice per window, so its intent lasts as long as it waits, and withdraws it when it
+    /// gives up: its wait runs out, the store fails, or its future is dropped (the client left;
+    /// the withdrawal then finishes in the background, within the store's timeout), or crashes
+    /// (the intent then ends with its window). An intent that another writer has written since
+    /// stays. A refused attempt that does not wait (`try_write`, a layer without a wait) leaves
+    /// it for 1.5 s, whatever the TTL: a writer that comes back within that finds its place
+    /// kept, and gets in once the reads in flight end. That covers an HTTP client that obeys the
+    /// layer's `Retry-After`, which for a refused write says 1 s (it counts whole seconds, and
+    /// never says 0); a caller of [`attempt_write`](Self::attempt_write) is told how long the
+    /// readers' leases have left, and should come back within the 1.5 s all the same, or find the
+    /// intent gone and the reads that came meanwhile in its way. A writer that never comes back
+    /// keeps readers out for those 1.5 s.
     ///
     /// Under [`ReadersFirst`](Fairness::ReadersFirst), a writer is refused as long as any
     /// reader lease lives, and overlapping readers can keep it out for good.

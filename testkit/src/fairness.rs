@@ -2,7 +2,8 @@
 //! stores (the [`Env`]'s second store, where it has one, stands for another process).
 //!
 //! - A writer is not starved by reads that keep overlapping in another store, whether it
-//!   waits (`try_write_for`) or retries after each refusal's `retry_after` (`try_write`).
+//!   waits (`try_write_for`), retries soon after each refusal (`try_write`), or comes back only
+//!   after each refusal's `Retry-After` in whole seconds, as an HTTP client that obeys it.
 //! - Reads that arrive while a writer waits wait for its write, and then get in before a second
 //!   writer that came before them; nobody overlaps a writer.
 //! - Hand-offs: a waiting writer gets in promptly once the last read before it ends, and the
@@ -84,6 +85,7 @@ impl Drop for Left {
 /// Reads of `name` on `store` that keep overlapping until `stop`: one starts every 40 ms (when
 /// the lock lets it in at once) and is held for [`READ`].
 fn steady_reads(
+    lock: RwLock<str>,
     store: Store,
     name: &'static str,
     inside: Inside,
@@ -93,7 +95,7 @@ fn steady_reads(
         let mut served = 0;
         let mut reads = Vec::new();
         while stop.load(Ordering::SeqCst) == 0 {
-            if let Some(token) = DOCS.try_read(&store, name).await.unwrap() {
+            if let Some(token) = lock.try_read(&store, name).await.unwrap() {
                 served += 1;
                 let inside = inside.clone();
                 reads.push(tokio::spawn(async move {
@@ -119,7 +121,7 @@ pub async fn a_waiting_writer_is_not_starved_by_overlapping_reads(env: Env) {
     assert_eq!(DOCS.fairness_policy(), Fairness::PhaseFair, "the default");
     let (readers, writers) = stores(&env);
     let (inside, stop) = (Inside::default(), Arc::new(AtomicUsize::new(0)));
-    let reads = steady_reads(readers, "steady", inside.clone(), stop.clone());
+    let reads = steady_reads(DOCS, readers, "steady", inside.clone(), stop.clone());
     // The reads overlap by now.
     sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -150,7 +152,7 @@ pub async fn a_waiting_writer_is_not_starved_by_overlapping_reads(env: Env) {
 pub async fn a_retrying_writer_is_not_starved_by_overlapping_reads(env: Env) {
     let (readers, writers) = stores(&env);
     let (inside, stop) = (Inside::default(), Arc::new(AtomicUsize::new(0)));
-    let reads = steady_reads(readers, "retried", inside.clone(), stop.clone());
+    let reads = steady_reads(DOCS, readers, "retried", inside.clone(), stop.clone());
     sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let mut attempts = 0;
@@ -178,6 +180,55 @@ pub async fn a_retrying_writer_is_not_starved_by_overlapping_reads(env: Env) {
     assert!(writer.release().await.unwrap());
     stop.store(1, Ordering::SeqCst);
     reads.await.unwrap();
+}
+
+/// A lock with leases shorter than a second, so that every `Retry-After` a layer could answer
+/// for it is the shortest one, 1 s.
+const BRIEF: RwLock<str> = RwLock::new("fair-brief", Duration::from_millis(800));
+
+/// The wait a `Retry-After` header says for `retry_after`, as the layer writes it: whole
+/// seconds, rounded up, never 0.
+fn retry_after_header(retry_after: Duration) -> Duration {
+    let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
+}
+
+/// A writer that does not wait but comes back after each refusal's `Retry-After`, as an HTTP
+/// client that obeys the header does (at least a whole second, longer than a waiting writer's
+/// intent window), gets in among reads that keep overlapping in another store: the intent its
+/// refusal left still holds new reads off when it comes back, so it finds only the reads that
+/// were in when it was refused, gone by then. It gets in at its second attempt (a third is
+/// allowed for a loaded machine); it is starved if its intent ended before it came back.
+pub async fn a_writer_that_obeys_retry_after_is_not_starved(env: Env) {
+    let (readers, writers) = stores(&env);
+    let (inside, stop) = (Inside::default(), Arc::new(AtomicUsize::new(0)));
+    let reads = steady_reads(BRIEF, readers, "obeyed", inside.clone(), stop.clone());
+    sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut told = Vec::new();
+    let writer = loop {
+        let attempt = BRIEF.attempt_write(&writers, "obeyed").await.unwrap();
+        let Some(retry_after) = attempt.retry_after() else {
+            break attempt.acquired().expect("acquired");
+        };
+        let header = retry_after_header(retry_after);
+        told.push(header);
+        assert!(
+            told.len() < 4,
+            "the writer that obeys Retry-After is starved: refused {} times over {:?}, told {told:?}",
+            told.len(),
+            started.elapsed()
+        );
+        sleep(header).await;
+    };
+    let left = inside.write();
+    drop(left);
+    assert!(writer.release().await.unwrap());
+    // The reads come in again after the write.
+    sleep(Duration::from_millis(300)).await;
+    stop.store(1, Ordering::SeqCst);
+    let served = reads.await.unwrap();
+    assert!(served >= 6, "reads were served before and after: {served}");
 }
 
 /// One task's wait for the lock, and when it got in and left.

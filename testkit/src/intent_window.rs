@@ -1,17 +1,21 @@
-//! How long a write intent lives: while its writer waits, and for a short window (500 ms, at
-//! most the TTL) after a refused attempt. A waiting writer that gives up, at its deadline or
-//! dropped, takes its intent with it, so readers get in at once; an immediate writer's intent
-//! ends within the window; a waiting writer keeps its intent alive while readers stay longer
-//! than the window, polling or woken by release notifications, and gets in.
+//! How long a write intent lives: while its writer waits, and for a short window after a
+//! refused attempt: 500 ms (at most the TTL) after an attempt of a waiting writer, which renews
+//! it, and 1.5 s after one that does not wait, whose writer comes back after a `Retry-After` of
+//! at least a second. A waiting writer that gives up, at its deadline or dropped, takes its
+//! intent with it, so readers get in at once; an immediate writer's intent outlives the
+//! shortest `Retry-After` and ends within its window; a waiting writer keeps its intent alive
+//! while readers stay longer than the window, polling or woken by release notifications, and
+//! gets in.
 //!
-//! The TTL is 2 s, so an intent that lasted two thirds of it (1333 ms) fails the first three;
-//! the last, with a TTL of 900 ms, fails when a notified waiter sleeps past its intent's end.
+//! The TTL is 2 s, so an intent that lasted two thirds of it (1333 ms) fails the first two; an
+//! immediate writer's intent kept for a waiting writer's window fails the third; the last, with
+//! a TTL of 900 ms, fails when a notified waiter sleeps past its intent's end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 use tower_lease::{Fairness, RwLock, Store};
 
 use crate::{Env, ROUNDING, poll};
@@ -24,8 +28,10 @@ const KEPT: RwLock<str> =
     RwLock::new("intent-kept", Duration::from_millis(900)).fairness(Fairness::WritersFirst);
 /// Longer than the window and than two thirds of `KEPT`'s TTL, shorter than the TTL.
 const HOLD: Duration = Duration::from_millis(700);
-/// The write-intent window.
-const WINDOW: Duration = Duration::from_millis(500);
+/// How long the intent of a refused write attempt that does not wait lives.
+const RETRY_WINDOW: Duration = Duration::from_millis(1500);
+/// The shortest `Retry-After` a client can be told.
+const SHORTEST_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Whether the backend still keeps the intent of `name`, where the [`Env`] can look
 /// ([`Env::with_intent_probe`]); `false` otherwise.
@@ -83,21 +89,33 @@ pub async fn a_dropped_waiting_writer_leaves_no_intent(env: Env) {
 }
 
 /// A single refused write attempt's intent holds readers off with a `retry_after` of at most
-/// one window (500 ms), and ends with it.
+/// its window (1.5 s), outlives its readers, still holds a writer's place when that writer comes
+/// back after the shortest `Retry-After` (1 s), and ends with its window.
 pub async fn an_immediate_writers_intent_ends_within_the_window(env: Env) {
     let reader = DOCS.try_read(&env.store, "once").await.unwrap().unwrap();
     assert!(DOCS.try_write(&env.store, "once").await.unwrap().is_none());
+    let refused_at = Instant::now();
     let refused = DOCS.attempt_read(&env.store, "once").await.unwrap();
     let retry_after = refused.retry_after().expect("the intent holds readers off");
     assert!(
-        retry_after <= WINDOW + ROUNDING,
+        retry_after <= RETRY_WINDOW + ROUNDING,
         "retry_after {retry_after:?}: the intent lasts one window"
     );
-    sleep(WINDOW + Duration::from_millis(150)).await;
+    assert!(reader.release().await.unwrap());
+    // Where the writer, told to come back after a second, comes back.
+    sleep(SHORTEST_RETRY_AFTER + Duration::from_millis(100)).await;
+    let late = DOCS.attempt_read(&env.store, "once").await.unwrap();
+    let asked = refused_at.elapsed();
+    if asked < RETRY_WINDOW - Duration::from_millis(100) {
+        assert!(
+            late.retry_after().is_some(),
+            "the intent ended {asked:?} after the refusal, before its writer could come back"
+        );
+    }
+    sleep_until(refused_at + RETRY_WINDOW + Duration::from_millis(150)).await;
     let second = DOCS.try_read(&env.store, "once").await.unwrap();
     let second = second.expect("the intent ended with its window");
     assert!(second.release().await.unwrap());
-    assert!(reader.release().await.unwrap());
 }
 
 /// A reader arriving every 50 ms holds its lease for [`HOLD`] (longer than the window, as a

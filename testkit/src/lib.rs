@@ -284,6 +284,7 @@ macro_rules! __scenarios {
             fairness: [
                 a_waiting_writer_is_not_starved_by_overlapping_reads,
                 a_retrying_writer_is_not_starved_by_overlapping_reads,
+                a_writer_that_obeys_retry_after_is_not_starved,
                 reads_that_came_after_a_waiting_writer_go_after_it_and_before_the_next,
                 a_read_phase_nobody_comes_to_ends_by_itself,
                 waiters_side_by_side_in_one_process_all_hear_their_release,

@@ -1,13 +1,15 @@
 //! `Fairness::WritersFirst` (the old `writer_preferred`): a write attempt refused by readers
 //! holds new readers off, with the intent's remaining time as their `retry_after`, until the
-//! readers leave and the writer gets in; an intent ends by itself one window after its attempt;
+//! readers leave and the writer gets in; an intent ends by itself one window after its attempt
+//! (for a writer that does not wait, 1.5 s, as long as a client told to retry after a second
+//! needs to come back);
 //! under `Fairness::ReadersFirst`, readers keep coming. A reader's extension reports a live
 //! intent (`Extended::HeldWriterWaiting`), through the single call and the batch, and still
 //! extends the lease.
 
 use std::time::Duration;
 
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, sleep_until};
 use tower_lease::backend::{Extended, LeaseRef, LockRef, Mode, Secret};
 use tower_lease::{Fairness, RwLock};
 
@@ -16,8 +18,9 @@ use crate::{Env, ROUNDING};
 const TTL: Duration = Duration::from_millis(900);
 const PREFERRED: RwLock<str> = RwLock::new("preferred", TTL).fairness(Fairness::WritersFirst);
 const PLAIN: RwLock<str> = RwLock::new("plain", TTL).fairness(Fairness::ReadersFirst);
-/// The write-intent window (500 ms, shorter than the TTL).
-const INTENT: Duration = Duration::from_millis(500);
+/// How long the intent of a refused write attempt that does not wait lives: 1.5 s, longer
+/// than the TTL.
+const INTENT: Duration = Duration::from_millis(1500);
 
 /// A write refused by readers leaves an intent: new readers are refused with the intent's
 /// remaining time; the writer gets in once the readers left, and after its write no intent is
@@ -69,7 +72,7 @@ pub async fn a_refused_writer_holds_new_readers_off_until_the_readers_leave(env:
 }
 
 /// The intent of a writer that never came back ends one window after its attempt: readers get
-/// in again.
+/// in again. It outlives the readers that refused the writer.
 pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
     let reader = PREFERRED
         .try_read(&env.store, "gone")
@@ -83,15 +86,18 @@ pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
             .unwrap()
             .is_none()
     );
+    let refused_at = Instant::now();
+    assert!(reader.release().await.unwrap());
     assert!(
         PREFERRED
             .try_read(&env.store, "gone")
             .await
             .unwrap()
-            .is_none()
+            .is_none(),
+        "the intent outlives the readers"
     );
     // The writer did not wait; its intent ends one window after its attempt.
-    sleep(INTENT + Duration::from_millis(50)).await;
+    sleep_until(refused_at + INTENT + Duration::from_millis(50)).await;
     let second = PREFERRED.try_read(&env.store, "gone").await.unwrap();
     assert!(
         second
@@ -100,7 +106,6 @@ pub async fn an_abandoned_intent_ends_by_itself(env: Env) {
             .await
             .unwrap()
     );
-    assert!(reader.release().await.unwrap());
 }
 
 /// Readers-first, a refused writer leaves no intent: new readers get in.
@@ -136,8 +141,8 @@ pub async fn a_readers_extension_reports_a_waiting_writer(env: Env) {
         "no writer yet"
     );
 
-    // A writer refused by the reader leaves its intent.
-    let writer = LeaseRef::new(lock, Mode::Write, &other);
+    // A writer refused by the reader leaves its intent; one that waits, for 500 ms.
+    let writer = LeaseRef::new(lock, Mode::Write, &other).waiting();
     let refused = backend.acquire(writer).await.unwrap();
     assert!(matches!(
         refused,

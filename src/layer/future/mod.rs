@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -41,19 +42,21 @@ where
     S: Service<Request<TimeoutBody<B>>>,
 {
     /// Acquires with `acquire`, then calls the readied `inner` with `req`. `full_at` is the
-    /// limit of a permit's acquisition, whose refusal says "full" rather than "busy".
+    /// limit of a permit's acquisition, whose refusal says "full" rather than "busy";
+    /// `retry_within` the longest `Retry-After` a refusal may say.
     pub(crate) fn acquiring(
         acquire: FinishOnDrop<Guarded>,
         config: Arc<Config>,
         inner: S,
         req: Request<B>,
-        full_at: Option<u32>,
+        (full_at, retry_within): (Option<u32>, Option<Duration>),
         span: tracing::Span,
     ) -> Self {
         let state = State::Acquiring {
             acquire,
             call: Some((inner, req)),
             full_at,
+            retry_within,
         };
         Self {
             state,
@@ -123,12 +126,13 @@ where
                     acquire,
                     call,
                     full_at,
+                    retry_within,
                 } => {
                     let attempt = ready!(Pin::new(acquire).poll(cx));
                     let in_state = "taken once, on leaving the Acquiring state";
                     let (inner, req) = call.take().expect(in_state);
                     // Acquiring → Locked, Refusing or Unlocked.
-                    acquired(attempt, inner, req, *full_at, config)
+                    acquired(attempt, inner, req, *full_at, *retry_within, config)
                 }
                 StateProj::Unlocked { inner } => {
                     let response = ready!(inner.poll(cx));

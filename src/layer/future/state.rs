@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -39,6 +40,8 @@ pin_project! {
             call: Option<(S, Request<B>)>,
             // For a permit: refused means the semaphore is full at this limit.
             full_at: Option<u32>,
+            // The longest `Retry-After` a refusal may say, if shorter than the holds' estimate.
+            retry_within: Option<Duration>,
         },
         // The inner service runs without a lease: the request names no lock, or the store failed
         // and the layer fails open.
@@ -124,6 +127,7 @@ pub(super) fn acquired<S, B>(
     mut inner: S,
     req: Request<B>,
     full_at: Option<u32>,
+    retry_within: Option<Duration>,
     config: &Config,
 ) -> State<S, B>
 where
@@ -138,6 +142,7 @@ where
             // The holder extends its lease while it works, so the lease says "about a TTL"
             // whatever the work; the holds seen lately say more.
             let retry_after = config.hold_times.expected_wait(lease);
+            let retry_after = retry_within.map_or(retry_after, |most| retry_after.min(most));
             tracing::debug!(
                 namespace,
                 ?retry_after,

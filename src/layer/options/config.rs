@@ -21,6 +21,14 @@ use crate::telemetry::AcquireOutcome;
 /// trip, far sooner; a failing one must not hold a finished response for its whole timeout.
 const DEFAULT_RELEASE_WAIT: Duration = Duration::from_millis(250);
 
+/// How long an `RwLockLayer`'s requests wait for their lease by default. Without a wait, a read
+/// meeting a waiting writer (and a writer meeting reads) is refused, and comes back only after
+/// a `Retry-After` of whole seconds; with one, each waits its turn, which phase-fair bounds to
+/// one write (a read) or the reads in flight and one read phase (a write), far below this on a
+/// lock whose holds are short. Long enough for a few such turns on a loaded host; short enough
+/// that a request behind a stuck holder is answered while its client still waits.
+pub(crate) const DEFAULT_READ_WRITE_WAIT: Duration = Duration::from_secs(2);
+
 /// How many requests of a layer may wait for a lock at once by default.
 const DEFAULT_MAX_WAITERS: usize = 1024;
 

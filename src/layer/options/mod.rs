@@ -109,7 +109,10 @@ macro_rules! options {
             }
 
             /// Waits up to `wait` for a busy lock (or a free permit) before refusing the
-            /// request: no wait by default. The request is woken
+            /// request. By default an [`RwLockLayer`](crate::RwLockLayer) waits up to 2 s (see
+            /// its docs), and a [`LockLayer`](crate::LockLayer) and a
+            /// [`SemaphoreLayer`](crate::SemaphoreLayer) do not wait; `Duration::ZERO` answers
+            /// at once. The request is woken
             /// at once by a release in this process, or in any process when the store has
             /// [release notifications](crate::RedisStore::notifications); at the holder's lease
             /// end; and otherwise by polling with jitter. Within a process the waiters of one name

@@ -284,7 +284,7 @@ impl MemoryStore {
                     .or_else(|| shared.readers.values().max().copied())
                     .or_else(|| shared.phase.as_ref().map(|phase| phase.until));
                 if let Some(until) = blocked_until {
-                    if let Some(intent) = lock.write_intent().filter(|_| {
+                    if let Some(intent) = lease.write_intent().filter(|_| {
                         shared.writer.is_none() || (lock.read_phase().is_some() && lease.waiting)
                     }) {
                         // Refused by readers (or, a phase-fair writer that waits, by a writer):

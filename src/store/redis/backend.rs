@@ -312,7 +312,7 @@ where
                 (&READ_ACQUIRE, RW, Some(KeyRole::RwLockFence), last)
             }
             Mode::Write => {
-                let intent = lock.write_intent().unwrap_or_default().as_millis() as u64;
+                let intent = lease.write_intent().unwrap_or_default().as_millis() as u64;
                 let phase_fair = match (lock.read_phase(), lease.waiting) {
                     (None, _) => 0,
                     (Some(_), false) => 1,

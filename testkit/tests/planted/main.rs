@@ -156,6 +156,10 @@ caught! {
         "fences::fences_of_a_fresh_name_follow_the_clock",
         "fences::fences_keep_growing_across_data_loss",
     ],
+    one_shot_intent_short: OneShotIntentShort => [
+        "fairness::a_writer_that_obeys_retry_after_is_not_starved",
+        "intent_window::an_immediate_writers_intent_ends_within_the_window",
+    ],
     no_write_intent: NoWriteIntent => [
         "writer_preferred::a_refused_writer_holds_new_readers_off_until_the_readers_leave",
         "writer_preferred::an_abandoned_intent_ends_by_itself",

@@ -127,7 +127,9 @@ async fn reads_overlap_and_writes_exclude_both(env: Backing) {
 /// wraps the methods it serves and not its `405` fallback. (On the `Router`, the same layer
 /// took a write lease for `POST` and answered `409` behind a reader.)
 async fn methods_a_route_does_not_serve_take_no_lock(env: Backing) {
-    let layer = RwLockLayer::new(env.store.clone(), CATALOG, extract::path_segment(1));
+    // Refusing at once, so that a request that asked for the lock shows as a `409`.
+    let layer = RwLockLayer::new(env.store.clone(), CATALOG, extract::path_segment(1))
+        .max_wait(Duration::ZERO);
     let app = Router::new().route(
         "/catalog/{shop}",
         get(|| async { "catalog" })

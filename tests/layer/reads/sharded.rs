@@ -27,7 +27,10 @@ async fn replica(cluster: &RedisCluster, linger: Duration) -> std::net::SocketAd
         .await
         .unwrap()
         .into();
-    let layer = RwLockLayer::new(store, DOCS, extract::path_segment(1)).linger_reads(linger);
+    // Refusing at once: the writer's first PUT is refused, and leaves its intent.
+    let layer = RwLockLayer::new(store, DOCS, extract::path_segment(1))
+        .linger_reads(linger)
+        .max_wait(Duration::ZERO);
     let app = Router::new()
         .route(
             "/docs/{id}",

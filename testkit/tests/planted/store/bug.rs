@@ -18,6 +18,10 @@ pub enum Bug {
     CounterFence,
     /// The fairness ignored: a refused writer leaves no write intent.
     NoWriteIntent,
+    /// A refused write attempt that does not wait leaves its intent for a waiting writer's
+    /// window (`LockRef::write_intent`), which ends before its writer, told to retry after a
+    /// second, comes back.
+    OneShotIntentShort,
     /// A reader's extension never answers `HeldWriterWaiting`.
     NoWriterWaitingFlag,
     /// `release` of an exclusive lease ignores the secret.

@@ -262,8 +262,11 @@ impl MemoryStore {
                     })
                     .or_else(|| shared.phase.as_ref().map(|phase| phase.until));
                 if let Some(until) = blocked_until {
-                    if let Some(intent) = lock
-                        .write_intent()
+                    let intent = match self.bug {
+                        Bug::OneShotIntentShort => lock.write_intent(),
+                        _ => lease.write_intent(),
+                    };
+                    if let Some(intent) = intent
                         .filter(|_| {
                             shared.writer.is_none()
                                 || (lock.read_phase().is_some() && lease.waiting)
