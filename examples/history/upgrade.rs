@@ -65,7 +65,7 @@ impl Rolling {
 
     /// The build of `generation`: the previous version's first, then this one's, and so on.
     pub fn exe(&self, generation: usize) -> &PathBuf {
-        if generation % 2 == 0 {
+        if generation.is_multiple_of(2) {
             &self.upgrade.from
         } else {
             &self.current
