@@ -20,8 +20,10 @@
 //!   `x-work-ms` overrides it for one request.
 //! - `STORE_TIMEOUT_MS` (default 1000): the timeout of every lease call.
 //! - `LOCKED` (default `1`): `0` serves without `LockLayer`, to watch updates get lost.
-//! - `WAIT_MS` (default 0): how long a request waits for a held counter before `409`; waiters
-//!   are woken by release notifications on a single Redis.
+//! - `WAIT_MS` (default 0): how long a request waits for a held counter, pool or document
+//!   before `409` (`429` for a pool); waiters are woken by release notifications on a single
+//!   Redis. At 0 the documents' reads and writes are refused at once, as the fault tests
+//!   measure them, not after the `RwLockLayer`'s default wait.
 //! - `PERMITS` (default 3): how many requests of one pool may run at once across the replicas.
 //! - `READ_MS` (default 50): how long a read of a document takes.
 //! - `FAIRNESS` (default `phase_fair`): the documents' `RwLock`'s policy, `phase_fair`,
@@ -247,6 +249,7 @@ where
     };
     let docs: RwLock<str> = RwLock::try_new("docs", ttl)?.fairness(fairness);
     let docs = RwLockLayer::new(store.clone(), docs, extract::path_segment(1))
+        .max_wait(wait)
         .coalesce_reads(flag("COALESCE_READS", true));
     let docs = Router::new()
         .route("/docs/{name}", get(read_doc::<C>).put(write_doc::<C>))
