@@ -96,12 +96,14 @@ impl WaitRooms {
             return;
         }
         let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        // Any release of an `RwLock` may let readers or writers in.
+        // A writer's release (or its intent's) may let readers or a writer in; a reader's only
+        // a writer: readers wait for writers and their intents, never for another reader.
         let freed: &[Mode] = match mode {
             Mode::Exclusive => &[Mode::Exclusive],
             Mode::Permit => &[Mode::Permit],
             Mode::Reservation => &[Mode::Reservation],
-            Mode::Read | Mode::Write => &[Mode::Read, Mode::Write],
+            Mode::Read => &[Mode::Write],
+            Mode::Write => &[Mode::Read, Mode::Write],
         };
         let mut name = Name::new(mode, namespace, name);
         for &mode in freed {

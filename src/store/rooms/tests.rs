@@ -72,3 +72,30 @@ async fn only_one_waiter_of_a_name_has_the_turn() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn a_readers_release_wakes_the_writer_and_no_reader() {
+    use futures_util::FutureExt;
+
+    let rooms = Arc::new(WaitRooms::default());
+    let reader = rooms.enter(Mode::Read, "docs", b"d");
+    let writer = rooms.enter(Mode::Write, "docs", b"d");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let read_turn = reader.together();
+    let write_turn = writer.turn(deadline).await.unwrap();
+    let (read_woken, write_woken) = (read_turn.released(), write_turn.released());
+    rooms.released(Mode::Read, "docs", b"d");
+    assert!(
+        write_woken.now_or_never().is_some(),
+        "the last reader lets a writer in"
+    );
+    assert!(
+        read_woken.now_or_never().is_none(),
+        "a reader's release woke a reader, which it can never admit"
+    );
+    // A writer's release opens the way to both.
+    let (read_woken, write_woken) = (read_turn.released(), write_turn.released());
+    rooms.released(Mode::Write, "docs", b"d");
+    assert!(read_woken.now_or_never().is_some());
+    assert!(write_woken.now_or_never().is_some());
+}
