@@ -295,21 +295,28 @@ fn jitter(tries: u32) -> Duration {
     Duration::from_millis(100 + u64::from(spread))
 }
 
-async fn install_once(
+/// A transaction that changes the schema: at read committed whatever the session's default (the
+/// statements after the advisory lock's wait read what the change before it committed), and
+/// bounded by `INSTALL_WITHIN`, not by the calls' bound the store's sessions have.
+async fn schema_transaction(
     client: &mut Object,
-    schema: Schema,
-) -> std::result::Result<(), tokio_postgres::Error> {
-    // At read committed whatever the session's default: the statements after the lock's wait
-    // read what the installation before it committed.
+) -> std::result::Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::ReadCommitted)
         .start()
         .await?;
-    // The wait for another replica's installation is bounded by `INSTALL_WITHIN`, not by the
-    // calls' bound the store's sessions have; the DDL after it gives way to any table lock.
     tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
         .await?;
+    Ok(tx)
+}
+
+async fn install_once(
+    client: &mut Object,
+    schema: Schema,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let tx = schema_transaction(client).await?;
+    // The DDL after the wait for another replica's installation gives way to any table lock.
     tx.query_typed(INSTALL_LOCK, &[(&LOCK_CLASS, Type::INT4)])
         .await?;
     // Another replica may have installed it while we waited for the lock.
@@ -427,13 +434,7 @@ fn said(error: BoxError) -> BoxError {
 pub(crate) async fn contract(pool: &Pool, schema: Schema) -> Result<()> {
     let contracting = async {
         let mut client = pool.get().await?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::ReadCommitted)
-            .start()
-            .await?;
-        tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
-            .await?;
+        let tx = schema_transaction(&mut client).await?;
         tx.batch_execute(&contracting_sql(schema)).await?;
         tx.commit().await?;
         tracing::info!(
